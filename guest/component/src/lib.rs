@@ -50,6 +50,12 @@ impl wit_protocol::Guest for Component {
         machine::admit(&config_in(config), &head_in(head)).map(admission_out).map_err(error_out)
     }
 
+    fn fingerprint_prefix(config: wit::Config, head: wit::RequestHead) -> Result<String, wit::ProtocolError> {
+        let config = config_in(config);
+        config.validate().map_err(error_out)?;
+        Ok(core::fingerprint::prefix(&config, &head_in(head)))
+    }
+
     fn fingerprint(config: wit::Config, head: wit::RequestHead, body: Vec<u8>) -> Result<String, wit::ProtocolError> {
         let config = config_in(config);
         config.validate().map_err(error_out)?;
@@ -240,14 +246,27 @@ fn ticket_out(t: core::Ticket) -> wit::Ticket {
 fn decision_out(d: core::Decision) -> wit::Decision {
     match d {
         core::Decision::Execute(t) => wit::Decision::Execute(ticket_out(t)),
-        core::Decision::Respond(r) => wit::Decision::Respond(response_out(r)),
+        core::Decision::Replay(r) => wit::Decision::Replay(response_out(r)),
+        core::Decision::Reject(r) => wit::Decision::Reject(rejection_out(r)),
     }
+}
+
+fn rejection_out(r: core::Rejection) -> wit::Rejection {
+    let reason = match r.reason {
+        core::RejectionReason::KeyRequired => wit::RejectionReason::KeyRequired,
+        core::RejectionReason::KeyInvalid => wit::RejectionReason::KeyInvalid,
+        core::RejectionReason::KeyReused => wit::RejectionReason::KeyReused,
+        core::RejectionReason::InProgress => wit::RejectionReason::InProgress,
+        core::RejectionReason::Retry => wit::RejectionReason::Retry,
+        core::RejectionReason::RecordCorrupt => wit::RejectionReason::RecordCorrupt,
+    };
+    wit::Rejection { reason, response: response_out(r.response) }
 }
 
 fn admission_out(a: core::Admission) -> wit::Admission {
     match a {
         core::Admission::PassThrough => wit::Admission::PassThrough,
-        core::Admission::Reject(r) => wit::Admission::Reject(response_out(r)),
+        core::Admission::Reject(r) => wit::Admission::Reject(rejection_out(r)),
         core::Admission::Protected(p) => wit::Admission::Protected(wit::ProtectedRequest {
             key: p.key,
             fingerprint_prefix: p.fingerprint_prefix,

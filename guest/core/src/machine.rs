@@ -121,45 +121,41 @@ fn respond_to_existing(
 ) -> Result<Decision, ProtocolError> {
     let Some(row) = single_row(lookup, 7, "lookup")? else {
         // Swept between another request's claim and ours: ask for a retry.
-        return Ok(Decision::Respond(responses::key_retry()));
+        return Ok(Decision::Reject(responses::key_retry()));
     };
     let stored_fingerprint = text_column(&row[0], "lookup", "fingerprint")?;
     let status = text_column(&row[1], "lookup", "status")?;
     integer(&row[2], "lookup", "generation")?;
     integer(&row[6], "lookup", "updated_at")?;
     if stored_fingerprint != fingerprint {
-        return Ok(Decision::Respond(responses::key_reused()));
+        return Ok(Decision::Reject(responses::key_reused()));
     }
-    let response = match status {
-        "completed" => replay(&row[3], &row[4], &row[5]),
+    Ok(match status {
+        "completed" => match replay(&row[3], &row[4], &row[5]) {
+            Some(response) => Decision::Replay(response),
+            None => Decision::Reject(responses::record_corrupt()),
+        },
         // Fresh: the atomic takeover above would have won a stale row. (A
         // host that broke atomicity gets the same safe answer.)
-        "pending" => responses::in_progress(config),
-        _ => responses::record_corrupt(),
-    };
-    Ok(Decision::Respond(response))
+        "pending" => Decision::Reject(responses::in_progress(config)),
+        _ => Decision::Reject(responses::record_corrupt()),
+    })
 }
 
-/// Rebuilds a stored response, or a 500 when the row cannot be replayed exactly.
-fn replay(status: &Value, body: &Value, headers: &Value) -> Response {
-    let status = match as_integer(status) {
-        Some(s) if is_sendable_status(s) => s as u16,
-        _ => return responses::record_corrupt(),
-    };
+/// Rebuilds a stored response; `None` when the row cannot be replayed exactly.
+fn replay(status: &Value, body: &Value, headers: &Value) -> Option<Response> {
+    let status = as_integer(status).filter(|s| is_sendable_status(*s))? as u16;
     let body = match body {
         Value::Null => None,
         Value::Text(t) => Some(t.clone()),
-        _ => return responses::record_corrupt(),
+        _ => return None,
     };
     let headers = match headers {
-        Value::Null => decode_headers(None),
-        Value::Text(t) => decode_headers(Some(t)),
-        _ => None,
+        Value::Null => decode_headers(None)?,
+        Value::Text(t) => decode_headers(Some(t))?,
+        _ => return None,
     };
-    match headers {
-        Some(headers) => Response { status, headers, body: body_for_status(status, body) },
-        None => responses::record_corrupt(),
-    }
+    Some(Response { status, headers, body: body_for_status(status, body) })
 }
 
 /// SPEC 6-7: shapes the response and plans the fenced completion write.

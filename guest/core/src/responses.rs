@@ -8,7 +8,7 @@ use alloc::vec::Vec;
 
 use crate::config::Config;
 use crate::headers::{get_combined, is_storable_value, is_token};
-use crate::types::{Header, LedgerError, MutationResponse, ProtocolError, Response, ResponseBody};
+use crate::types::{Header, LedgerError, MutationResponse, ProtocolError, Rejection, RejectionReason, Response, ResponseBody};
 
 /// Statuses that never carry a body (SPEC 7).
 pub fn is_null_body_status(status: u16) -> bool {
@@ -26,28 +26,32 @@ fn json(status: u16, body: &str, extra: Vec<Header>) -> Response {
     Response { status, headers, body: Some(body.to_string()) }
 }
 
-pub fn key_required() -> Response {
-    json(400, r#"{"error":"idempotency_key_required"}"#, vec![])
+fn reject(reason: RejectionReason, status: u16, body: &str, extra: Vec<Header>) -> Rejection {
+    Rejection { reason, response: json(status, body, extra) }
 }
 
-pub fn key_invalid() -> Response {
-    json(
+pub fn key_required() -> Rejection {
+    reject(RejectionReason::KeyRequired, 400, r#"{"error":"idempotency_key_required"}"#, vec![])
+}
+
+pub fn key_invalid() -> Rejection {
+    reject(RejectionReason::KeyInvalid, 
         400,
         r#"{"error":"idempotency_key_invalid","message":"Idempotency-Key must be 1-255 printable ASCII characters."}"#,
         vec![],
     )
 }
 
-pub fn key_retry() -> Response {
-    json(409, r#"{"error":"idempotency_key_retry","message":"Retry the request."}"#, vec![])
+pub fn key_retry() -> Rejection {
+    reject(RejectionReason::Retry, 409, r#"{"error":"idempotency_key_retry","message":"Retry the request."}"#, vec![])
 }
 
-pub fn key_reused() -> Response {
-    json(409, r#"{"error":"idempotency_key_reused"}"#, vec![])
+pub fn key_reused() -> Rejection {
+    reject(RejectionReason::KeyReused, 409, r#"{"error":"idempotency_key_reused"}"#, vec![])
 }
 
-pub fn in_progress(config: &Config) -> Response {
-    json(
+pub fn in_progress(config: &Config) -> Rejection {
+    reject(RejectionReason::InProgress, 
         409,
         &format!(r#"{{"error":"idempotency_key_in_progress","retry_after_ms":{}}}"#, config.pending_ttl_ms),
         vec![Header::new("retry-after", config.retry_after_seconds())],
@@ -55,8 +59,8 @@ pub fn in_progress(config: &Config) -> Response {
 }
 
 /// A completed row whose stored response cannot be sent back exactly.
-pub fn record_corrupt() -> Response {
-    json(
+pub fn record_corrupt() -> Rejection {
+    reject(RejectionReason::RecordCorrupt, 
         500,
         r#"{"error":"idempotency_record_corrupt","message":"The stored response for this Idempotency-Key cannot be replayed."}"#,
         vec![],

@@ -115,11 +115,30 @@ pub struct Ticket {
     pub created_at: i64,
 }
 
+/// Why the core answered a protected request instead of executing it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RejectionReason {
+    KeyRequired,
+    KeyInvalid,
+    KeyReused,
+    InProgress,
+    Retry,
+    RecordCorrupt,
+}
+
+/// An answer that executes nothing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rejection {
+    pub reason: RejectionReason,
+    pub response: Response,
+}
+
 /// What to do with a protected request after the decision batch.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Decision {
     Execute(Ticket),
-    Respond(Response),
+    Replay(Response),
+    Reject(Rejection),
 }
 
 /// A protected request with its validated key and fingerprint prefix.
@@ -133,7 +152,7 @@ pub struct ProtectedRequest {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Admission {
     PassThrough,
-    Reject(Response),
+    Reject(Rejection),
     Protected(ProtectedRequest),
 }
 

@@ -1,0 +1,37 @@
+# Idempotency-Key ledger: one WebAssembly core, every host.
+CARGO ?= cargo
+COMPONENT := target/component/idempotency_ledger.wasm
+CORE_MODULE := target/wasm32-unknown-unknown/component/idempotency_ledger_guest.wasm
+COMPONENTIZE := $(CARGO) run --quiet -p idempotency-ledger-componentize --
+GUEST_SOURCES := $(shell find wit guest -name '*.wit' -o -name '*.rs' -o -name 'Cargo.toml') Cargo.lock
+
+.PHONY: help component wit demo test test-rust test-core test-host check-imports clean
+
+help: ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{ printf "  %-15s %s\n", $$1, $$2 }'
+
+component: $(COMPONENT) ## Build the component (wasm32-unknown-unknown, wrapped with wit-component)
+
+$(COMPONENT): $(GUEST_SOURCES)
+	./scripts/ensure-wasm-target.sh
+	$(CARGO) build --locked -p idempotency-ledger-guest --target wasm32-unknown-unknown --profile component
+	@mkdir -p $(dir $@)
+	$(COMPONENTIZE) new $(CORE_MODULE) -o $@
+
+wit: $(COMPONENT) ## Print the component's WIT world (what wasm-tools component wit prints)
+	$(COMPONENTIZE) wit $(COMPONENT)
+
+check-imports: $(COMPONENT) ## Fail unless the component imports only the ledger interface
+	@imports="$$($(COMPONENTIZE) imports $(COMPONENT))"; echo "component imports: $$imports"; \
+	  test "$$imports" = "idempotency:ledger/ledger@0.1.0" || { echo "error: unexpected imports" >&2; exit 1; }
+
+demo: $(COMPONENT) ## Run the demo against an embedded SQLite file
+	$(CARGO) run --locked --quiet -p idempotency-ledger --bin idempotency-ledger -- demo --db target/demo.sqlite
+
+test: test-rust ## Run every suite
+
+test-rust: check-imports ## Rust: native core tests, then the component under wasmtime over SQLite
+	$(CARGO) test --locked
+
+clean: ## Remove build output
+	$(CARGO) clean

@@ -1,0 +1,191 @@
+//! `make demo`: the protocol, step by step, against a real SQLite file.
+
+use std::cell::Cell;
+use std::time::Duration;
+
+use idempotency_ledger::{
+    Config, Handled, HandleError, Ledger, ManualClock, MutationResponse, Outcome, Request, Runtime, SqliteBackend,
+    Stored,
+};
+
+const PRINCIPAL: &str = "account-42";
+
+pub fn run(path: String) -> Result<(), String> {
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{path}{suffix}"));
+    }
+    if let Some(dir) = std::path::Path::new(&path).parent() {
+        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    }
+    let err = |e: idempotency_ledger::Error| e.to_string();
+    let clock = ManualClock::new(1_767_225_600_000); // 2026-01-01T00:00:00Z
+    let runtime = Runtime::shared().map_err(err)?;
+    let open = || -> Result<Ledger, String> {
+        let backend = SqliteBackend::open(&path).map_err(|e| e.to_string())?;
+        Ledger::new(runtime.clone(), backend, Config::default(), clock.clone()).map_err(err)
+    };
+    // Two ledgers on one file stand for two servers (or two threads).
+    let mut server_a = open()?;
+    let mut server_b = open()?;
+    server_a.migrate().map_err(err)?;
+    let executions = Cell::new(0u32);
+    let create_order = |req: &Request| -> Result<MutationResponse, String> {
+        executions.set(executions.get() + 1);
+        let n = executions.get();
+        let body = String::from_utf8_lossy(&req.body);
+        Ok(MutationResponse::json(201, format!(r#"{{"order":"o_{n}","request":{body}}}"#))
+            .header("Location", format!("/orders/o_{n}"))
+            .header("X-Trace-Id", format!("trace-{n}")))
+    };
+
+    println!("Idempotency-Key ledger demo: the core component under wasmtime, over SQLite at {path}");
+    println!("Each step sends a request as {PRINCIPAL}; the order endpoint counts how often it really runs.\n");
+
+    let order = |key: &str, body: &str| {
+        Request::new("POST", "/orders")
+            .header("Idempotency-Key", key)
+            .header("Content-Type", "application/json")
+            .body(body.as_bytes().to_vec())
+    };
+
+    step(1, "a client creates an order with Idempotency-Key: order-1");
+    let first = handled(server_a.handle(PRINCIPAL, &order("order-1", r#"{"sku":"A-1","qty":2}"#), create_order))?;
+    show("", &first, &executions);
+
+    step(2, "the connection dropped, so the client retries the very same request");
+    let retry = handled(server_b.handle(PRINCIPAL, &order("order-1", r#"{"sku":"A-1","qty":2}"#), create_order))?;
+    show("", &retry, &executions);
+    let identical = retry.response.status == first.response.status
+        && retry.response.body == first.response.body
+        && retry.response.header("location") == first.response.header("location");
+    println!("   replay byte-identical to the first answer (status, body, Location): {}", yes(identical));
+    expect(identical && matches!(retry.outcome, Outcome::Replayed), "the retry must replay")?;
+
+    step(3, "a buggy client reuses order-1 for a different order (qty 3)");
+    let reused = handled(server_a.handle(PRINCIPAL, &order("order-1", r#"{"sku":"A-1","qty":3}"#), create_order))?;
+    show("", &reused, &executions);
+    expect(reused.response.status == 409, "reuse must be rejected")?;
+
+    step(4, "two copies of order-2 arrive at once: the second lands while the first is still running");
+    let concurrent = Cell::new(None);
+    let first_copy = handled(server_a.handle(PRINCIPAL, &order("order-2", r#"{"sku":"B-7","qty":1}"#), |req| {
+        let second = server_b.handle(PRINCIPAL, &order("order-2", r#"{"sku":"B-7","qty":1}"#), create_order);
+        concurrent.set(Some(second));
+        create_order(req)
+    }))?;
+    let second_copy = handled(concurrent.take().expect("the second copy ran"))?;
+        show("second copy: ", &second_copy, &executions);
+        show("first copy:  ", &first_copy, &executions);
+    expect(second_copy.response.status == 409 && second_copy.response.header("retry-after") == Some("30"), "409 + Retry-After")?;
+
+    step(5, "server A takes order-3 but stalls past the 30 s pending TTL; the client retries on server B");
+    let late = Cell::new(None);
+    let stalled = server_a.handle(PRINCIPAL, &order("order-3", r#"{"sku":"C-3","qty":5}"#), |req| {
+        clock.advance(Duration::from_secs(31));
+        println!("   (31 s pass; server A is still inside the mutation)");
+        let takeover = server_b.handle(PRINCIPAL, &order("order-3", r#"{"sku":"C-3","qty":5}"#), create_order);
+        late.set(Some(takeover));
+        create_order(req)
+    });
+    let takeover = handled(late.take().expect("the retry ran"))?;
+        show("server B:    ", &takeover, &executions);
+    let stalled = handled(stalled)?;
+        show("server A:    ", &stalled, &executions);
+    expect(matches!(stalled.outcome, Outcome::Executed { stored: Stored::FencedOut, .. }), "A must be fenced out")?;
+    let after = handled(server_a.handle(PRINCIPAL, &order("order-3", r#"{"sku":"C-3","qty":5}"#), create_order))?;
+        show("a later retry replays B's stored answer: ", &after, &executions);
+    expect(after.response.body == takeover.response.body, "replay must be B's response")?;
+
+    step(6, "requests without a key, and reads, are never recorded");
+    let missing = handled(server_a.handle(PRINCIPAL, &Request::new("POST", "/orders"), create_order))?;
+    show("", &missing, &executions);
+    let read = handled(server_a.handle(PRINCIPAL, &Request::new("GET", "/orders/o_1"), |_| {
+        Ok::<_, String>(MutationResponse::json(200, r#"{"order":"o_1"}"#))
+    }))?;
+    show("", &read, &executions);
+
+    step(7, "a day passes; the bounded sweep removes rows older than the 24 h retention");
+    println!("   rows before: {}", count_rows(&path)?);
+    clock.advance(Duration::from_secs(24 * 60 * 60 + 1));
+    let swept = server_a.sweep().map_err(err)?;
+    let batch = server_a.config().sweep_batch;
+    println!("   swept {swept} rows (batch limit {batch}); rows after: {}", count_rows(&path)?);
+    let fresh = handled(server_b.handle(PRINCIPAL, &order("order-1", r#"{"sku":"A-1","qty":2}"#), create_order))?;
+        show("order-1 after retention is a new operation: ", &fresh, &executions);
+
+    println!(
+        "\nThe order endpoint ran {} times: order-1, order-2, order-3 by server B and by the stalled server A",
+        executions.get()
+    );
+    println!("(the TTL trade-off: set the TTL above the slowest mutation; the fence kept A's answer out of the");
+    println!("ledger), and order-1 again once its retention had passed. Retries, reuse and concurrent copies ran nothing.");
+    expect(executions.get() == 5, "exactly 5 executions")?;
+    Ok(())
+}
+
+fn count_rows(path: &str) -> Result<i64, String> {
+    let conn = rusqlite::Connection::open(path).map_err(|e| e.to_string())?;
+    conn.query_row("SELECT COUNT(*) FROM idempotency_keys", [], |r| r.get(0)).map_err(|e| e.to_string())
+}
+
+fn step(n: u32, what: &str) {
+    println!("{n}. {what}");
+}
+
+fn yes(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "NO"
+    }
+}
+
+fn handled(result: Result<Handled, HandleError<String>>) -> Result<Handled, String> {
+    result.map_err(|e| e.to_string())
+}
+
+fn expect(ok: bool, what: &str) -> Result<(), String> {
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("demo expectation failed: {what}"))
+    }
+}
+
+fn show(label: &str, h: &Handled, executions: &Cell<u32>) {
+    let what = match &h.outcome {
+        Outcome::PassThrough => "passed straight through (no ledger access)".to_string(),
+        Outcome::Rejected(reason) => format!("rejected ({}), nothing executed", reason_label(*reason)),
+        Outcome::Replayed => "replayed the stored response, nothing executed".to_string(),
+        Outcome::Executed { ticket, stored: Stored::Completed } => {
+            format!("EXECUTED under generation {}, response stored", ticket.generation)
+        }
+        Outcome::Executed { ticket, stored: Stored::FencedOut } => format!(
+            "executed under generation {} but FENCED OUT: its completion was rejected (see the ERROR log line)",
+            ticket.generation
+        ),
+        Outcome::Executed { ticket, stored: Stored::Failed(e) } => {
+            format!("executed under generation {} but not stored: {e}", ticket.generation)
+        }
+    };
+    let extra = h.response.header("retry-after").map(|s| format!(" Retry-After: {s}")).unwrap_or_default();
+    println!(
+        "   {label}-> {} {}{} | {what} | executions so far: {}",
+        h.response.status,
+        h.response.body_text().unwrap_or("<binary>"),
+        extra,
+        executions.get()
+    );
+}
+
+fn reason_label(reason: idempotency_ledger::RejectionReason) -> &'static str {
+    use idempotency_ledger::RejectionReason as R;
+    match reason {
+        R::KeyRequired => "key required",
+        R::KeyInvalid => "key invalid",
+        R::KeyReused => "key reused for another request",
+        R::InProgress => "first request still in progress",
+        R::Retry => "retry",
+        R::RecordCorrupt => "stored record corrupt",
+    }
+}

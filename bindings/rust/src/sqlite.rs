@@ -1,0 +1,120 @@
+//! The ledger over SQLite (bundled, via rusqlite): each batch is one
+//! `BEGIN IMMEDIATE` transaction, so the decision batch is atomic.
+
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::types::{Value as SqlValue, ValueRef};
+use rusqlite::{Connection, ErrorCode, TransactionBehavior};
+
+use crate::wit::{LedgerError, Statement, StatementResult, Value};
+use crate::SqlBackend;
+
+/// How long a writer waits for another writer's lock before `busy`.
+pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One SQLite connection used as the ledger.
+pub struct SqliteBackend {
+    conn: Connection,
+}
+
+impl SqliteBackend {
+    /// Opens (creating if needed) a database file in WAL mode with a busy
+    /// timeout, so several connections and processes can share it.
+    pub fn open(path: impl AsRef<Path>) -> rusqlite::Result<Self> {
+        let conn = Connection::open(path)?;
+        conn.busy_timeout(DEFAULT_BUSY_TIMEOUT)?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        Ok(SqliteBackend { conn })
+    }
+
+    /// Uses a connection the caller configured.
+    pub fn from_connection(conn: Connection) -> Self {
+        SqliteBackend { conn }
+    }
+
+    pub fn connection(&self) -> &Connection {
+        &self.conn
+    }
+
+    fn run(&mut self, statements: &[Statement]) -> rusqlite::Result<Vec<StatementResult>> {
+        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let mut results = Vec::with_capacity(statements.len());
+        for statement in statements {
+            let mut prepared = tx.prepare_cached(&statement.sql)?;
+            let params = statement.params.iter().map(value_to_sql);
+            let mut rows = prepared.query(rusqlite::params_from_iter(params))?;
+            let mut collected = Vec::new();
+            while let Some(row) = rows.next()? {
+                let columns = row.as_ref().column_count();
+                let mut values = Vec::with_capacity(columns);
+                for i in 0..columns {
+                    values.push(value_from_sql(row.get_ref(i)?));
+                }
+                collected.push(values);
+            }
+            drop(rows);
+            results.push(StatementResult { rows: collected, changes: tx.changes() });
+        }
+        tx.commit()?;
+        Ok(results)
+    }
+}
+
+impl SqlBackend for SqliteBackend {
+    fn execute_batch(&mut self, statements: &[Statement]) -> Result<Vec<StatementResult>, LedgerError> {
+        self.run(statements).map_err(ledger_error)
+    }
+}
+
+fn value_to_sql(value: &Value) -> SqlValue {
+    match value {
+        Value::Null => SqlValue::Null,
+        Value::Integer(i) => SqlValue::Integer(*i),
+        Value::Real(r) => SqlValue::Real(*r),
+        Value::Text(t) => SqlValue::Text(t.clone()),
+        Value::Blob(b) => SqlValue::Blob(b.clone()),
+    }
+}
+
+fn value_from_sql(value: ValueRef<'_>) -> Value {
+    match value {
+        ValueRef::Null => Value::Null,
+        ValueRef::Integer(i) => Value::Integer(i),
+        ValueRef::Real(r) => Value::Real(r),
+        // TEXT that is not UTF-8 can only come from outside this library;
+        // pass it on as a blob so the core reports the row as corrupt.
+        ValueRef::Text(t) => match std::str::from_utf8(t) {
+            Ok(s) => Value::Text(s.to_owned()),
+            Err(_) => Value::Blob(t.to_vec()),
+        },
+        ValueRef::Blob(b) => Value::Blob(b.to_vec()),
+    }
+}
+
+/// Maps SQLite's errors onto the WIT `ledger-error` cases.
+pub fn ledger_error(error: rusqlite::Error) -> LedgerError {
+    let message = error.to_string();
+    match &error {
+        rusqlite::Error::SqliteFailure(e, _) => match e.code {
+            ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked => LedgerError::Busy,
+            ErrorCode::ConstraintViolation => LedgerError::Constraint(message),
+            ErrorCode::CannotOpen
+            | ErrorCode::ReadOnly
+            | ErrorCode::DiskFull
+            | ErrorCode::SystemIoFailure
+            | ErrorCode::NotADatabase
+            | ErrorCode::DatabaseCorrupt
+            | ErrorCode::PermissionDenied => LedgerError::Io(message),
+            _ if is_schema_message(&message) => LedgerError::Schema(message),
+            _ => LedgerError::Other(message),
+        },
+        _ if is_schema_message(&message) => LedgerError::Schema(message),
+        _ => LedgerError::Other(message),
+    }
+}
+
+fn is_schema_message(message: &str) -> bool {
+    message.contains("no such table") || message.contains("no such column") || message.contains("has no column")
+}

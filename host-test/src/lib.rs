@@ -1,0 +1,1 @@
+//! Shared helpers for the host tests live in tests/common.
