@@ -466,12 +466,12 @@ impl Ledger {
             Ok(produced) => produced.to_wit(),
             Err(error) => return Err(HandleError::Mutation { error, ticket }),
         };
-        let (response, stored) = self.complete(&ticket, &produced);
+        let (response, stored) = self.finish_execution(&ticket, &produced);
         Ok(Handled { response, outcome: Outcome::Executed { ticket, stored } })
     }
 
     /// The fenced completion write, with loud logging when it did not store.
-    fn complete(&mut self, ticket: &Ticket, produced: &wit::MutationResponse) -> (Response, Stored) {
+    fn finish_execution(&mut self, ticket: &Ticket, produced: &wit::MutationResponse) -> (Response, Stored) {
         let config = self.config.clone();
         let now = self.clock.now_ms();
         let completed = self.call(|core, store| {
@@ -500,6 +500,20 @@ impl Ledger {
                 (response, Stored::Failed(error))
             }
         }
+    }
+
+    /// The decision step alone (one ledger round trip), for callers that run
+    /// the mutation themselves; follow an `execute` with [`Ledger::complete`].
+    pub fn decide(&mut self, principal: &str, key: &str, fingerprint: &str) -> Result<wit::Decision, Error> {
+        let (config, now) = (self.config.clone(), self.clock.now_ms());
+        self.call(|core, store| core.idempotency_ledger_driven().call_decide(store, &config, principal, key, fingerprint, now))
+    }
+
+    /// The completion step alone: shapes `response` and writes it fenced by
+    /// `ticket` (one ledger round trip). Does not log.
+    pub fn complete(&mut self, ticket: &Ticket, response: &MutationResponse) -> Result<wit::Completion, Error> {
+        let (config, now, produced) = (self.config.clone(), self.clock.now_ms(), response.to_wit());
+        self.call(|core, store| core.idempotency_ledger_driven().call_complete(store, &config, ticket, &produced, now))
     }
 
     /// Deletes a pending reservation whose mutation the host knows never

@@ -1,0 +1,487 @@
+//! One test per SPEC rule, through the real component under wasmtime and a
+//! real SQLite file, using the public `Ledger::handle` API.
+
+use std::cell::Cell;
+use std::time::Duration;
+
+use idempotency_ledger::{
+    Config, HandleError, Handled, Ledger, ManualClock, MutationResponse, Outcome, RejectionReason, Request, Stored,
+};
+use idempotency_ledger_host_test::{TestDb, T0};
+
+const P: &str = "acct-1";
+
+fn order(key: &str, body: &str) -> Request {
+    Request::new("POST", "/orders")
+        .header("Idempotency-Key", key)
+        .header("Content-Type", "application/json")
+        .body(body.as_bytes().to_vec())
+}
+
+/// A mutation that counts its runs and answers 201 with a Location.
+struct Orders {
+    runs: Cell<u32>,
+}
+
+impl Orders {
+    fn new() -> Orders {
+        Orders { runs: Cell::new(0) }
+    }
+
+    fn create(&self, _req: &Request) -> Result<MutationResponse, String> {
+        self.runs.set(self.runs.get() + 1);
+        let n = self.runs.get();
+        Ok(MutationResponse::json(201, format!(r#"{{"order":"o_{n}"}}"#))
+            .header("Location", format!("/orders/o_{n}"))
+            .header("X-Trace-Id", format!("t-{n}")))
+    }
+}
+
+fn handle(ledger: &mut Ledger, principal: &str, req: &Request, orders: &Orders) -> Handled {
+    ledger.handle(principal, req, |r| orders.create(r)).expect("handled")
+}
+
+fn body(h: &Handled) -> &str {
+    h.response.body_text().expect("utf-8 body")
+}
+
+fn rejected(h: &Handled) -> RejectionReason {
+    match h.outcome {
+        Outcome::Rejected(reason) => reason,
+        ref other => panic!("expected a rejection, got {other:?}"),
+    }
+}
+
+fn row_count(db: &TestDb) -> usize {
+    db.rows().len()
+}
+
+#[test]
+fn spec1_missing_key_is_400_required_and_nothing_runs() {
+    let db = TestDb::new();
+    let mut ledger = db.ledger(&ManualClock::new(T0));
+    let orders = Orders::new();
+    for method in ["POST", "PATCH", "DELETE", "post"] {
+        let h = handle(&mut ledger, P, &Request::new(method, "/orders"), &orders);
+        assert_eq!(h.response.status, 400);
+        assert_eq!(body(&h), r#"{"error":"idempotency_key_required"}"#);
+        assert_eq!(h.response.header("content-type"), Some("application/json"));
+        assert_eq!(rejected(&h), RejectionReason::KeyRequired);
+    }
+    let empty = handle(&mut ledger, P, &order("", "{}"), &orders);
+    assert_eq!(rejected(&empty), RejectionReason::KeyRequired);
+    assert_eq!(orders.runs.get(), 0);
+    assert_eq!(row_count(&db), 0);
+}
+
+#[test]
+fn spec1_invalid_key_is_400_invalid_and_nothing_runs() {
+    let db = TestDb::new();
+    let mut ledger = db.ledger(&ManualClock::new(T0));
+    let orders = Orders::new();
+    for key in ["a".repeat(256), "caf\u{e9}".into(), "a\u{1}b".into(), "a\u{7f}".into(), "注文".into()] {
+        let h = handle(&mut ledger, P, &order(&key, "{}"), &orders);
+        assert_eq!(h.response.status, 400, "key {key:?}");
+        assert_eq!(
+            body(&h),
+            r#"{"error":"idempotency_key_invalid","message":"Idempotency-Key must be 1-255 printable ASCII characters."}"#
+        );
+        assert_eq!(rejected(&h), RejectionReason::KeyInvalid);
+    }
+    assert_eq!(orders.runs.get(), 0);
+    assert_eq!(row_count(&db), 0);
+}
+
+#[test]
+fn spec1_unprotected_methods_pass_through_without_ledger_access() {
+    let db = TestDb::new();
+    let clock = ManualClock::new(T0);
+    let (mut ledger, probe) = db.instrumented(&clock, Config::default());
+    let before = probe.batches();
+    for method in ["GET", "HEAD", "OPTIONS", "PUT"] {
+        let h = ledger
+            .handle(P, &Request::new(method, "/orders").header("Idempotency-Key", "\u{1}"), |_| {
+                Ok::<_, String>(MutationResponse::bytes(200, vec![0xff, 0x00]))
+            })
+            .expect("pass-through");
+        assert!(matches!(h.outcome, Outcome::PassThrough));
+        assert_eq!(h.response.body, vec![0xff, 0x00], "the handler's response goes out untouched");
+    }
+    assert_eq!(probe.batches(), before, "no ledger access at all");
+    assert_eq!(row_count(&db), 0);
+}
+
+#[test]
+fn spec1_protected_methods_are_configurable() {
+    let db = TestDb::new();
+    let config = Config { protected_methods: vec!["PUT".into()], ..Config::default() };
+    let mut ledger = db.ledger_with(&ManualClock::new(T0), config);
+    let orders = Orders::new();
+    let post = handle(&mut ledger, P, &Request::new("POST", "/orders"), &orders);
+    assert!(matches!(post.outcome, Outcome::PassThrough));
+    let put = handle(&mut ledger, P, &Request::new("PUT", "/orders/1"), &orders);
+    assert_eq!(rejected(&put), RejectionReason::KeyRequired);
+}
+
+#[test]
+fn spec1_principals_scope_keys() {
+    let db = TestDb::new();
+    let mut ledger = db.ledger(&ManualClock::new(T0));
+    let orders = Orders::new();
+    let a = handle(&mut ledger, "acct-a", &order("k", "{}"), &orders);
+    let b = handle(&mut ledger, "acct-b", &order("k", "{}"), &orders);
+    assert!(matches!(a.outcome, Outcome::Executed { stored: Stored::Completed, .. }));
+    assert!(matches!(b.outcome, Outcome::Executed { stored: Stored::Completed, .. }));
+    assert_eq!(orders.runs.get(), 2, "two principals, two executions");
+    assert_ne!(body(&a), body(&b));
+    // Each principal replays its own answer, never the other's.
+    assert_eq!(body(&handle(&mut ledger, "acct-a", &order("k", "{}"), &orders)), body(&a));
+    assert_eq!(body(&handle(&mut ledger, "acct-b", &order("k", "{}"), &orders)), body(&b));
+    assert_eq!(orders.runs.get(), 2);
+    assert_eq!(row_count(&db), 2);
+}
+
+#[test]
+fn spec2_schema_is_exact() {
+    let db = TestDb::new();
+    let sql: String = db
+        .conn()
+        .query_row("SELECT sql FROM sqlite_master WHERE name = 'idempotency_keys'", [], |r| r.get(0))
+        .expect("table");
+    for column in [
+        "principal TEXT NOT NULL",
+        "key TEXT NOT NULL",
+        "fingerprint TEXT NOT NULL",
+        "status TEXT NOT NULL DEFAULT 'pending'",
+        "generation INTEGER NOT NULL DEFAULT 1",
+        "response_status INTEGER",
+        "response_body TEXT",
+        "response_headers TEXT",
+        "created_at INTEGER NOT NULL",
+        "updated_at INTEGER NOT NULL",
+        "PRIMARY KEY (principal, key)",
+    ] {
+        assert!(sql.contains(column), "{column} missing from {sql}");
+    }
+    let index: String = db
+        .conn()
+        .query_row("SELECT sql FROM sqlite_master WHERE name = 'idx_idempotency_keys_updated_at'", [], |r| r.get(0))
+        .expect("index");
+    assert!(index.contains("ON idempotency_keys (updated_at)"));
+    // Migrating again is harmless.
+    db.ledger(&ManualClock::new(T0)).migrate().expect("second migrate");
+}
+
+#[test]
+fn spec3_first_request_claims_generation_1_and_executes_once() {
+    let db = TestDb::new();
+    let mut ledger = db.ledger(&ManualClock::new(T0));
+    let orders = Orders::new();
+    let h = handle(&mut ledger, P, &order("k1", r#"{"sku":"A"}"#), &orders);
+    match &h.outcome {
+        Outcome::Executed { ticket, stored: Stored::Completed } => {
+            assert_eq!(ticket.generation, 1);
+            assert_eq!(ticket.created_at, T0);
+        }
+        other => panic!("expected execution, got {other:?}"),
+    }
+    assert_eq!(h.response.status, 201);
+    assert_eq!(orders.runs.get(), 1);
+    let rows = db.rows();
+    assert_eq!(rows[0]["status"], "completed");
+    assert_eq!(rows[0]["generation"], 1);
+}
+
+#[test]
+fn spec4_fingerprint_prefix_plus_native_sha256_equals_component_sha256() {
+    let db = TestDb::new();
+    let mut ledger = db.ledger(&ManualClock::new(T0));
+    let bodies: Vec<Vec<u8>> = vec![vec![], b"{}".to_vec(), (0..=255).collect(), vec![0xff; 70_000]];
+    for body in bodies {
+        let req = Request::new("post", "/caf%C3%A9?b=2&a=1")
+            .header("Content-Type", "application/json")
+            .header("x-api-version", "1")
+            .header("X-API-Version", "2")
+            .header("X-Trace-Id", "noise")
+            .body(body);
+        let native = ledger.fingerprint(&req).expect("native");
+        let inside = ledger.fingerprint_in_component(&req).expect("component");
+        assert_eq!(native, inside);
+        assert_eq!(native.len(), 64);
+    }
+}
+
+#[test]
+fn spec4_non_allowlisted_headers_never_matter_but_allowlisted_ones_do() {
+    let db = TestDb::new();
+    let mut ledger = db.ledger(&ManualClock::new(T0));
+    let orders = Orders::new();
+    let first = handle(&mut ledger, P, &order("k", "{}").header("X-Trace-Id", "a"), &orders);
+    let retry = handle(&mut ledger, P, &order("k", "{}").header("X-Trace-Id", "b").header("User-Agent", "x"), &orders);
+    assert!(matches!(retry.outcome, Outcome::Replayed));
+    assert_eq!(retry.response.body, first.response.body);
+    let other_version = handle(&mut ledger, P, &order("k", "{}").header("X-Api-Version", "2"), &orders);
+    assert_eq!(rejected(&other_version), RejectionReason::KeyReused);
+    let other_query = handle(&mut ledger, P, &order("k", "{}").header("x", "y"), &orders);
+    assert!(matches!(other_query.outcome, Outcome::Replayed));
+    let mut reordered = order("k", "{}");
+    reordered.path_and_query = "/orders?a=1".into();
+    assert_eq!(rejected(&handle(&mut ledger, P, &reordered, &orders)), RejectionReason::KeyReused);
+    assert_eq!(orders.runs.get(), 1);
+}
+
+#[test]
+fn spec5_completed_row_replays_status_body_and_allowlisted_headers_only() {
+    let db = TestDb::new();
+    let mut ledger = db.ledger(&ManualClock::new(T0));
+    let orders = Orders::new();
+    let first = handle(&mut ledger, P, &order("k", "{}"), &orders);
+    assert_eq!(first.response.header("x-trace-id"), None, "only allowlisted headers go out, fresh or replayed");
+    let retry = handle(&mut ledger, P, &order("k", "{}"), &orders);
+    assert!(matches!(retry.outcome, Outcome::Replayed));
+    assert_eq!(retry.response, first.response, "byte-identical replay");
+    assert_eq!(
+        retry.response.headers,
+        vec![("content-type".to_string(), "application/json".to_string()), ("location".into(), "/orders/o_1".into())]
+    );
+    assert_eq!(orders.runs.get(), 1);
+}
+
+#[test]
+fn spec5_different_fingerprint_is_409_reused_never_executed_nor_replayed() {
+    let db = TestDb::new();
+    let mut ledger = db.ledger(&ManualClock::new(T0));
+    let orders = Orders::new();
+    handle(&mut ledger, P, &order("k", r#"{"qty":1}"#), &orders);
+    let reused = handle(&mut ledger, P, &order("k", r#"{"qty":2}"#), &orders);
+    assert_eq!(reused.response.status, 409);
+    assert_eq!(body(&reused), r#"{"error":"idempotency_key_reused"}"#);
+    assert_eq!(orders.runs.get(), 1);
+}
+
+#[test]
+fn spec5_fresh_pending_is_409_in_progress_with_retry_after() {
+    let db = TestDb::new();
+    let clock = ManualClock::new(T0);
+    let mut a = db.ledger(&clock);
+    let mut b = db.ledger(&clock);
+    let orders = Orders::new();
+    let inner = Cell::new(None);
+    handle_with(&mut a, &order("k", "{}"), |req| {
+        clock.advance(Duration::from_millis(30_000)); // exactly the TTL: still fresh
+        inner.set(Some(handle(&mut b, P, &order("k", "{}"), &orders)));
+        orders.create(req)
+    });
+    let second = inner.take().expect("second request ran");
+    assert_eq!(second.response.status, 409);
+    assert_eq!(body(&second), r#"{"error":"idempotency_key_in_progress","retry_after_ms":30000}"#);
+    assert_eq!(second.response.header("retry-after"), Some("30"));
+    assert_eq!(second.response.header("content-type"), Some("application/json"));
+    assert_eq!(orders.runs.get(), 1);
+}
+
+fn handle_with(ledger: &mut Ledger, req: &Request, f: impl FnOnce(&Request) -> Result<MutationResponse, String>) -> Handled {
+    ledger.handle(P, req, f).expect("handled")
+}
+
+#[test]
+fn spec5_row_vanished_between_claim_and_lookup_is_409_retry() {
+    // Only a non-atomic ledger can lose the row inside the decision batch:
+    // drive the step API with a lookup result that comes back empty.
+    let db = TestDb::new();
+    let mut ledger = db.ledger(&ManualClock::new(T0));
+    let fp = "a".repeat(64);
+    let config = ledger.config().clone();
+    let decision = ledger
+        .with_component(|core, store| {
+            let empty = idempotency_ledger::wit::StatementResult { rows: vec![], changes: 0 };
+            core.idempotency_ledger_steps()
+                .call_decide(store, &config, P, "k", &fp, T0, &[empty.clone(), empty.clone(), empty])
+        })
+        .expect("instance")
+        .expect("no trap")
+        .expect("decided");
+    match decision {
+        idempotency_ledger::wit::Decision::Reject(r) => {
+            assert_eq!(r.reason, RejectionReason::Retry);
+            assert_eq!(r.response.status, 409);
+            assert_eq!(r.response.body.as_deref(), Some(r#"{"error":"idempotency_key_retry","message":"Retry the request."}"#));
+        }
+        other => panic!("expected retry, got {other:?}"),
+    }
+}
+
+#[test]
+fn spec6_stale_pending_is_taken_over_with_the_next_generation() {
+    let db = TestDb::new();
+    let clock = ManualClock::new(T0);
+    let mut ledger = db.ledger(&clock);
+    let orders = Orders::new();
+    let crashed = ledger.handle(P, &order("k", "{}"), |_| Err::<MutationResponse, _>("crash".to_string()));
+    assert!(matches!(crashed, Err(HandleError::Mutation { .. })));
+    assert_eq!(db.rows()[0]["status"], "pending", "a failed mutation leaves the row pending");
+    clock.advance(Duration::from_millis(30_001));
+    let retry = handle(&mut ledger, P, &order("k", "{}"), &orders);
+    match &retry.outcome {
+        Outcome::Executed { ticket, stored: Stored::Completed } => assert_eq!(ticket.generation, 2),
+        other => panic!("expected a takeover, got {other:?}"),
+    }
+    assert_eq!(orders.runs.get(), 1);
+    assert_eq!(db.rows()[0]["generation"], 2);
+}
+
+#[test]
+fn spec6_stale_pending_with_another_fingerprint_is_never_taken_over() {
+    let db = TestDb::new();
+    let clock = ManualClock::new(T0);
+    let mut ledger = db.ledger(&clock);
+    let orders = Orders::new();
+    let _ = ledger.handle(P, &order("k", r#"{"a":1}"#), |_| Err::<MutationResponse, _>("crash".to_string()));
+    clock.advance(Duration::from_secs(3600));
+    let other = handle(&mut ledger, P, &order("k", r#"{"a":2}"#), &orders);
+    assert_eq!(rejected(&other), RejectionReason::KeyReused);
+    assert_eq!(orders.runs.get(), 0);
+    assert_eq!(db.rows()[0]["generation"], 1);
+}
+
+#[test]
+fn spec7_oversized_body_completes_as_500_for_caller_and_replays() {
+    let db = TestDb::new();
+    let mut ledger = db.ledger(&ManualClock::new(T0));
+    let exact = ledger
+        .handle(P, &order("at-cap", "{}"), |_| Ok::<_, String>(MutationResponse::text(200, "x".repeat(16_384))))
+        .expect("handled");
+    assert_eq!(exact.response.status, 200);
+    assert_eq!(exact.response.body.len(), 16_384);
+    let over = ledger
+        .handle(P, &order("over-cap", "{}"), |_| {
+            Ok::<_, String>(MutationResponse::json(200, "x".repeat(16_385)).header("Location", "/x"))
+        })
+        .expect("handled");
+    assert_eq!((over.response.status, over.response.body.len()), (500, 0));
+    let replay = ledger
+        .handle(P, &order("over-cap", "{}"), |_| Ok::<_, String>(MutationResponse::text(200, "never")))
+        .expect("handled");
+    assert!(matches!(replay.outcome, Outcome::Replayed));
+    assert_eq!(replay.response, over.response);
+    let row = &db.rows()[1];
+    assert_eq!((row["key"].as_str(), row["response_status"].as_i64()), (Some("over-cap"), Some(500)));
+    assert!(row["response_body"].is_null(), "never stored truncated");
+}
+
+#[test]
+fn spec7_null_body_statuses_never_carry_a_body() {
+    let db = TestDb::new();
+    let mut ledger = db.ledger(&ManualClock::new(T0));
+    for (i, status) in [204u16, 205, 304].into_iter().enumerate() {
+        let key = format!("k{i}");
+        let fresh = ledger
+            .handle(P, &order(&key, "{}"), |_| Ok::<_, String>(MutationResponse::text(status, "body")))
+            .expect("handled");
+        assert_eq!((fresh.response.status, fresh.response.body.len()), (status, 0));
+        let replay = ledger
+            .handle(P, &order(&key, "{}"), |_| Ok::<_, String>(MutationResponse::text(200, "never")))
+            .expect("handled");
+        assert!(matches!(replay.outcome, Outcome::Replayed));
+        assert_eq!((replay.response.status, replay.response.body.len()), (status, 0));
+    }
+}
+
+#[test]
+fn spec7_non_utf8_body_fails_loudly_as_500_never_mangled() {
+    let db = TestDb::new();
+    let mut ledger = db.ledger(&ManualClock::new(T0));
+    let h = ledger
+        .handle(P, &order("k", "{}"), |_| Ok::<_, String>(MutationResponse::bytes(200, vec![0xff, 0xfe, 0x41])))
+        .expect("handled");
+    assert_eq!((h.response.status, h.response.body.len()), (500, 0));
+    let replay = ledger
+        .handle(P, &order("k", "{}"), |_| Ok::<_, String>(MutationResponse::text(200, "never")))
+        .expect("handled");
+    assert_eq!(replay.response, h.response);
+    let utf8 = ledger
+        .handle(P, &order("k2", "{}"), |_| Ok::<_, String>(MutationResponse::bytes(200, "注文".as_bytes().to_vec())))
+        .expect("handled");
+    assert_eq!(utf8.response.body_text(), Some("注文"));
+}
+
+#[test]
+fn spec8_sweep_removes_expired_completed_and_abandoned_pending_in_bounded_batches() {
+    let db = TestDb::new();
+    let clock = ManualClock::new(T0);
+    let mut ledger = db.ledger(&clock);
+    let orders = Orders::new();
+    for i in 0..25 {
+        handle(&mut ledger, P, &order(&format!("done-{i}"), "{}"), &orders);
+    }
+    for i in 0..5 {
+        let _ = ledger.handle(P, &order(&format!("crashed-{i}"), "{}"), |_| Err::<MutationResponse, _>("crash".to_string()));
+    }
+    clock.advance(Duration::from_millis(86_400_000));
+    handle(&mut ledger, P, &order("fresh", "{}"), &orders);
+    assert_eq!(ledger.sweep().expect("sweep"), 0, "nothing is older than the retention yet");
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(ledger.sweep().expect("sweep"), 20, "one batch of 20");
+    assert_eq!(ledger.sweep().expect("sweep"), 10);
+    assert_eq!(ledger.sweep().expect("sweep"), 0);
+    let rows = db.rows();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["key"], "fresh");
+}
+
+#[test]
+fn spec8_retention_is_one_setting_for_replay_and_sweep() {
+    let db = TestDb::new();
+    let clock = ManualClock::new(T0);
+    let config = Config { retention_ms: 60_000, ..Config::default() };
+    let mut ledger = db.ledger_with(&clock, config);
+    let orders = Orders::new();
+    handle(&mut ledger, P, &order("k", "{}"), &orders);
+    clock.advance(Duration::from_millis(60_000));
+    assert!(matches!(handle(&mut ledger, P, &order("k", "{}"), &orders).outcome, Outcome::Replayed));
+    assert_eq!(ledger.sweep().expect("sweep"), 0);
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(ledger.sweep().expect("sweep"), 1);
+    assert!(matches!(handle(&mut ledger, P, &order("k", "{}"), &orders).outcome, Outcome::Executed { .. }));
+    assert_eq!(orders.runs.get(), 2);
+}
+
+#[test]
+fn spec9_mutation_error_leaves_row_pending_and_release_frees_it() {
+    let db = TestDb::new();
+    let clock = ManualClock::new(T0);
+    let mut ledger = db.ledger(&clock);
+    let orders = Orders::new();
+    let err = ledger.handle(P, &order("k", "{}"), |_| Err::<MutationResponse, _>("validation failed".to_string()));
+    let ticket = match err {
+        Err(HandleError::Mutation { error, ticket }) => {
+            assert_eq!(error, "validation failed");
+            ticket
+        }
+        other => panic!("expected a mutation error, got {other:?}"),
+    };
+    let blocked = handle(&mut ledger, P, &order("k", "{}"), &orders);
+    assert_eq!(rejected(&blocked), RejectionReason::InProgress);
+    assert!(ledger.release(&ticket).expect("release"), "the owner releases what never ran");
+    assert!(!ledger.release(&ticket).expect("release twice"), "a second release finds nothing");
+    let retry = handle(&mut ledger, P, &order("k", "{}"), &orders);
+    assert!(matches!(retry.outcome, Outcome::Executed { stored: Stored::Completed, .. }));
+    assert_eq!(orders.runs.get(), 1);
+}
+
+#[test]
+fn spec9_release_never_frees_a_row_taken_over_or_completed() {
+    let db = TestDb::new();
+    let clock = ManualClock::new(T0);
+    let mut ledger = db.ledger(&clock);
+    let orders = Orders::new();
+    let Err(HandleError::Mutation { ticket, .. }) =
+        ledger.handle(P, &order("k", "{}"), |_| Err::<MutationResponse, _>("crash".to_string()))
+    else {
+        panic!("expected a mutation error")
+    };
+    clock.advance(Duration::from_millis(30_001));
+    handle(&mut ledger, P, &order("k", "{}"), &orders);
+    assert!(!ledger.release(&ticket).expect("release"), "the stale ticket owns nothing");
+    assert_eq!(db.rows()[0]["status"], "completed");
+}
