@@ -1,0 +1,422 @@
+//! Runs every vector of conformance/vectors.json three ways: the native core
+//! (cargo test, no wasm), the component's driven API, and the component's
+//! step API, each over a fresh real SQLite file. Fails on an unknown kind or
+//! field and when the number run differs from the file's counts.
+
+use std::collections::BTreeMap;
+
+use idempotency_ledger::wit::{self, Decision};
+use idempotency_ledger::{Config, ManualClock, MutationResponse, SqlBackend, SqliteBackend};
+use idempotency_ledger_core as core;
+use idempotency_ledger_host_test::TestDb;
+use serde_json::{json, Value as Json};
+
+fn load() -> Json {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../conformance/vectors.json");
+    serde_json::from_str(&std::fs::read_to_string(path).expect("read vectors.json")).expect("parse vectors.json")
+}
+
+const KINDS: [&str; 5] = ["fingerprint", "admission", "decision", "completion", "sweep"];
+const TOP_LEVEL: [&str; 9] =
+    ["format", "description", "defaults", "counts", "fingerprint", "admission", "decision", "completion", "sweep"];
+
+fn fields(v: &Json, allowed: &[&str]) {
+    for key in v.as_object().expect("vector object").keys() {
+        assert!(allowed.contains(&key.as_str()), "{}: unknown field {key:?}", v["id"]);
+    }
+}
+
+fn config(v: &Json) -> Config {
+    let mut c = Config::default();
+    for (name, value) in v["config"].as_object().expect("config object") {
+        let strings = || value.as_array().expect("list").iter().map(|s| s.as_str().expect("string").to_string()).collect();
+        let number = || value.as_u64().expect("number");
+        match name.as_str() {
+            "protected-methods" => c.protected_methods = strings(),
+            "fingerprint-headers" => c.fingerprint_headers = strings(),
+            "replay-headers" => c.replay_headers = strings(),
+            "pending-ttl-ms" => c.pending_ttl_ms = number(),
+            "retention-ms" => c.retention_ms = number(),
+            "body-cap-bytes" => c.body_cap_bytes = number() as u32,
+            "sweep-batch" => c.sweep_batch = number() as u32,
+            other => panic!("{}: unknown config field {other:?}", v["id"]),
+        }
+    }
+    c
+}
+
+fn headers(v: &Json) -> Vec<(String, String)> {
+    v.as_array()
+        .expect("headers")
+        .iter()
+        .map(|pair| (pair[0].as_str().expect("name").into(), pair[1].as_str().expect("value").into()))
+        .collect()
+}
+
+fn head(v: &Json) -> core::RequestHead {
+    core::RequestHead {
+        method: v["method"].as_str().expect("method").into(),
+        path_and_query: v["path_and_query"].as_str().expect("path").into(),
+        headers: headers(&v["headers"]).into_iter().map(|(n, val)| core::Header::new(n, val)).collect(),
+    }
+}
+
+fn request(v: &Json) -> idempotency_ledger::Request {
+    let mut r = idempotency_ledger::Request::new(v["method"].as_str().expect("method"), v["path_and_query"].as_str().expect("path"));
+    r.headers = headers(&v["headers"]);
+    if let Some(hex_body) = v.get("body_hex") {
+        r.body = hex::decode(hex_body.as_str().expect("hex")).expect("hex body");
+    }
+    r
+}
+
+fn response_json(status: u16, headers: Vec<(String, String)>, body: Option<String>) -> Json {
+    json!({
+        "status": status,
+        "headers": headers.into_iter().map(|(n, v)| json!([n, v])).collect::<Vec<_>>(),
+        "body": body,
+    })
+}
+
+fn core_response(r: core::Response) -> Json {
+    response_json(r.status, r.headers.into_iter().map(|h| (h.name, h.value)).collect(), r.body)
+}
+
+fn wit_response(r: wit::Response) -> Json {
+    response_json(r.status, r.headers.into_iter().map(|h| (h.name, h.value)).collect(), r.body)
+}
+
+fn reason(r: core::RejectionReason) -> &'static str {
+    match r {
+        core::RejectionReason::KeyRequired => "key-required",
+        core::RejectionReason::KeyInvalid => "key-invalid",
+        core::RejectionReason::KeyReused => "key-reused",
+        core::RejectionReason::InProgress => "in-progress",
+        core::RejectionReason::Retry => "retry",
+        core::RejectionReason::RecordCorrupt => "record-corrupt",
+    }
+}
+
+fn wit_reason(r: wit::RejectionReason) -> &'static str {
+    match r {
+        wit::RejectionReason::KeyRequired => "key-required",
+        wit::RejectionReason::KeyInvalid => "key-invalid",
+        wit::RejectionReason::KeyReused => "key-reused",
+        wit::RejectionReason::InProgress => "in-progress",
+        wit::RejectionReason::Retry => "retry",
+        wit::RejectionReason::RecordCorrupt => "record-corrupt",
+    }
+}
+
+fn core_decision(d: core::Decision) -> Json {
+    match d {
+        core::Decision::Execute(t) => json!({"kind": "execute", "generation": t.generation, "created_at": t.created_at}),
+        core::Decision::Replay(r) => json!({"kind": "replay", "response": core_response(r)}),
+        core::Decision::Reject(r) => json!({"kind": "reject", "reason": reason(r.reason), "response": core_response(r.response)}),
+    }
+}
+
+fn wit_decision(d: Decision) -> Json {
+    match d {
+        Decision::Execute(t) => json!({"kind": "execute", "generation": t.generation, "created_at": t.created_at}),
+        Decision::Replay(r) => json!({"kind": "replay", "response": wit_response(r)}),
+        Decision::Reject(r) => {
+            json!({"kind": "reject", "reason": wit_reason(r.reason), "response": wit_response(r.response)})
+        }
+    }
+}
+
+/// The native core's SQL run on the same SQLite backend the component uses.
+struct NativeLedger(SqliteBackend);
+
+impl core::driven::Ledger for NativeLedger {
+    fn execute_batch(&mut self, statements: &[core::Statement]) -> Result<Vec<core::StatementResult>, core::LedgerError> {
+        let statements: Vec<wit::Statement> = statements
+            .iter()
+            .map(|s| wit::Statement { sql: s.sql.into(), params: s.params.iter().map(to_wit_value).collect() })
+            .collect();
+        self.0
+            .execute_batch(&statements)
+            .map(|results| {
+                results
+                    .into_iter()
+                    .map(|r| core::StatementResult {
+                        rows: r.rows.into_iter().map(|row| row.into_iter().map(to_core_value).collect()).collect(),
+                        changes: r.changes,
+                    })
+                    .collect()
+            })
+            .map_err(|e| core::LedgerError::Other(format!("{e:?}")))
+    }
+}
+
+fn to_wit_value(v: &core::Value) -> wit::Value {
+    match v {
+        core::Value::Null => wit::Value::Null,
+        core::Value::Integer(i) => wit::Value::Integer(*i),
+        core::Value::Real(r) => wit::Value::Real(*r),
+        core::Value::Text(t) => wit::Value::Text(t.clone()),
+        core::Value::Blob(b) => wit::Value::Blob(b.clone()),
+    }
+}
+
+fn to_core_value(v: wit::Value) -> core::Value {
+    match v {
+        wit::Value::Null => core::Value::Null,
+        wit::Value::Integer(i) => core::Value::Integer(i),
+        wit::Value::Real(r) => core::Value::Real(r),
+        wit::Value::Text(t) => core::Value::Text(t),
+        wit::Value::Blob(b) => core::Value::Blob(b),
+    }
+}
+
+fn ticket(v: &Json) -> wit::Ticket {
+    wit::Ticket {
+        principal: v["principal"].as_str().expect("principal").into(),
+        key: v["key"].as_str().expect("key").into(),
+        fingerprint: v["fingerprint"].as_str().expect("fingerprint").into(),
+        generation: v["generation"].as_i64().expect("generation"),
+        created_at: v["created_at"].as_i64().expect("created_at"),
+    }
+}
+
+fn mutation(v: &Json) -> MutationResponse {
+    let status = v["status"].as_u64().expect("status") as u16;
+    let mut m = match (v.get("body_text"), v.get("body_hex")) {
+        (Some(t), None) => MutationResponse::text(status, t.as_str().expect("text")),
+        (None, Some(h)) => MutationResponse::bytes(status, hex::decode(h.as_str().expect("hex")).expect("hex")),
+        _ => panic!("response needs exactly one of body_text, body_hex"),
+    };
+    m.headers = headers(&v["headers"]);
+    for key in v.as_object().expect("response").keys() {
+        assert!(["status", "headers", "body_text", "body_hex"].contains(&key.as_str()), "unknown response field {key}");
+    }
+    m
+}
+
+fn core_mutation(m: &MutationResponse) -> core::MutationResponse {
+    core::MutationResponse {
+        status: m.status,
+        headers: m.headers.iter().map(|(n, v)| core::Header::new(n.clone(), v.clone())).collect(),
+        body: match &m.body {
+            idempotency_ledger::Body::Text(t) => core::ResponseBody::Text(t.clone()),
+            idempotency_ledger::Body::Bytes(b) => core::ResponseBody::Bytes(b.clone()),
+        },
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Way {
+    Native,
+    Driven,
+    Steps,
+}
+
+const WAYS: [Way; 3] = [Way::Native, Way::Driven, Way::Steps];
+
+fn run_fingerprint(v: &Json) {
+    fields(v, &["id", "spec", "config", "method", "path_and_query", "headers", "body_hex", "prefix", "fingerprint"]);
+    let (c, h, req) = (config(v), head(v), request(v));
+    assert_eq!(core::fingerprint::prefix(&c, &h), v["prefix"], "{}: native prefix", v["id"]);
+    assert_eq!(core::fingerprint::fingerprint(&c, &h, &req.body), v["fingerprint"], "{}: native", v["id"]);
+    let db = TestDb::new();
+    let mut ledger = db.ledger_with(&ManualClock::new(0), c);
+    assert_eq!(ledger.fingerprint(&req).expect("prefix + native sha256"), v["fingerprint"], "{}: prefix path", v["id"]);
+    assert_eq!(ledger.fingerprint_in_component(&req).expect("component"), v["fingerprint"], "{}: component", v["id"]);
+}
+
+fn run_admission(v: &Json, ledger: &mut idempotency_ledger::Ledger) {
+    fields(v, &["id", "spec", "config", "method", "path_and_query", "headers", "expect"]);
+    let c = config(v);
+    let native = match core::machine::admit(&c, &head(v)).expect("native admit") {
+        core::Admission::PassThrough => json!({"kind": "pass-through"}),
+        core::Admission::Protected(p) => json!({"kind": "protected", "key": p.key}),
+        core::Admission::Reject(r) => json!({"kind": "reject", "reason": reason(r.reason), "response": core_response(r.response)}),
+    };
+    assert_eq!(native, v["expect"], "{}: native", v["id"]);
+    let wit_config = ledger_config(&c);
+    let wit_head = wit::RequestHead {
+        method: v["method"].as_str().expect("method").into(),
+        path_and_query: v["path_and_query"].as_str().expect("path").into(),
+        headers: headers(&v["headers"]).into_iter().map(|(name, value)| wit::Header { name, value }).collect(),
+    };
+    let component = ledger
+        .with_component(|core, store| core.idempotency_ledger_protocol().call_admit(store, &wit_config, &wit_head))
+        .expect("instance")
+        .expect("no trap")
+        .expect("admit");
+    let component = match component {
+        wit::Admission::PassThrough => json!({"kind": "pass-through"}),
+        wit::Admission::Protected(p) => json!({"kind": "protected", "key": p.key}),
+        wit::Admission::Reject(r) => {
+            json!({"kind": "reject", "reason": wit_reason(r.reason), "response": wit_response(r.response)})
+        }
+    };
+    assert_eq!(component, v["expect"], "{}: component", v["id"]);
+}
+
+fn ledger_config(c: &Config) -> wit::Config {
+    wit::Config {
+        protected_methods: c.protected_methods.clone(),
+        fingerprint_headers: c.fingerprint_headers.clone(),
+        replay_headers: c.replay_headers.clone(),
+        pending_ttl_ms: c.pending_ttl_ms,
+        retention_ms: c.retention_ms,
+        body_cap_bytes: c.body_cap_bytes,
+        sweep_batch: c.sweep_batch,
+    }
+}
+
+fn arranged(v: &Json) -> TestDb {
+    let db = TestDb::new();
+    db.insert_rows(v["rows"].as_array().expect("rows"));
+    db
+}
+
+fn check_rows(v: &Json, db: &TestDb, way: Way) {
+    if !v["rows_after"].is_null() {
+        assert_eq!(Json::Array(db.rows()), v["rows_after"], "{} ({way:?}): rows after", v["id"]);
+    }
+}
+
+fn run_decision(v: &Json, way: Way) {
+    fields(v, &["id", "spec", "config", "rows", "principal", "key", "fingerprint", "now", "expect", "rows_after"]);
+    let db = arranged(v);
+    let c = config(v);
+    let (p, k, f, now) = (
+        v["principal"].as_str().expect("principal"),
+        v["key"].as_str().expect("key"),
+        v["fingerprint"].as_str().expect("fingerprint"),
+        v["now"].as_i64().expect("now"),
+    );
+    let got = match way {
+        Way::Native => core_decision(core::driven::decide(&mut NativeLedger(db.backend()), &c, p, k, f, now).expect("decide")),
+        Way::Driven => wit_decision(db.ledger_with(&ManualClock::new(now), c).decide(p, k, f).expect("decide")),
+        Way::Steps => {
+            let mut ledger = db.ledger_with(&ManualClock::new(now), c.clone());
+            let mut backend = db.backend();
+            let wc = ledger_config(&c);
+            let plan = ledger
+                .with_component(|core, store| core.idempotency_ledger_steps().call_plan_decision(store, &wc, p, k, f, now))
+                .expect("instance")
+                .expect("no trap")
+                .expect("plan");
+            let results = backend.execute_batch(&plan).expect("batch");
+            let decision = ledger
+                .with_component(|core, store| core.idempotency_ledger_steps().call_decide(store, &wc, p, k, f, now, &results))
+                .expect("instance")
+                .expect("no trap")
+                .expect("decide");
+            wit_decision(decision)
+        }
+    };
+    assert_eq!(got, v["expect"], "{} ({way:?}): {}", v["id"], v["spec"]);
+    check_rows(v, &db, way);
+}
+
+fn run_completion(v: &Json, way: Way) {
+    fields(v, &["id", "spec", "config", "rows", "ticket", "response", "now", "expect", "rows_after"]);
+    let db = arranged(v);
+    let c = config(v);
+    let (t, m, now) = (ticket(&v["ticket"]), mutation(&v["response"]), v["now"].as_i64().expect("now"));
+    let got = match way {
+        Way::Native => {
+            let ct = core::Ticket {
+                principal: t.principal.clone(),
+                key: t.key.clone(),
+                fingerprint: t.fingerprint.clone(),
+                generation: t.generation,
+                created_at: t.created_at,
+            };
+            let done = core::driven::complete(&mut NativeLedger(db.backend()), &c, &ct, core_mutation(&m), now)
+                .expect("complete");
+            json!({"stored": !done.fenced_out, "response": core_response(done.response)})
+        }
+        Way::Driven => {
+            let done = db.ledger_with(&ManualClock::new(now), c).complete(&t, &m).expect("complete");
+            json!({"stored": !done.fenced_out, "response": wit_response(done.response)})
+        }
+        Way::Steps => {
+            let mut ledger = db.ledger_with(&ManualClock::new(now), c.clone());
+            let mut backend = db.backend();
+            let wc = ledger_config(&c);
+            let produced = wit::MutationResponse {
+                status: m.status,
+                headers: m.headers.iter().map(|(name, value)| wit::Header { name: name.clone(), value: value.clone() }).collect(),
+                body: match &m.body {
+                    idempotency_ledger::Body::Text(t) => wit::ResponseBody::Text(t.clone()),
+                    idempotency_ledger::Body::Bytes(b) => wit::ResponseBody::Bytes(b.clone()),
+                },
+            };
+            let plan = ledger
+                .with_component(|core, store| core.idempotency_ledger_steps().call_plan_completion(store, &wc, &t, &produced, now))
+                .expect("instance")
+                .expect("no trap")
+                .expect("plan");
+            let results = backend.execute_batch(&plan.statements).expect("batch");
+            let stored = ledger
+                .with_component(|core, store| core.idempotency_ledger_steps().call_finish_completion(store, &results))
+                .expect("instance")
+                .expect("no trap")
+                .expect("finish");
+            json!({"stored": stored, "response": wit_response(plan.response)})
+        }
+    };
+    assert_eq!(got, v["expect"], "{} ({way:?}): {}", v["id"], v["spec"]);
+    check_rows(v, &db, way);
+}
+
+fn run_sweep(v: &Json, way: Way) {
+    fields(v, &["id", "spec", "config", "rows", "now", "expect", "rows_after"]);
+    let db = arranged(v);
+    let c = config(v);
+    let now = v["now"].as_i64().expect("now");
+    let deleted = match way {
+        Way::Native => core::driven::sweep(&mut NativeLedger(db.backend()), &c, now).expect("sweep"),
+        Way::Driven | Way::Steps => db.ledger_with(&ManualClock::new(now), c).sweep_at(now).expect("sweep"),
+    };
+    let got = json!({"deleted": deleted, "remaining": db.rows().len()});
+    assert_eq!(got, v["expect"], "{} ({way:?}): {}", v["id"], v["spec"]);
+    check_rows(v, &db, way);
+}
+
+#[test]
+fn every_vector_passes_natively_and_through_the_component() {
+    let doc = load();
+    assert_eq!(doc["format"], 1, "unknown vector format");
+    for key in doc.as_object().expect("document").keys() {
+        assert!(TOP_LEVEL.contains(&key.as_str()), "unknown top-level key {key:?}");
+    }
+    assert_eq!(
+        serde_json::to_value(idempotency_ledger_core::Config::default().protected_methods).expect("json"),
+        doc["defaults"]["protected-methods"]
+    );
+    let admission_db = TestDb::new();
+    let mut ran: BTreeMap<&str, usize> = BTreeMap::new();
+    for kind in KINDS {
+        for v in doc[kind].as_array().unwrap_or_else(|| panic!("{kind} list")) {
+            match kind {
+                "fingerprint" => run_fingerprint(v),
+                "admission" => run_admission(v, &mut admission_db.ledger(&ManualClock::new(0))),
+                "decision" => WAYS.iter().for_each(|w| run_decision(v, *w)),
+                "completion" => WAYS.iter().for_each(|w| run_completion(v, *w)),
+                "sweep" => WAYS.iter().for_each(|w| run_sweep(v, *w)),
+                _ => unreachable!(),
+            }
+            *ran.entry(kind).or_default() += 1;
+        }
+    }
+    for kind in KINDS {
+        let expected = doc["counts"][kind].as_u64().expect("count") as usize;
+        assert_eq!(ran.get(kind).copied().unwrap_or(0), expected, "{kind}: vectors run vs counts");
+        assert!(expected > 0, "{kind}: no vectors");
+    }
+    println!("conformance: ran {ran:?} (decision, completion and sweep three ways each)");
+}
+
+#[test]
+fn vectors_file_is_fresh() {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../conformance/generate.py");
+    let status = std::process::Command::new("python3").arg(script).arg("--check").status().expect("run python3");
+    assert!(status.success(), "conformance/vectors.json is stale: run `make vectors` and commit it");
+}
