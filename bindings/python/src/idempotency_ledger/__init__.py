@@ -21,7 +21,9 @@ from ._runtime import Runtime
 from ._sqlite import DEFAULT_BUSY_TIMEOUT_MS, BatchError, SqliteBackend, connect
 from ._types import (
     Admission,
+    Completion,
     ComponentTrap,
+    Decision,
     IdempotencyError,
     InvalidArgument,
     InvalidConfig,
@@ -38,6 +40,8 @@ from ._types import (
 __all__ = [
     "Admission",
     "BatchError",
+    "Completion",
+    "Decision",
     "Begun",
     "ComponentTrap",
     "DEFAULT_BUSY_TIMEOUT_MS",

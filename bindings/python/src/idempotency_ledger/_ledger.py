@@ -17,7 +17,9 @@ from ._runtime import Runtime, Slot, field, record, unwrap
 from ._sqlite import DEFAULT_BUSY_TIMEOUT_MS, SqliteBackend, connect
 from ._types import (
     Admission,
+    Completion,
     ComponentTrap,
+    Decision,
     HeadersLike,
     IdempotencyError,
     MutationResponse,
@@ -281,9 +283,19 @@ class Ledger:
     def fenced_out_message(self, ticket: Ticket) -> str:
         return self._call_raw("protocol", "fenced-out-message", _wit_ticket(ticket))
 
-    def decide(self, principal: str, key: str, fingerprint: str, now: Optional[int] = None) -> Any:
-        """The raw driven decision (WIT `decision` as a wasmtime `Variant`)."""
-        return self._call("driven", "decide", self._config, _principal(principal), _text(key, "key"), _text(fingerprint, "fingerprint"), self._now(now))
+    def decide(self, principal: str, key: str, fingerprint: str, now: Optional[int] = None) -> Decision:
+        """The driven decision (claim, fenced takeover, lookup: one ledger
+        round trip) for an already-fingerprinted request. Raises ProtocolError."""
+        d = self._call(
+            "driven", "decide", self._config, _principal(principal), _text(key, "key"), _text(fingerprint, "fingerprint"), self._now(now)
+        )
+        return _decision(d)
+
+    def complete(self, ticket: Ticket, produced: Produced, now: Optional[int] = None) -> Completion:
+        """The fenced completion write (one ledger round trip), without the
+        logging and fallbacks of `finish`. Raises ProtocolError."""
+        c = self._call("driven", "complete", self._config, _wit_ticket(ticket), _mutation_response(produced), self._now(now))
+        return Completion(_response(field(c, "response")), bool(field(c, "fenced_out")))
 
     def begin(
         self,
@@ -314,8 +326,7 @@ class Ledger:
         except IdempotencyError as error:
             return Begun(result=self._unavailable(error))
         if decision.tag == "replay":
-            response = _response(decision.payload)
-            return Begun(result=Result(response.status, response.headers, response.body, Outcome.REPLAYED))
+            return Begun(result=Result.of(_response(decision.payload), Outcome.REPLAYED))
         if decision.tag == "reject":
             return Begun(result=_rejected(decision.payload))
         return Begun(ticket=_ticket(decision.payload))
@@ -341,7 +352,7 @@ class Ledger:
                 response = _response(field(plan, "response"))
             except IdempotencyError:
                 response = self.error_response(error)
-            return Result(response.status, response.headers, response.body, Outcome.EXECUTED, ticket=ticket, stored=False, error=error)
+            return Result.of(response, Outcome.EXECUTED, ticket=ticket, stored=False, error=error)
         response = _response(field(completion, "response"))
         fenced_out = bool(field(completion, "fenced_out"))
         if fenced_out:
@@ -350,7 +361,7 @@ class Ledger:
             except Exception:
                 message = f"[idempotency] fenced out: principal={ticket.principal!r} key={ticket.key!r} generation={ticket.generation}"
             log.error("%s", message)
-        return Result(response.status, response.headers, response.body, Outcome.EXECUTED, ticket=ticket, stored=not fenced_out, fenced_out=fenced_out)
+        return Result.of(response, Outcome.EXECUTED, ticket=ticket, stored=not fenced_out, fenced_out=fenced_out)
 
     def handle(
         self,
@@ -377,7 +388,7 @@ class Ledger:
         if begun.pass_through:
             produced = run_mutation()
             response = _plain_response(produced)
-            return Result(response.status, response.headers, response.body, Outcome.PASS_THROUGH)
+            return Result.of(response, Outcome.PASS_THROUGH)
         ticket = begun.ticket
         assert ticket is not None
         try:
@@ -414,7 +425,7 @@ class Ledger:
     def _unavailable(self, error: IdempotencyError) -> Result:
         log.error("[idempotency] request not executed: %s", error)
         response = self.error_response(error)
-        return Result(response.status, response.headers, response.body, Outcome.UNAVAILABLE, error=error)
+        return Result.of(response, Outcome.UNAVAILABLE, error=error)
 
 
 def _connect_any_thread(path: Any, busy_timeout_ms: int) -> Any:
@@ -496,12 +507,20 @@ def _response(r: Any) -> Response:
         int(field(r, "status")),
         [(field(h, "name"), field(h, "value")) for h in field(r, "headers")],
         b"" if body is None else body.encode("utf-8"),
+        body is not None,
     )
 
 
 def _rejected(rejection: Any) -> Result:
-    response = _response(field(rejection, "response"))
-    return Result(response.status, response.headers, response.body, Outcome.REJECTED, reason=field(rejection, "reason"))
+    return Result.of(_response(field(rejection, "response")), Outcome.REJECTED, reason=field(rejection, "reason"))
+
+
+def _decision(d: Any) -> Decision:
+    if d.tag == "execute":
+        return Decision("execute", ticket=_ticket(d.payload))
+    if d.tag == "replay":
+        return Decision("replay", response=_response(d.payload))
+    return Decision("reject", response=_response(field(d.payload, "response")), reason=field(d.payload, "reason"))
 
 
 def _admission(a: Any) -> Admission:

@@ -18,6 +18,9 @@ class Response:
     status: int
     headers: list[Header] = field(default_factory=list)
     body: bytes = b""
+    #: False when the core's response carries no body at all (statuses 204,
+    #: 205, 304, or a row stored without one); `body` is then b"".
+    has_body: bool = True
 
     def header(self, name: str) -> str | None:
         """The first value of a header, by case-insensitive name."""
@@ -98,10 +101,16 @@ class Result:
     #: UNAVAILABLE: why nothing ran. EXECUTED with stored=False and not
     #: fenced out: why the completion write failed (the row stays pending).
     error: "IdempotencyError | None" = None
+    #: False when the response carries no body at all (see `Response.has_body`).
+    has_body: bool = True
+
+    @classmethod
+    def of(cls, response: Response, outcome: Outcome, **details: Any) -> "Result":
+        return cls(response.status, list(response.headers), response.body, outcome, has_body=response.has_body, **details)
 
     @property
     def response(self) -> Response:
-        return Response(self.status, list(self.headers), self.body)
+        return Response(self.status, list(self.headers), self.body, self.has_body)
 
     def header(self, name: str) -> str | None:
         return self.response.header(name)
@@ -119,6 +128,25 @@ class Admission:
     fingerprint_prefix: str | None = None
     reason: str | None = None
     response: Response | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The driven decision for a protected request (WIT `decision`)."""
+
+    kind: str  # "execute" | "replay" | "reject"
+    ticket: Ticket | None = None
+    response: Response | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Completion:
+    """The finished completion step (WIT `completion`)."""
+
+    response: Response
+    #: True when a takeover superseded the ticket: another owner's response is stored.
+    fenced_out: bool
 
 
 class IdempotencyError(Exception):
