@@ -123,3 +123,44 @@ def post(ledger: Ledger, key: str | None, mutation: Callable[[], Any], *, body: 
     if key is not None:
         hs.append(("Idempotency-Key", key))
     return ledger.handle(principal, method, path, hs, body, mutation)
+
+
+class ConnectionProxy:
+    """A real sqlite3 connection that counts statements and injects faults.
+
+    `faults` holds exceptions raised by the next execute() calls (one each);
+    `before` may run extra SQL on the real connection before a statement
+    whose text contains a marker (to stage races such as a vanished row).
+    """
+
+    _own = ("_conn", "executes", "faults", "before", "statements")
+
+    def __init__(self, path: Path, **kwargs: Any) -> None:
+        kwargs.setdefault("isolation_level", None)
+        kwargs.setdefault("check_same_thread", False)
+        kwargs.setdefault("timeout", 5)
+        object.__setattr__(self, "_conn", sqlite3.connect(path, **kwargs))
+        object.__setattr__(self, "executes", 0)
+        object.__setattr__(self, "faults", [])
+        object.__setattr__(self, "before", [])
+        object.__setattr__(self, "statements", [])
+
+    def execute(self, sql: str, params: Any = ()) -> Any:
+        object.__setattr__(self, "executes", self.executes + 1)
+        self.statements.append(sql)
+        if self.faults:
+            raise self.faults.pop(0)
+        for marker, extra in list(self.before):
+            if marker in sql:
+                self.before.remove((marker, extra))
+                self._conn.execute(extra)
+        return self._conn.execute(sql, params)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self._own:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._conn, name, value)

@@ -132,25 +132,20 @@ class SqliteBackend:
         try:
             if conn.in_transaction:
                 raise BatchError("other", "the ledger connection already holds an open transaction; give the ledger a dedicated connection")
-            saved_text_factory = conn.text_factory
+            saved = (conn.text_factory, conn.row_factory)
         except BatchError:
             raise
         except Exception as error:
             raise ledger_error(error) from error
         try:
             conn.text_factory = _text_factory
+            conn.row_factory = None
             conn.execute("BEGIN IMMEDIATE")
             try:
                 results: list[StatementResult] = []
                 for sql, params in statements:
                     before = conn.total_changes
-                    cursor = conn.cursor()
-                    cursor.row_factory = None
-                    try:
-                        cursor.execute(sql, params)
-                        rows = [list(row) for row in cursor.fetchall()]
-                    finally:
-                        cursor.close()
+                    rows = [list(row) for row in conn.execute(sql, params).fetchall()]
                     results.append((rows, conn.total_changes - before))
                 conn.execute("COMMIT")
             except BaseException:
@@ -167,6 +162,6 @@ class SqliteBackend:
             raise ledger_error(error) from error
         finally:
             try:
-                conn.text_factory = saved_text_factory
+                conn.text_factory, conn.row_factory = saved
             except Exception:
                 pass

@@ -1,0 +1,412 @@
+"""Every SPEC row through `Ledger.handle` against a real SQLite file."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import T0, ConnectionProxy, ManualClock, Mutation, insert_rows, order_count, post, rows
+from idempotency_ledger import Ledger, LedgerUnavailable, MutationResponse, Outcome, ticket_of
+
+JSON = ("content-type", "application/json")
+
+
+# ---------------------------------------------------------------- 1. header contract
+
+
+@pytest.mark.parametrize("key", [None, ""])
+def test_1_missing_or_empty_key_is_400_required(ledger: Ledger, key: Any) -> None:
+    m = Mutation()
+    r = post(ledger, key, m)
+    assert (r.status, r.json(), r.outcome, r.reason) == (400, {"error": "idempotency_key_required"}, Outcome.REJECTED, "key-required")
+    assert r.header("content-type") == "application/json"
+    assert m.calls == 0
+
+
+@pytest.mark.parametrize("key", ["a\x01b", "x" * 256, "tab\tkey", "caf\u00e9", "\x7f"])
+def test_1_invalid_key_is_400_invalid(ledger: Ledger, key: str) -> None:
+    m = Mutation()
+    r = post(ledger, key, m)
+    assert r.status == 400
+    assert r.json() == {"error": "idempotency_key_invalid", "message": "Idempotency-Key must be 1-255 printable ASCII characters."}
+    assert m.calls == 0
+    assert ledger.check_key(key) == "key-invalid"
+
+
+@pytest.mark.parametrize("key", ["k", "x" * 255, " ~!\"#$%&'()*+,-./0-9:;<=>?@A-Z[\\]^_`a-z{|}"])
+def test_1_valid_keys_execute(ledger: Ledger, key: str) -> None:
+    m = Mutation()
+    r = post(ledger, key, m)
+    assert (r.status, r.outcome, m.calls) == (201, Outcome.EXECUTED, 1)
+    assert ledger.check_key(key) is None
+
+
+@pytest.mark.parametrize("method", ["GET", "HEAD", "OPTIONS", "get"])
+def test_1_unprotected_methods_pass_through_without_ledger_access(db_path: Path, method: str) -> None:
+    conn = ConnectionProxy(db_path)  # never migrated: any ledger access would fail
+    ledger = Ledger(conn)
+    m = Mutation(headers=[("X-Custom", "kept"), ("Content-Type", "text/plain")], body="hello", status=200)
+    r = post(ledger, "k-1", m, method=method)
+    assert (r.status, r.body, r.outcome) == (200, b"hello", Outcome.PASS_THROUGH)
+    assert r.headers == [("X-Custom", "kept"), ("Content-Type", "text/plain")]
+    assert m.calls == 1
+    assert conn.executes == 0
+    conn.close()
+
+
+def test_1_protected_methods_are_configurable(db_path: Path) -> None:
+    with Ledger(db_path, protected_methods=["PUT"]) as ledger:
+        ledger.migrate()
+        m = Mutation()
+        assert post(ledger, None, m, method="POST").outcome == Outcome.PASS_THROUGH
+        assert post(ledger, None, m, method="PUT").status == 400
+        assert post(ledger, "k", m, method="put").outcome == Outcome.EXECUTED
+        assert post(ledger, "k", m, method="PUT").outcome == Outcome.REPLAYED
+        assert m.calls == 2
+
+
+@pytest.mark.parametrize("method", ["POST", "PATCH", "DELETE"])
+def test_1_default_protected_methods(ledger: Ledger, method: str) -> None:
+    assert post(ledger, None, Mutation(), method=method).status == 400
+
+
+def test_1_same_key_under_two_principals_is_two_rows(ledger: Ledger, db_path: Path) -> None:
+    m = Mutation()
+    assert post(ledger, "shared", m, principal="acct-1").outcome == Outcome.EXECUTED
+    assert post(ledger, "shared", m, principal="acct-2").outcome == Outcome.EXECUTED
+    assert post(ledger, "shared", m, principal="acct-1").outcome == Outcome.REPLAYED
+    assert m.calls == 2
+    assert [(r["principal"], r["key"]) for r in rows(db_path)] == [("acct-1", "shared"), ("acct-2", "shared")]
+
+
+def test_1_retention_is_one_setting_for_replay_and_sweep(db_path: Path, clock: ManualClock) -> None:
+    with Ledger(db_path, clock=clock, retention_ms=60_000) as ledger:
+        ledger.migrate()
+        m = Mutation()
+        post(ledger, "k", m)
+        clock.advance(59_999)
+        assert ledger.sweep() == 0
+        assert post(ledger, "k", m).outcome == Outcome.REPLAYED
+        clock.advance(2)
+        assert ledger.sweep() == 1
+        assert post(ledger, "k", m).outcome == Outcome.EXECUTED
+        assert m.calls == 2
+
+
+# ---------------------------------------------------------------------- 2. schema
+
+
+def test_2_schema_is_exact_and_migrate_is_idempotent(ledger: Ledger, db_path: Path) -> None:
+    ledger.migrate()
+    conn = sqlite3.connect(db_path)
+    cols = [(r[1], r[2], r[3], r[4], r[5]) for r in conn.execute("PRAGMA table_info(idempotency_keys)")]
+    assert cols == [
+        ("principal", "TEXT", 1, None, 1),
+        ("key", "TEXT", 1, None, 2),
+        ("fingerprint", "TEXT", 1, None, 0),
+        ("status", "TEXT", 1, "'pending'", 0),
+        ("generation", "INTEGER", 1, "1", 0),
+        ("response_status", "INTEGER", 0, None, 0),
+        ("response_body", "TEXT", 0, None, 0),
+        ("response_headers", "TEXT", 0, None, 0),
+        ("created_at", "INTEGER", 1, None, 0),
+        ("updated_at", "INTEGER", 1, None, 0),
+    ]
+    index = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'idx_idempotency_keys_updated_at'").fetchone()[0]
+    assert "ON idempotency_keys (updated_at)" in index
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    conn.close()
+    assert len(ledger.schema()) == 2
+
+
+# ------------------------------------------------------------------- 3. claim
+
+
+def test_3_claim_is_one_insert_and_owns_generation_1(db_path: Path, clock: ManualClock) -> None:
+    conn = ConnectionProxy(db_path)
+    ledger = Ledger(conn, clock=clock)
+    ledger.migrate()
+    conn.statements.clear()
+    seen: dict[str, Any] = {}
+
+    def mutation() -> MutationResponse:
+        seen["rows"] = rows(db_path)
+        return MutationResponse.json(201, {"ok": True})
+
+    r = post(ledger, "k", mutation)
+    assert r.ticket is not None and (r.ticket.generation, r.ticket.created_at) == (1, T0)
+    # While the mutation ran the row was already claimed (claim before mutate).
+    assert [(x["status"], x["generation"], x["created_at"], x["updated_at"]) for x in seen["rows"]] == [("pending", 1, T0, T0)]
+    decision = [s for s in conn.statements if s not in ("BEGIN IMMEDIATE", "COMMIT")]
+    assert decision[0].startswith("INSERT INTO idempotency_keys") and "ON CONFLICT (principal, key) DO NOTHING" in decision[0]
+    assert "RETURNING" in decision[0]
+    assert conn.statements[0] == "BEGIN IMMEDIATE"
+    conn.close()
+
+
+# -------------------------------------------------------------- 4. fingerprint
+
+
+def test_4_fingerprint_matches_the_recipe(ledger: Ledger) -> None:
+    body = b'{"b":1, "a":2}'
+    headers = [("X-Api-Version", "2"), ("content-type", "application/json"), ("X-Trace-Id", "t-1"), ("Content-Type", "charset=utf-8")]
+    prefix = "POST\n/orders?b=2&a=1\ncontent-type:application/json, charset=utf-8\nx-api-version:2\n"
+    expected = hashlib.sha256(prefix.encode() + body).hexdigest()
+    assert ledger.fingerprint_prefix("post", "/orders?b=2&a=1", headers) == prefix
+    assert ledger.fingerprint("post", "/orders?b=2&a=1", headers, body) == expected
+    assert ledger.fingerprint_in_component("post", "/orders?b=2&a=1", headers, body) == expected
+
+
+def test_4_what_changes_the_fingerprint(ledger: Ledger) -> None:
+    m = Mutation()
+    assert post(ledger, "k", m, body=b'{"a":1}').outcome == Outcome.EXECUTED
+    # Non-allowlisted headers do not matter.
+    same = post(ledger, "k", m, body=b'{"a":1}', headers=[("content-type", "application/json"), ("User-Agent", "x"), ("X-Trace-Id", "9")])
+    assert same.outcome == Outcome.REPLAYED
+    # Raw body bytes, path + query verbatim, allowlisted headers do.
+    for kwargs in (
+        {"body": b'{"a": 1}'},
+        {"body": b'{"a":1}', "path": "/orders?x=1"},
+        {"body": b'{"a":1}', "path": "/Orders"},
+        {"body": b'{"a":1}', "headers": [("Content-Type", "application/json"), ("X-Api-Version", "2")]},
+        {"body": b'{"a":1}', "headers": [("Content-Type", "text/plain")]},
+        {"body": b'{"a":1}', "method": "PATCH"},
+    ):
+        r = post(ledger, "k", m, **kwargs)
+        assert (r.status, r.reason) == (409, "key-reused"), kwargs
+    assert m.calls == 1
+
+
+# ---------------------------------------------------------------- 5. decision
+
+
+def test_5_completed_row_replays_and_never_executes(ledger: Ledger) -> None:
+    m = Mutation(headers=[("Content-Type", "application/json"), ("Location", "/orders/o_1"), ("Set-Cookie", "s=1"), ("X-Trace-Id", "t")])
+    first = post(ledger, "k", m)
+    again = post(ledger, "k", m)
+    assert (again.status, again.body, again.headers, again.outcome) == (201, first.body, first.headers, Outcome.REPLAYED)
+    assert first.headers == [("content-type", "application/json"), ("location", "/orders/o_1")]
+    assert m.calls == 1
+
+
+def test_5_fingerprint_differs_is_409_reused_never_replay(ledger: Ledger) -> None:
+    m = Mutation()
+    post(ledger, "k", m, body=b"one")
+    r = post(ledger, "k", m, body=b"two")
+    assert (r.status, r.json(), r.reason, m.calls) == (409, {"error": "idempotency_key_reused"}, "key-reused", 1)
+    assert r.header("content-type") == "application/json"
+
+
+def test_5_fresh_pending_is_409_in_progress_with_retry_after(db_path: Path, clock: ManualClock) -> None:
+    with Ledger(db_path, clock=clock, pending_ttl_ms=2_500) as ledger:
+        ledger.migrate()
+        inner: dict[str, Any] = {}
+
+        def first() -> MutationResponse:
+            clock.advance(2_500)  # updated_at >= now - TTL: still fresh
+            inner["r"] = post(ledger, "k", Mutation())
+            return MutationResponse.json(201, {"first": True})
+
+        assert post(ledger, "k", first).outcome == Outcome.EXECUTED
+        r = inner["r"]
+        assert (r.status, r.reason) == (409, "in-progress")
+        assert r.json() == {"error": "idempotency_key_in_progress", "retry_after_ms": 2_500}
+        assert r.header("retry-after") == str(math.ceil(2_500 / 1000)) == "3"
+        assert r.header("content-type") == "application/json"
+
+
+def test_5_stale_pending_is_taken_over(ledger: Ledger, clock: ManualClock, db_path: Path) -> None:
+    boom = RuntimeError("crashed mid-mutation")
+
+    def crashing() -> MutationResponse:
+        raise boom
+
+    with pytest.raises(RuntimeError) as info:
+        post(ledger, "k", crashing)
+    ticket = ticket_of(info.value)
+    assert ticket is not None and ticket.generation == 1
+    assert rows(db_path)[0]["status"] == "pending"
+    clock.advance(30_000)
+    assert post(ledger, "k", Mutation()).status == 409  # not yet stale: updated_at == now - TTL
+    clock.advance(1)
+    m = Mutation()
+    r = post(ledger, "k", m)
+    assert (r.outcome, r.ticket.generation if r.ticket else None, m.calls) == (Outcome.EXECUTED, 2, 1)
+    assert rows(db_path)[0]["generation"] == 2 and rows(db_path)[0]["status"] == "completed"
+
+
+def test_5_vanished_row_between_claim_and_lookup_is_409_retry(db_path: Path) -> None:
+    conn = ConnectionProxy(db_path)
+    ledger = Ledger(conn)
+    ledger.migrate()
+    m = Mutation()
+    post(ledger, "k", m)
+    # Stage the race inside the real transaction: the row disappears right
+    # before the lookup (what a concurrent sweep + delete would do).
+    conn.before.append(("SELECT fingerprint", "DELETE FROM idempotency_keys"))
+    r = post(ledger, "k", m)
+    assert (r.status, r.reason, r.json()) == (409, "retry", {"error": "idempotency_key_retry", "message": "Retry the request."})
+    assert m.calls == 1
+    conn.close()
+
+
+# ---------------------------------------------------------- 6. fenced takeover
+
+
+def test_6_takeover_never_takes_a_row_with_another_fingerprint(ledger: Ledger, clock: ManualClock) -> None:
+    with pytest.raises(ValueError):
+        post(ledger, "k", lambda: (_ for _ in ()).throw(ValueError("x")), body=b"one")
+    clock.advance(60_000)
+    m = Mutation()
+    r = post(ledger, "k", m, body=b"two")
+    assert (r.status, r.reason, m.calls) == (409, "key-reused", 0)
+
+
+def test_6_superseded_owner_is_fenced_out_loudly(ledger: Ledger, clock: ManualClock, db_path: Path, caplog: Any) -> None:
+    takeover: dict[str, Any] = {}
+
+    def slow_owner() -> MutationResponse:
+        clock.advance(30_001)  # stalls past the TTL; another request takes over
+        takeover["r"] = post(ledger, "k", Mutation(body='{"owner":2}'))
+        return MutationResponse.json(201, {"owner": 1})
+
+    with caplog.at_level(logging.ERROR, logger="idempotency_ledger"):
+        first = post(ledger, "k", slow_owner)
+    second = takeover["r"]
+    assert (second.outcome, second.ticket.generation if second.ticket else None, second.stored) == (Outcome.EXECUTED, 2, True)
+    assert (first.outcome, first.fenced_out, first.stored) == (Outcome.EXECUTED, True, False)
+    assert first.json() == {"owner": 1}  # the caller still gets what it computed
+    assert rows(db_path)[0]["response_body"] == '{"owner":2}'  # at most one completion succeeded
+    assert post(ledger, "k", Mutation()).json() == {"owner": 2}
+    messages = [rec.getMessage() for rec in caplog.records if rec.levelno >= logging.ERROR]
+    assert any("acct-1" in msg and "k" in msg and "1" in msg for msg in messages), messages
+    assert ledger.fenced_out_message(first.ticket) in messages  # type: ignore[arg-type]
+
+
+# -------------------------------------------------------- 7. response lifecycle
+
+
+def test_7_only_status_body_and_allowlisted_headers_are_stored(ledger: Ledger, db_path: Path) -> None:
+    post(ledger, "k", Mutation(headers=[("Content-Type", "application/json"), ("Location", "/o/1"), ("X-Secret", "no")]))
+    row = rows(db_path)[0]
+    assert (row["response_status"], row["response_body"]) == (201, '{"order":"o_1"}')
+    assert json.loads(row["response_headers"]) == {"content-type": "application/json", "location": "/o/1"}
+
+
+@pytest.mark.parametrize("size,stored", [(16_384, True), (16_385, False)])
+def test_7_body_cap(ledger: Ledger, size: int, stored: bool) -> None:
+    m = Mutation(body="x" * size)
+    first = post(ledger, "k", m)
+    again = post(ledger, "k", m)
+    if stored:
+        assert (first.status, len(first.body), again.status, len(again.body)) == (201, size, 201, size)
+    else:
+        assert (first.status, first.has_body, first.body) == (500, False, b"")
+        assert (again.status, again.has_body, again.outcome) == (500, False, Outcome.REPLAYED)
+    assert m.calls == 1
+
+
+@pytest.mark.parametrize("status", [204, 205, 304])
+def test_7_null_body_statuses_never_carry_a_body(ledger: Ledger, status: int) -> None:
+    m = Mutation(status=status, body="ignored")
+    first = post(ledger, "k", m)
+    again = post(ledger, "k", m)
+    for r in (first, again):
+        assert (r.status, r.has_body, r.body) == (status, False, b"")
+
+
+@pytest.mark.parametrize("body", [b"\xff\xfe", b"ok" + b"\x80" * 5000, b"abc\xe2\x82"])
+def test_7_unstorable_bytes_fail_loudly_never_mangled(ledger: Ledger, body: bytes) -> None:
+    m = Mutation(body=body)
+    first = post(ledger, "k", m)
+    again = post(ledger, "k", m)
+    assert (first.status, first.has_body, again.status, again.has_body) == (500, False, 500, False)
+    assert m.calls == 1
+
+
+def test_7_utf8_bytes_are_stored_exactly(ledger: Ledger) -> None:
+    body = "注文 ✓ \u0000 end".encode()
+    m = Mutation(body=body)
+    assert post(ledger, "k", m).body == body
+    assert post(ledger, "k", m).body == body
+
+
+# ------------------------------------------------------------------- 8. sweep
+
+
+def test_8_bounded_sweep_removes_expired_completed_and_abandoned_pending(db_path: Path, clock: ManualClock) -> None:
+    with Ledger(db_path, clock=clock, sweep_batch=2, retention_ms=100_000) as ledger:
+        ledger.migrate()
+        old = T0 - 100_001
+        fp = "0" * 64
+        insert_rows(db_path, [
+            {"principal": "p", "key": f"k{i}", "fingerprint": fp, "status": status, "generation": 1, "response_status": None,
+             "response_body": None, "response_headers": None, "created_at": old, "updated_at": updated}
+            for i, (status, updated) in enumerate([("completed", old), ("pending", old), ("completed", old), ("pending", T0 - 100_000)])
+        ])
+        assert ledger.sweep() == 2
+        assert ledger.sweep() == 1
+        assert ledger.sweep() == 0
+        assert [r["key"] for r in rows(db_path)] == ["k3"]
+
+
+# ------------------------------------------------------------------- 9. failures
+
+
+def test_9_claim_not_written_means_no_execution_and_a_5xx(db_path: Path) -> None:
+    with Ledger(db_path) as ledger:  # never migrated: no such table
+        m = Mutation()
+        r = post(ledger, "k", m)
+        assert (r.status, r.outcome, m.calls) == (500, Outcome.UNAVAILABLE, 0)
+        assert r.json()["error"] == "idempotency_ledger_unavailable"
+        assert isinstance(r.error, LedgerUnavailable) and r.error.reason == "schema"
+
+
+def test_9_busy_ledger_is_503_with_retry_after(db_path: Path) -> None:
+    with Ledger(db_path, busy_timeout_ms=50) as ledger:
+        ledger.migrate()
+        blocker = sqlite3.connect(db_path, isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")
+        try:
+            m = Mutation()
+            r = post(ledger, "k", m)
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        assert (r.status, r.header("retry-after"), r.outcome, m.calls) == (503, "1", Outcome.UNAVAILABLE, 0)
+        assert isinstance(r.error, LedgerUnavailable) and r.error.reason == "busy"
+        assert post(ledger, "k", m).outcome == Outcome.EXECUTED  # and the ledger carries on
+
+
+def test_9_mutation_error_leaves_row_pending_and_release_frees_it(ledger: Ledger, db_path: Path) -> None:
+    class PaymentDeclined(Exception):
+        pass
+
+    def declined() -> MutationResponse:
+        raise PaymentDeclined("card declined before any write")
+
+    with pytest.raises(PaymentDeclined) as info:
+        post(ledger, "k", declined)
+    ticket = ticket_of(info.value)
+    assert ticket is not None
+    assert [(r["key"], r["status"]) for r in rows(db_path)] == [("k", "pending")]
+    assert post(ledger, "k", Mutation()).reason == "in-progress"
+    assert ledger.release(ticket) is True
+    assert ledger.release(ticket) is False
+    assert rows(db_path) == []
+    m = Mutation()
+    assert post(ledger, "k", m).outcome == Outcome.EXECUTED and m.calls == 1
+
+
+def test_9_mutation_runs_once_and_writes_happen_once(ledger: Ledger, db_path: Path) -> None:
+    m = Mutation(db_path)
+    results = [post(ledger, "k", m) for _ in range(5)]
+    assert [r.outcome for r in results] == [Outcome.EXECUTED] + [Outcome.REPLAYED] * 4
+    assert order_count(db_path) == 1
