@@ -1,0 +1,202 @@
+//! Races and fencing with real threads, each with its own connection to one
+//! SQLite file (WAL, busy timeout), through the real component.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Barrier, Mutex};
+use std::thread;
+use std::time::Duration;
+
+use idempotency_ledger::{HandleError, Handled, ManualClock, MutationResponse, Outcome, RejectionReason, Request, Stored};
+use idempotency_ledger_host_test::{TestDb, T0};
+
+fn order(key: &str) -> Request {
+    Request::new("POST", "/orders")
+        .header("Idempotency-Key", key)
+        .header("Content-Type", "application/json")
+        .body(br#"{"sku":"A-1","qty":2}"#.to_vec())
+}
+
+#[test]
+fn sixteen_threads_same_request_exactly_one_execution() {
+    const THREADS: usize = 16;
+    const ROUNDS: usize = 4;
+    let db = TestDb::new();
+    let clock = ManualClock::new(T0);
+    for round in 0..ROUNDS {
+        let key = format!("race-{round}");
+        let executions = Arc::new(AtomicUsize::new(0));
+        let barrier = Arc::new(Barrier::new(THREADS));
+        let handles: Vec<_> = (0..THREADS)
+            .map(|i| {
+                let (db_path, clock, barrier, executions, key) =
+                    (db.path.clone(), clock.clone(), barrier.clone(), executions.clone(), key.clone());
+                thread::spawn(move || {
+                    let backend = idempotency_ledger::SqliteBackend::open(&db_path).expect("open");
+                    let mut ledger = idempotency_ledger::Ledger::new(
+                        idempotency_ledger::Runtime::shared().expect("runtime"),
+                        backend,
+                        idempotency_ledger::Config::default(),
+                        clock,
+                    )
+                    .expect("ledger");
+                    barrier.wait();
+                    ledger
+                        .handle("acct-1", &order(&key), |_| {
+                            let n = executions.fetch_add(1, Ordering::SeqCst) + 1;
+                            // Hold the reservation a while so the others collide with it.
+                            thread::sleep(Duration::from_millis(if i % 2 == 0 { 30 } else { 5 }));
+                            Ok::<_, String>(
+                                MutationResponse::json(201, format!(r#"{{"order":"o_{n}","by":{i}}}"#))
+                                    .header("Location", format!("/orders/o_{n}")),
+                            )
+                        })
+                        .map_err(|e| e.to_string())
+                })
+            })
+            .collect();
+        let results: Vec<Handled> = handles.into_iter().map(|h| h.join().expect("thread").expect("handled")).collect();
+        assert_eq!(executions.load(Ordering::SeqCst), 1, "round {round}: exactly one execution");
+        let executed: Vec<&Handled> =
+            results.iter().filter(|h| matches!(h.outcome, Outcome::Executed { stored: Stored::Completed, .. })).collect();
+        assert_eq!(executed.len(), 1, "round {round}: one owner");
+        let winner = &executed[0].response;
+        for h in &results {
+            match &h.outcome {
+                Outcome::Executed { .. } => {}
+                Outcome::Replayed => assert_eq!(&h.response, winner, "replays carry the winner's response"),
+                Outcome::Rejected(RejectionReason::InProgress) => {
+                    assert_eq!(h.response.status, 409);
+                    assert_eq!(h.response.header("retry-after"), Some("30"));
+                }
+                other => panic!("round {round}: unexpected outcome {other:?}"),
+            }
+        }
+    }
+    let rows = db.rows();
+    assert_eq!(rows.len(), ROUNDS);
+    assert!(rows.iter().all(|r| r["status"] == "completed" && r["generation"] == 1));
+}
+
+#[test]
+fn many_keys_in_parallel_each_execute_once() {
+    const THREADS: usize = 8;
+    const KEYS: usize = 40;
+    let db = TestDb::new();
+    let clock = ManualClock::new(T0);
+    let executions = Arc::new(Mutex::new(vec![0u32; KEYS]));
+    let barrier = Arc::new(Barrier::new(THREADS));
+    let handles: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (db_path, clock, barrier, executions) = (db.path.clone(), clock.clone(), barrier.clone(), executions.clone());
+            thread::spawn(move || {
+                let backend = idempotency_ledger::SqliteBackend::open(&db_path).expect("open");
+                let mut ledger = idempotency_ledger::Ledger::new(
+                    idempotency_ledger::Runtime::shared().expect("runtime"),
+                    backend,
+                    idempotency_ledger::Config::default(),
+                    clock,
+                )
+                .expect("ledger");
+                barrier.wait();
+                let mut bodies = Vec::new();
+                for k in 0..KEYS {
+                    let key = format!("k-{}", (k + t * 5) % KEYS);
+                    let index = (k + t * 5) % KEYS;
+                    let h = ledger
+                        .handle("acct-1", &order(&key), |_| {
+                            executions.lock().expect("lock")[index] += 1;
+                            Ok::<_, String>(MutationResponse::json(201, format!(r#"{{"key":"{key}"}}"#)))
+                        })
+                        .expect("handled");
+                    if !matches!(h.outcome, Outcome::Rejected(RejectionReason::InProgress)) {
+                        assert_eq!(h.response.body_text(), Some(format!(r#"{{"key":"{key}"}}"#).as_str()), "no mixed-up answers");
+                    }
+                    bodies.push(h);
+                }
+                bodies.len()
+            })
+        })
+        .collect();
+    for h in handles {
+        assert_eq!(h.join().expect("thread"), KEYS);
+    }
+    assert!(executions.lock().expect("lock").iter().all(|&n| n == 1), "every key executed exactly once");
+}
+
+#[test]
+fn stalled_owner_is_taken_over_and_its_late_completion_is_fenced_out() {
+    let db = TestDb::new();
+    let clock = ManualClock::new(T0);
+    let (entered_tx, entered_rx) = mpsc::channel();
+    let (resume_tx, resume_rx) = mpsc::channel::<()>();
+    let owner_a = {
+        let (path, clock) = (db.path.clone(), clock.clone());
+        thread::spawn(move || {
+            let backend = idempotency_ledger::SqliteBackend::open(&path).expect("open");
+            let mut ledger = idempotency_ledger::Ledger::new(
+                idempotency_ledger::Runtime::shared().expect("runtime"),
+                backend,
+                idempotency_ledger::Config::default(),
+                clock,
+            )
+            .expect("ledger");
+            ledger.handle("acct-1", &order("slow"), |_| {
+                entered_tx.send(()).expect("signal");
+                resume_rx.recv().expect("resume"); // the injected stall
+                Ok::<_, String>(MutationResponse::json(201, r#"{"order":"from-A"}"#))
+            })
+        })
+    };
+    entered_rx.recv().expect("A is inside its mutation");
+    let mut ledger_b = db.ledger(&clock);
+    let early = ledger_b.handle("acct-1", &order("slow"), |_| Ok::<_, String>(MutationResponse::text(200, "never")));
+    assert!(matches!(early.expect("handled").outcome, Outcome::Rejected(RejectionReason::InProgress)));
+    clock.advance(Duration::from_millis(30_001)); // A stalls past the TTL
+    let b = ledger_b
+        .handle("acct-1", &order("slow"), |_| Ok::<_, String>(MutationResponse::json(201, r#"{"order":"from-B"}"#)))
+        .expect("B handled");
+    match &b.outcome {
+        Outcome::Executed { ticket, stored: Stored::Completed } => assert_eq!(ticket.generation, 2),
+        other => panic!("B should take over and complete, got {other:?}"),
+    }
+    resume_tx.send(()).expect("resume A");
+    let a = owner_a.join().expect("A thread").expect("A handled");
+    match &a.outcome {
+        Outcome::Executed { ticket, stored: Stored::FencedOut } => assert_eq!(ticket.generation, 1),
+        other => panic!("A's completion must be fenced out, got {other:?}"),
+    }
+    assert_eq!(a.response.body_text(), Some(r#"{"order":"from-A"}"#), "A's caller still gets A's response");
+    let replay = ledger_b
+        .handle("acct-1", &order("slow"), |_| Ok::<_, String>(MutationResponse::text(200, "never")))
+        .expect("replay");
+    assert!(matches!(replay.outcome, Outcome::Replayed));
+    assert_eq!(replay.response.body_text(), Some(r#"{"order":"from-B"}"#), "replays serve B's response");
+    let rows = db.rows();
+    assert_eq!((rows[0]["generation"].as_i64(), rows[0]["status"].as_str()), (Some(2), Some("completed")));
+}
+
+#[test]
+fn swept_and_reclaimed_row_fences_out_the_original_owner() {
+    // An owner that stalls past the retention: its row is swept, a new
+    // request claims the key again at generation 1. The old owner's
+    // completion must not land on the new row.
+    let db = TestDb::new();
+    let clock = ManualClock::new(T0);
+    let mut a = db.ledger(&clock);
+    let mut b = db.ledger(&clock);
+    let result = a.handle("acct-1", &order("k"), |_| {
+        clock.advance(Duration::from_millis(86_400_001));
+        assert_eq!(b.sweep().expect("sweep"), 1);
+        let newer = b
+            .handle("acct-1", &order("k"), |_| Err::<MutationResponse, _>("still running".to_string()))
+            .expect_err("B's mutation fails, leaving its fresh claim pending");
+        assert!(matches!(newer, HandleError::Mutation { .. }));
+        Ok::<_, String>(MutationResponse::json(201, r#"{"order":"from-A"}"#))
+    });
+    let a = result.expect("A handled");
+    assert!(matches!(a.outcome, Outcome::Executed { stored: Stored::FencedOut, .. }));
+    let rows = db.rows();
+    assert_eq!(rows[0]["status"], "pending", "B's reservation is untouched");
+    assert_eq!(rows[0]["created_at"].as_i64(), Some(T0 + 86_400_001));
+}
