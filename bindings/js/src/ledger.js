@@ -75,8 +75,9 @@ export async function toMutationResponse(result) {
     return { status: result.status, headers: headerList(result.headers), body: { tag: "bytes", val: bytes } };
   }
   if (!result || typeof result !== "object") throw new TypeError("runMutation must return { status, body, headers } or a Response");
-  const status = result.status;
-  if (!Number.isInteger(status) || status < 0 || status > 65535) throw new TypeError(`runMutation returned an invalid status: ${status}`);
+  // A status Fetch cannot send (outside 200-599) goes to the core as 0, which
+  // stores and answers the SPEC's 500 for an unsendable response.
+  const status = Number.isInteger(result.status) && result.status >= 200 && result.status <= 599 ? result.status : 0;
   const body = result.body;
   let witBody;
   if (body === null || body === undefined) witBody = { tag: "text", val: "" };
