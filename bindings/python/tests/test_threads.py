@@ -1,0 +1,123 @@
+"""One Ledger shared by many threads (a threaded WSGI server's situation).
+
+Shared per process: Engine, compiled Component, Linker (the import defined
+once). Per thread: Store + component instance + sqlite3 connection.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from conftest import Mutation, order_count, post, rows
+from idempotency_ledger import Ledger, MutationResponse, Outcome, Runtime
+from idempotency_ledger._sqlite import connect
+
+THREADS = 8
+PER_THREAD = 25
+
+
+def test_threads_share_the_runtime_but_not_stores_or_connections(db_path: Path) -> None:
+    ledger = Ledger(db_path)
+    ledger.migrate()
+    barrier = threading.Barrier(THREADS)
+    seen: dict[int, tuple[int, int, int]] = {}
+    shared_key_outcomes: list[Any] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+    shared = Mutation(db_path)  # one mutation for the shared key: must run once
+
+    def worker(n: int) -> None:
+        try:
+            barrier.wait()
+            for i in range(PER_THREAD):
+                r = post(ledger, f"t{n}-{i}", Mutation(), body=f"{n}/{i}".encode())
+                assert r.outcome == Outcome.EXECUTED, r
+                assert post(ledger, f"t{n}-{i}", Mutation(), body=f"{n}/{i}".encode()).outcome == Outcome.REPLAYED
+                if i % 5 == 0:
+                    with lock:
+                        shared_key_outcomes.append(post(ledger, "shared", shared))
+            slot = ledger._local.slot
+            backend = ledger._local.backend
+            seen[n] = (id(slot.store), id(backend.connection), id(slot.runtime))
+        except BaseException as error:  # reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    stores = {s for s, _, _ in seen.values()}
+    connections = {c for _, c, _ in seen.values()}
+    runtimes = {r for _, _, r in seen.values()}
+    assert len(seen) == THREADS
+    assert len(stores) == THREADS and len(connections) == THREADS
+    assert runtimes == {id(Runtime.shared())}
+    assert len(rows(db_path)) == THREADS * PER_THREAD + 1
+    assert shared.calls == 1 and order_count(db_path) == 1
+    assert [r.outcome for r in shared_key_outcomes].count(Outcome.EXECUTED) == 1
+    ledger.close()
+
+
+def test_threads_racing_one_key_run_the_mutation_once(db_path: Path) -> None:
+    ledger = Ledger(db_path)
+    ledger.migrate()
+    barrier = threading.Barrier(THREADS)
+    results: list[Any] = []
+    lock = threading.Lock()
+    release = threading.Event()
+    mutation = Mutation(db_path)
+
+    def slow() -> MutationResponse:
+        release.wait(10)  # hold the claim while the others arrive
+        return mutation()
+
+    def worker() -> None:
+        barrier.wait()
+        r = post(ledger, "same", slow)
+        with lock:
+            results.append(r)
+            if len(results) == THREADS - 1:
+                release.set()
+
+    threads = [threading.Thread(target=worker) for _ in range(THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    outcomes = sorted((r.outcome.value, r.status, r.reason or "") for r in results)
+    assert mutation.calls == 1 and order_count(db_path) == 1
+    executed = [r for r in results if r.outcome == Outcome.EXECUTED]
+    assert len(executed) == 1, outcomes
+    others = [r for r in results if r is not executed[0]]
+    for r in others:
+        assert (r.outcome, r.status) in ((Outcome.REPLAYED, 201), (Outcome.REJECTED, 409)), outcomes
+        if r.outcome == Outcome.REJECTED:
+            assert r.reason == "in-progress"
+    ledger.close()
+
+
+def test_a_ledger_on_one_connection_serialises_threads(db_path: Path) -> None:
+    conn = connect(db_path, check_same_thread=False)
+    ledger = Ledger(conn)
+    ledger.migrate()
+    errors: list[BaseException] = []
+
+    def worker(n: int) -> None:
+        try:
+            for i in range(20):
+                assert post(ledger, f"c{n}-{i}", Mutation()).outcome == Outcome.EXECUTED
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert len(rows(db_path)) == 80
+    conn.close()
