@@ -5,7 +5,7 @@ CORE_MODULE := target/wasm32-unknown-unknown/component/idempotency_ledger_guest.
 COMPONENTIZE := $(CARGO) run --quiet -p idempotency-ledger-componentize --
 GUEST_SOURCES := $(shell find wit guest -name '*.wit' -o -name '*.rs' -o -name 'Cargo.toml') Cargo.lock
 
-.PHONY: help component wit demo test test-rust test-core test-host check-imports clean
+.PHONY: help component wit demo test test-rust check-imports vectors clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{ printf "  %-15s %s\n", $$1, $$2 }'
@@ -32,6 +32,9 @@ test: test-rust ## Run every suite
 
 test-rust: check-imports ## Rust: native core tests, then the component under wasmtime over SQLite
 	$(CARGO) test --locked
+
+vectors: ## Regenerate conformance/vectors.json (commit the result)
+	python3 conformance/generate.py
 
 clean: ## Remove build output
 	$(CARGO) clean
