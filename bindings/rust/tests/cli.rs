@@ -1,0 +1,97 @@
+//! The `idempotency-ledger` binary, run as a user would.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+fn cli() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_idempotency-ledger"))
+}
+
+fn run(args: &[&str], stdin: &[u8]) -> (bool, String, String) {
+    let mut child = cli()
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the CLI");
+    child.stdin.take().expect("stdin").write_all(stdin).expect("write stdin");
+    let out = child.wait_with_output().expect("wait");
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+#[test]
+fn fingerprint_matches_the_recipe_both_ways() {
+    // The recipe's computeFingerprint over this request, by hand:
+    // "POST\n/orders?id=1\ncontent-type:application/json\nx-api-version:\n" + body.
+    use sha2::Digest;
+    let body = br#"{"sku":"A-1"}"#;
+    let mut expected = sha2::Sha256::new();
+    expected.update(b"POST\n/orders?id=1\ncontent-type:application/json\nx-api-version:\n");
+    expected.update(body);
+    let expected = hex::encode(expected.finalize());
+    let args = ["fingerprint", "--method", "post", "--path-and-query", "/orders?id=1", "--header", "Content-Type: application/json", "--header", "X-Trace-Id: ignored"];
+    let (ok, out, err) = run(&args, body);
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), expected);
+    let mut inside = args.to_vec();
+    inside.push("--in-component");
+    let (ok, out, _) = run(&inside, body);
+    assert!(ok);
+    assert_eq!(out.trim(), expected);
+    let dir = tempfile::tempdir().expect("tmp");
+    let file = dir.path().join("body");
+    std::fs::write(&file, body).expect("write body");
+    let mut from_file = args.to_vec();
+    from_file.extend(["--body-file", file.to_str().expect("path")]);
+    assert_eq!(run(&from_file, b"").1.trim(), expected);
+}
+
+#[test]
+fn schema_inspect_and_sweep_on_a_real_file() {
+    let (ok, schema, _) = run(&["schema"], b"");
+    assert!(ok);
+    assert!(schema.contains("CREATE TABLE IF NOT EXISTS idempotency_keys"));
+    assert!(schema.contains("idx_idempotency_keys_updated_at"));
+    let dir = tempfile::tempdir().expect("tmp");
+    let db = dir.path().join("l.sqlite");
+    let conn = rusqlite::Connection::open(&db).expect("open");
+    conn.execute_batch(&schema).expect("the printed schema applies");
+    conn.execute_batch(
+        "INSERT INTO idempotency_keys (principal, key, fingerprint, status, created_at, updated_at) VALUES
+           ('p', 'old', 'f', 'completed', 0, 0), ('p', 'stale', 'f', 'pending', 1, 1),
+           ('p', 'new', 'f', 'completed', 9000000000000, 9000000000000);",
+    )
+    .expect("rows");
+    let db = db.to_str().expect("path");
+    let (ok, report, err) = run(&["inspect", "--db", db], b"");
+    assert!(ok, "{err}");
+    assert!(report.contains("rows: 3"), "{report}");
+    assert!(report.contains("completed: 2") && report.contains("pending: 1"), "{report}");
+    assert!(report.contains("stale pending rows (older than the 30000 ms TTL; the next retry takes them over): 1"), "{report}");
+    assert!(report.contains("expired rows awaiting the sweep (older than the 86400000 ms retention): 2"), "{report}");
+    let (ok, swept, _) = run(&["sweep", "--db", db, "--all"], b"");
+    assert!(ok);
+    assert!(swept.starts_with("swept 2 expired rows"), "{swept}");
+    let remaining: i64 = conn.query_row("SELECT COUNT(*) FROM idempotency_keys", [], |r| r.get(0)).expect("count");
+    assert_eq!(remaining, 1);
+}
+
+#[test]
+fn bad_usage_is_a_clear_error() {
+    for args in [&["inspect"][..], &["inspect", "--db", "/nonexistent/x.sqlite"], &["frobnicate"], &["fingerprint", "--method", "POST"]] {
+        let (ok, _, err) = run(args, b"");
+        assert!(!ok, "{args:?} must fail");
+        assert!(err.starts_with("idempotency-ledger: "), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn demo_runs_to_completion() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let db = dir.path().join("demo.sqlite");
+    let (ok, out, err) = run(&["demo", "--db", db.to_str().expect("path")], b"");
+    assert!(ok, "{out}\n{err}");
+    assert!(out.contains("replay byte-identical to the first answer (status, body, Location): yes"));
+    assert!(err.contains("fenced out for principal=account-42, key=order-3, generation=1 superseded"), "{err}");
+}
