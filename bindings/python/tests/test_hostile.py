@@ -1,0 +1,200 @@
+"""Hostile input: keys, heads, bodies, stored rows and SQL results get the SPEC
+answer or a clear error; never a crash of the interpreter or a poisoned Store."""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import T0, ConnectionProxy, Mutation, insert_rows, post, rows
+from idempotency_ledger import InvalidArgument, Ledger, MalformedResult, MutationResponse, Outcome, ticket_of
+
+FP = "0" * 64
+
+
+@pytest.mark.parametrize(
+    "key,reason",
+    [
+        ("", "key-required"), ("k", None), ("a" * 255, None), ("a" * 256, "key-invalid"), ("a" * 100_000, "key-invalid"),
+        ("\x00", "key-invalid"), ("a\x1b[31m", "key-invalid"), ("a\r\nb", "key-invalid"), ("\x7f", "key-invalid"),
+        ("\x80", "key-invalid"), ("\xff", "key-invalid"), ("\ufffd", "key-invalid"), ("\U0001F600", "key-invalid"),
+        ("' OR 1=1; DROP TABLE idempotency_keys; --", None),
+    ],
+)
+def test_keys_at_every_boundary(ledger: Ledger, db_path: Path, key: str, reason: str | None) -> None:
+    m = Mutation()
+    r = post(ledger, key, m)
+    if reason is None:
+        assert (r.outcome, r.stored) == (Outcome.EXECUTED, True)
+        assert rows(db_path)[0]["key"] == key
+    else:
+        assert (r.status, r.reason, m.calls) == (400, reason, 0)
+        assert rows(db_path) == []
+
+
+@pytest.mark.parametrize("body", [b"", b"\xff\xfe\xfd", bytes(range(256)), bytes(8 << 20)], ids=["empty", "invalid", "all", "8MiB"])
+def test_request_bodies_binary_empty_and_large(ledger: Ledger, body: bytes) -> None:
+    m = Mutation()
+    assert post(ledger, "b", m, body=body).outcome == Outcome.EXECUTED
+    assert post(ledger, "b", m, body=body).outcome == Outcome.REPLAYED
+    assert post(ledger, "b", m, body=body + b"\x01").reason == "key-reused"
+    assert post(ledger, "b", m, body=memoryview(body)).outcome == Outcome.REPLAYED
+    assert m.calls == 1
+    if len(body) < 4096:  # list<u8> crosses element by element: keep it small
+        assert ledger.fingerprint("POST", "/orders", [], body) == ledger.fingerprint_in_component("POST", "/orders", [], body)
+
+
+def test_invalid_bytes_do_not_collide(ledger: Ledger) -> None:
+    assert ledger.fingerprint("POST", "/", [], b"\xff") != ledger.fingerprint("POST", "/", [], b"\xfe")
+
+
+def test_hostile_request_heads(ledger: Ledger) -> None:
+    path = "/\x00/%00/\ufffd?\U0001F600=\r\n" * 1000
+    headers = [(f"x-h-{i}", "v" * 100) for i in range(2000)]
+    headers += [("content-type", "\x00\xff\u0100\U0010ffff"), ("", ""), ("Idempotency-Key", "k")]
+    m = Mutation(status=200)
+    assert ledger.handle("acct", "pOsT", path, headers, b"", m).outcome == Outcome.EXECUTED
+    assert ledger.handle("acct", "P\x00ST", "/", [("Idempotency-Key", "k")], b"", m).outcome == Outcome.PASS_THROUGH
+    # Raw header bytes are decoded as ISO-8859-1, as WSGI/ASGI do.
+    assert ledger.handle("acct", b"POST", b"/x", [(b"Idempotency-Key", b"k2"), (b"Content-Type", b"\xff\xfe")], b"", m).stored
+
+
+def test_strings_python_cannot_encode_are_a_clear_error(ledger: Ledger) -> None:
+    m = Mutation()
+    for kwargs in ({"principal": "acct\udcff"}, {"path": "/\ud800"}, {"headers": [("X-Api-Version", "\udc80")]}, {"key": "k\udfff"}):
+        args: dict[str, Any] = {"key": "k", **kwargs}
+        key = args.pop("key")
+        with pytest.raises(ValueError):
+            post(ledger, key, m, **args)
+    for bad in ({"principal": None}, {"body": "text, not bytes"}, {"headers": [("a",)]}):
+        with pytest.raises((TypeError, ValueError)):
+            post(ledger, "k", m, **bad)  # type: ignore[arg-type]
+    assert m.calls == 0
+    assert post(ledger, "k", m).outcome == Outcome.EXECUTED  # and the ledger carries on
+
+
+def test_principal_too_long_fails_closed(ledger: Ledger) -> None:
+    m = Mutation()
+    r = post(ledger, "k", m, principal="p" * 5000)
+    assert (r.status, r.outcome, m.calls) == (500, Outcome.UNAVAILABLE, 0)
+    assert isinstance(r.error, InvalidArgument)
+
+
+def test_response_bodies_statuses_and_headers_that_cannot_be_stored(ledger: Ledger) -> None:
+    assert post(ledger, "huge", Mutation(body="y" * (50 << 20))).status == 500
+    assert post(ledger, "huge-bytes", Mutation(body=b"\xff" * (4 << 20))).status == 500
+    for status in (0, 99, 600, 65535):
+        r = post(ledger, f"bad{status}", Mutation(status=status, body="x"))
+        assert (r.status, r.has_body) == (500, False), status
+    r = post(ledger, "hdr", Mutation(headers=[("Location", "/a\r\nSet-Cookie: evil=1")]))
+    assert r.status == 500
+
+
+def test_mutation_returning_garbage_raises_with_the_ticket(ledger: Ledger, db_path: Path) -> None:
+    for i, produced in enumerate([None, (70_000, [], b""), ("201", [], b""), (201, [], 42)]):
+        with pytest.raises((TypeError, ValueError)) as info:
+            post(ledger, f"g{i}", lambda p=produced: p)
+        assert ticket_of(info.value) is not None
+    assert {r["status"] for r in rows(db_path)} == {"pending"}
+
+
+def test_corrupt_stored_rows_answer_500_and_never_execute(ledger: Ledger, db_path: Path) -> None:
+    def row(key: str, status: Any, response_status: Any, headers: Any) -> dict[str, Any]:
+        return {"principal": "acct", "key": key, "fingerprint": FP, "status": status, "generation": 1, "response_status": response_status,
+                "response_body": "stored", "response_headers": headers, "created_at": T0, "updated_at": T0}
+
+    insert_rows(db_path, [
+        row("bad-json", "completed", 201, "{not json"),
+        row("deep-json", "completed", 201, "[" * 100_000),
+        row("bad-status", "completed", 1000, "{}"),
+        row("unknown-status", "archived", 201, "{}"),
+        row("empty-status", "", None, None),
+    ])
+    conn = sqlite3.connect(db_path)
+    with conn:
+        conn.execute("INSERT INTO idempotency_keys VALUES ('acct', 'blob-body', ?, 'completed', 1, 200, X'FFFE', '{}', ?, ?)", (FP, T0, T0))
+        conn.execute("INSERT INTO idempotency_keys VALUES ('acct', 'bad-utf8', ?, 'completed', 1, 200, CAST(X'FF' AS TEXT), '{}', ?, ?)", (FP, T0, T0))
+    conn.close()
+    for key in ["bad-json", "deep-json", "bad-status", "unknown-status", "empty-status", "blob-body", "bad-utf8"]:
+        d = ledger.decide("acct", key, FP, T0)
+        assert (d.kind, d.reason) == ("reject", "record-corrupt"), key
+        assert d.response is not None and d.response.status == 500
+    assert len(rows(db_path)) == 7
+
+
+class Tampering(ConnectionProxy):
+    """The real connection, with one statement's rows rewritten."""
+
+    _own = ConnectionProxy._own + ("tamper",)
+
+    def execute(self, sql: str, params: Any = ()) -> Any:
+        cursor = super().execute(sql, params)
+        for marker, rewrite in list(getattr(self, "tamper", [])):
+            if sql.startswith(marker):
+                return _Rows(rewrite(cursor.fetchall()))
+        return cursor
+
+
+class _Rows:
+    def __init__(self, rows: list[Any]) -> None:
+        self._rows = rows
+
+    def fetchall(self) -> list[Any]:
+        return self._rows
+
+
+@pytest.mark.parametrize(
+    "existing,marker,rewrite",
+    [
+        (False, "INSERT", lambda r: [("one", "two")]),
+        (False, "INSERT", lambda r: [(1,)]),
+        (False, "INSERT", lambda r: [(1, T0), (1, T0)]),
+        (False, "INSERT", lambda r: [(1.5, T0)]),
+        (False, "INSERT", lambda r: [(b"\x00" * 8, T0)]),
+        (False, "INSERT", lambda r: [(-(1 << 63), -(1 << 63))]),
+        (False, "UPDATE", lambda r: [(2, T0, "extra")]),
+        (True, "SELECT", lambda r: r + r),
+        (True, "SELECT", lambda r: [tuple(None for _ in x) for x in r]),
+        (True, "SELECT", lambda r: [x[:-1] for x in r]),
+        (True, "SELECT", lambda r: [(x[0], x[1], "two", *x[3:]) for x in r]),
+    ],
+)
+def test_malformed_sql_results_fail_closed(db_path: Path, existing: bool, marker: str, rewrite: Any) -> None:
+    conn = Tampering(db_path)
+    ledger = Ledger(conn)
+    ledger.migrate()
+    m = Mutation()
+    if existing:  # the claim then loses and the decision reads the lookup
+        assert post(ledger, "k", m).outcome == Outcome.EXECUTED
+    object.__setattr__(conn, "tamper", [(marker, rewrite)])
+    r = post(ledger, "k", m)
+    object.__setattr__(conn, "tamper", [])
+    assert (r.outcome, r.status, m.calls) == (Outcome.UNAVAILABLE, 500, int(existing))
+    assert isinstance(r.error, MalformedResult), r.error
+    assert post(ledger, "other", m).outcome == Outcome.EXECUTED  # the ledger carries on
+    conn.close()
+
+
+def test_random_requests_never_crash(ledger: Ledger) -> None:
+    rng = random.Random(20261129)
+
+    def junk(n: int) -> str:
+        return bytes(rng.randrange(256) for _ in range(rng.randrange(n))).decode("latin-1")
+
+    statuses = set()
+    for i in range(300):
+        method = rng.choice(["POST", "PATCH", "DELETE", "GET", junk(8)])
+        headers = [(junk(12), junk(40)) for _ in range(rng.randrange(6))]
+        if rng.random() < 0.8:
+            headers.append((rng.choice(["Idempotency-Key", "idempotency-key", "IDEMPOTENCY-KEY"]), rng.choice([junk(300), f"k{i % 40}"])))
+        body = bytes(rng.randrange(256) for _ in range(rng.randrange(64)))
+        produced = MutationResponse(rng.choice([200, 201, 204, 304, 500, 0, 1000]), [(junk(10), junk(20))], rng.choice([junk(50), body]))
+        r = ledger.handle(rng.choice(["acct-1", "acct-2", junk(20)]), method, "/" + junk(80), headers, body, lambda: produced)
+        assert 0 <= r.status <= 65535 and isinstance(r.body, bytes)
+        statuses.add(r.outcome)
+    assert {Outcome.EXECUTED, Outcome.REJECTED, Outcome.PASS_THROUGH} <= statuses
+    assert post(ledger, "final", Mutation()).outcome == Outcome.EXECUTED
