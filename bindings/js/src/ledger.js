@@ -261,11 +261,15 @@ export class IdempotencyLedger {
       if (this.options.onCompletionError) this.options.onCompletionError(error, ticket);
     }
     if (this.options.sweep !== false && typeof waitUntil === "function") {
-      waitUntil(
-        this.sweep(Number(nowOf(clock))).catch((error) => {
+      const at = Number(nowOf(clock));
+      // Started on a later turn, so even a synchronous database (better-sqlite3)
+      // sweeps after this response has been handed back.
+      const sweep = new Promise((resolve) => setTimeout(resolve, 0))
+        .then(() => this.sweep(at))
+        .catch((error) => {
           this.logger.error(`[idempotency] sweep failed: ${error.message}`);
-        }),
-      );
+        });
+      waitUntil(sweep);
     }
     return { response: toFetchResponse(completion.response), outcome: "executed", stored, ticket };
   }
