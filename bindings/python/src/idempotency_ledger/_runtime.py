@@ -23,6 +23,7 @@ from typing import Any, Optional
 import wasmtime
 from wasmtime.component import Component, Linker, Record, Variant
 
+from ._fastcall import FastFunc, FastImport
 from ._sqlite import BatchError, ledger_error
 
 log = logging.getLogger("idempotency_ledger")
@@ -124,9 +125,13 @@ class Runtime:
         #: Seconds `Component(engine, wasm)` took (compilation).
         self.compile_seconds = time.perf_counter() - started
         self.linker = Linker(self.engine)
+        self._import = FastImport(_execute_batch)
         with self.linker.root() as root:
             with root.add_instance(LEDGER_IMPORT) as ledger:
-                ledger.add_func("execute-batch", _execute_batch)
+                try:
+                    self._import.define(ledger, "execute-batch")
+                except Exception:  # an unexpected wasmtime-py: its own (slower) path
+                    ledger.add_func("execute-batch", _execute_batch)
         self._indexes: dict[tuple[str, str], Any] = {}
         for iface, full in INTERFACES.items():
             if iface == "types":
@@ -179,6 +184,7 @@ class Slot:
             func = self.instance.get_func(self.store, self.runtime.export_index(iface, name))
             if func is None:
                 raise RuntimeError(f"{iface}.{name} is not a function")
+            func = FastFunc.create(func, self.store)
             self._funcs[(iface, name)] = func
         previous = _active.backend
         _active.backend = self.backend
