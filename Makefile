@@ -1,37 +1,43 @@
 # Idempotency-Key ledger: one WebAssembly core, every host.
 CARGO ?= cargo
-COMPONENT := target/component/idempotency_ledger.wasm
+COMPONENT_WASM := target/component/idempotency_ledger.wasm
 CORE_MODULE := target/wasm32-unknown-unknown/component/idempotency_ledger_guest.wasm
 COMPONENTIZE := $(CARGO) run --quiet -p idempotency-ledger-componentize --
 GUEST_SOURCES := $(shell find wit guest -name '*.wit' -o -name '*.rs' -o -name 'Cargo.toml') Cargo.lock
 
-.PHONY: help component wit demo test test-rust check-imports vectors clean
+.PHONY: help component wit demo test test-rust check-imports vectors simulate clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{ printf "  %-15s %s\n", $$1, $$2 }'
 
-component: $(COMPONENT) ## Build the component (wasm32-unknown-unknown, wrapped with wit-component)
+component: $(COMPONENT_WASM) ## Build the component (wasm32-unknown-unknown, wrapped with wit-component)
 
-$(COMPONENT): $(GUEST_SOURCES)
+$(COMPONENT_WASM): $(GUEST_SOURCES)
 	./scripts/ensure-wasm-target.sh
 	$(CARGO) build --locked -p idempotency-ledger-guest --target wasm32-unknown-unknown --profile component
 	@mkdir -p $(dir $@)
 	$(COMPONENTIZE) new $(CORE_MODULE) -o $@
 
-wit: $(COMPONENT) ## Print the component's WIT world (what wasm-tools component wit prints)
-	$(COMPONENTIZE) wit $(COMPONENT)
+wit: $(COMPONENT_WASM) ## Print the component's WIT world (what wasm-tools component wit prints)
+	$(COMPONENTIZE) wit $(COMPONENT_WASM)
 
-check-imports: $(COMPONENT) ## Fail unless the component imports only the ledger interface
-	@imports="$$($(COMPONENTIZE) imports $(COMPONENT))"; echo "component imports: $$imports"; \
+check-imports: $(COMPONENT_WASM) ## Fail unless the component imports only the ledger interface
+	@imports="$$($(COMPONENTIZE) imports $(COMPONENT_WASM))"; echo "component imports: $$imports"; \
 	  test "$$imports" = "idempotency:ledger/ledger@0.1.0" || { echo "error: unexpected imports" >&2; exit 1; }
 
-demo: $(COMPONENT) ## Run the demo against an embedded SQLite file
+demo: $(COMPONENT_WASM) ## Run the demo against an embedded SQLite file
 	$(CARGO) run --locked --quiet -p idempotency-ledger --bin idempotency-ledger -- demo --db target/demo.sqlite
 
 test: test-rust ## Run every suite
 
 test-rust: check-imports ## Rust: native core tests, then the component under wasmtime over SQLite
 	$(CARGO) test --locked
+
+SEEDS ?= 0..1000
+STEPS ?= 2000
+COMPONENT ?=
+simulate: $(COMPONENT_WASM) ## Deterministic simulation: make simulate SEEDS=0..1000 [STEPS=2000] [COMPONENT=1]
+	$(CARGO) run --locked --quiet -p idempotency-ledger-host-test --bin simulate -- --seeds $(SEEDS) --steps $(STEPS) $(if $(COMPONENT),--component)
 
 vectors: ## Regenerate conformance/vectors.json (commit the result)
 	python3 conformance/generate.py

@@ -11,6 +11,9 @@ use serde_json::{json, Map, Value as Json};
 
 pub use idempotency_ledger;
 
+pub mod convert;
+pub mod sim;
+
 pub const COLUMNS: [&str; 10] = [
     "principal",
     "key",
