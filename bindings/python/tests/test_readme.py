@@ -1,0 +1,65 @@
+"""The README's examples run as written."""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from servers import uvicorn_server
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
+
+
+def test_examples_are_short() -> None:
+    plain, fastapi = _blocks()[:2]
+    def lines(code: str) -> int:
+        return sum(1 for line in code.splitlines() if line.strip())
+
+    assert lines(plain) <= 10
+    assert lines(fastapi) <= 15
+
+
+def test_plain_example(tmp_path: Path, monkeypatch: Any, capsys: Any) -> None:
+    monkeypatch.chdir(tmp_path)
+    exec(compile(_blocks()[0], "README-plain", "exec"), {})
+    assert capsys.readouterr().out == "executed replayed 201 b'{\"order\":\"o_1\"}'\n"
+
+
+class _User:
+    def __init__(self, identity: str) -> None:
+        self.identity = identity
+        self.is_authenticated = True
+
+
+def test_fastapi_example(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.chdir(tmp_path)
+    namespace: dict[str, Any] = {}
+    exec(compile(_blocks()[1], "README-fastapi", "exec"), namespace)
+    app = namespace["app"]
+
+    async def with_auth(scope: Any, receive: Any, send: Any) -> None:  # stands in for the app's auth middleware
+        if scope["type"] == "http":
+            token = dict(scope["headers"]).get(b"authorization", b"")
+            scope["user"] = _User("account-42") if token == b"Bearer good" else None
+        await app(scope, receive, send)
+
+    with uvicorn_server(with_auth) as base, httpx.Client(base_url=base) as client:
+        h = {"Authorization": "Bearer good", "Idempotency-Key": "readme-1"}
+        first = client.post("/orders", json={"sku": "A-1"}, headers=h)
+        retry = client.post("/orders", json={"sku": "A-1"}, headers=h)
+        reuse = client.post("/orders", json={"sku": "B-2"}, headers=h)
+    assert (first.status_code, retry.status_code, reuse.status_code) == (201, 201, 409)
+    assert first.json() == retry.json() == {"order": "o_1", "sku": "A-1"}
+    conn = sqlite3.connect(os.path.join(tmp_path, "ledger.sqlite"))
+    assert conn.execute("SELECT principal, status FROM idempotency_keys").fetchall() == [("account-42", "completed")]
+    conn.close()
+    namespace["ledger"].close()
