@@ -77,7 +77,7 @@ impl Config {
         Ok(())
     }
 
-    pub(crate) fn is_protected(&self, method: &str) -> bool {
+    pub fn is_protected(&self, method: &str) -> bool {
         self.protected_methods.iter().any(|m| m.eq_ignore_ascii_case(method))
     }
 

@@ -20,6 +20,8 @@ extern crate alloc;
 pub mod config;
 pub mod driven;
 pub mod fingerprint;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod headers;
 pub mod machine;
 pub mod responses;

@@ -1,0 +1,209 @@
+//! Fuzz target bodies, shared by `fuzz/` (cargo fuzz, libFuzzer) and by the
+//! corpus regression test that `cargo test` runs on stable. Each takes raw
+//! bytes, drives a public entry point and asserts what must always hold; a
+//! panic is a bug.
+
+use alloc::string::String;
+use alloc::vec::Vec;
+
+use crate::config::Config;
+use crate::headers::{is_storable_value, is_valid_key, normalize_value};
+use crate::machine;
+use crate::types::*;
+use crate::{fingerprint, responses};
+
+/// Reads structured values out of fuzz bytes; runs dry by returning zeros.
+pub struct Bytes<'a>(&'a [u8]);
+
+impl<'a> Bytes<'a> {
+    pub fn new(data: &'a [u8]) -> Self {
+        Bytes(data)
+    }
+    pub fn byte(&mut self) -> u8 {
+        match self.0.split_first() {
+            Some((b, rest)) => {
+                self.0 = rest;
+                *b
+            }
+            None => 0,
+        }
+    }
+    pub fn take(&mut self, n: usize) -> &'a [u8] {
+        let n = n.min(self.0.len());
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        head
+    }
+    /// A string whose chars are the bytes read as ISO-8859-1 (every byte valid).
+    pub fn latin1(&mut self) -> String {
+        let n = self.byte() as usize;
+        self.take(n).iter().map(|&b| b as char).collect()
+    }
+    /// Any UTF-8 text (invalid sequences replaced).
+    pub fn text(&mut self) -> String {
+        let n = self.byte() as usize * 2;
+        String::from_utf8_lossy(self.take(n)).into_owned()
+    }
+    pub fn int(&mut self) -> i64 {
+        let mut b = [0u8; 8];
+        let src = self.take(8);
+        b[..src.len()].copy_from_slice(src);
+        i64::from_le_bytes(b)
+    }
+    pub fn rest(&mut self) -> &'a [u8] {
+        let rest = self.0;
+        self.0 = &[];
+        rest
+    }
+    pub fn value(&mut self) -> Value {
+        match self.byte() % 6 {
+            0 => Value::Null,
+            1 | 5 => Value::Integer(self.int() % 4),
+            2 => Value::Real(f64::from_bits(self.int() as u64)),
+            3 => Value::Text(self.text()),
+            _ => Value::Blob(self.take(4).to_vec()),
+        }
+    }
+    pub fn headers(&mut self) -> Vec<Header> {
+        (0..self.byte() % 6).map(|_| Header { name: self.latin1(), value: self.latin1() }).collect()
+    }
+}
+
+const NAMES: [&str; 6] = ["content-type", "Content-Type", "x-api-version", "idempotency-key", "location", "x-other"];
+
+/// SPEC 1 and 4: admission and fingerprints of arbitrary request heads.
+pub fn request_head(data: &[u8]) {
+    let mut b = Bytes::new(data);
+    let config = Config::default();
+    let method = ["POST", "post", "GET", "PATCH", "DELETE", "PUT"][b.byte() as usize % 6];
+    let mut headers = b.headers();
+    for _ in 0..b.byte() % 4 {
+        headers.push(Header { name: NAMES[b.byte() as usize % NAMES.len()].into(), value: b.latin1() });
+    }
+    let head = RequestHead { method: method.into(), path_and_query: b.text(), headers };
+    let body = b.rest();
+    let prefix = fingerprint::prefix(&config, &head);
+    assert!(prefix.starts_with(&method.to_ascii_uppercase()));
+    assert!(prefix.ends_with('\n'));
+    let digest = fingerprint::fingerprint(&config, &head, body);
+    assert!(fingerprint::is_fingerprint(&digest));
+    assert_eq!(digest, fingerprint::digest(&prefix, body));
+    match machine::admit(&config, &head).expect("default config is valid") {
+        Admission::PassThrough => assert!(!config.is_protected(method)),
+        Admission::Reject(r) => assert_eq!(r.response.status, 400),
+        Admission::Protected(p) => {
+            assert!(is_valid_key(&p.key));
+            assert_eq!(p.fingerprint_prefix, prefix);
+        }
+    }
+}
+
+/// SPEC 1: the key format, against its definition.
+pub fn key(data: &[u8]) {
+    let value: String = data.iter().map(|&b| b as char).collect();
+    let head = RequestHead {
+        method: "POST".into(),
+        path_and_query: "/".into(),
+        headers: alloc::vec![Header { name: "Idempotency-Key".into(), value: value.clone() }],
+    };
+    let trimmed = normalize_value(&value);
+    let expected = !trimmed.is_empty() && trimmed.len() <= 255 && trimmed.bytes().all(|c| (0x20..=0x7e).contains(&c));
+    match machine::admit(&Config::default(), &head).expect("valid config") {
+        Admission::Protected(p) => {
+            assert!(expected);
+            assert_eq!(p.key, trimmed);
+        }
+        Admission::Reject(r) => {
+            assert!(!expected);
+            let want = if trimmed.is_empty() { RejectionReason::KeyRequired } else { RejectionReason::KeyInvalid };
+            assert_eq!(r.reason, want);
+        }
+        Admission::PassThrough => panic!("POST is protected"),
+    }
+}
+
+/// SPEC 5, 7, 9: a completed row with arbitrary stored response columns
+/// replays a sendable response or answers record-corrupt; it never executes.
+pub fn stored_row(data: &[u8]) {
+    let mut b = Bytes::new(data);
+    let config = Config::default();
+    let fp = fingerprint::digest("x", b"");
+    let status = ["completed", "pending", "", "COMPLETED"][b.byte() as usize % 4];
+    let response_status = match b.byte() % 3 {
+        0 => Value::Integer(i64::from(b.byte()) * 3 + i64::from(b.byte())),
+        1 => b.value(),
+        _ => Value::Integer(b.int()),
+    };
+    let body = if b.byte() % 4 == 0 { b.value() } else { Value::Text(b.text()) };
+    let headers_json = String::from_utf8_lossy(b.rest()).into_owned();
+    let row = alloc::vec![
+        Value::Text(fp.clone()),
+        Value::Text(status.into()),
+        Value::Integer(1),
+        response_status,
+        body,
+        Value::Text(headers_json),
+        Value::Integer(0),
+    ];
+    let results = [StatementResult::default(), StatementResult::default(), StatementResult { rows: alloc::vec![row], changes: 0 }];
+    match machine::decide(&config, "p", "k", &fp, 0, &results).expect("well-formed results") {
+        Decision::Execute(_) => panic!("an existing row never executes"),
+        Decision::Replay(r) => {
+            assert!(responses::is_sendable_status(i64::from(r.status)));
+            assert!(r.headers.iter().all(|h| crate::headers::is_token(&h.name) && is_storable_value(&h.value)));
+            if responses::is_null_body_status(r.status) {
+                assert!(r.body.is_none());
+            }
+        }
+        Decision::Reject(r) => assert!(matches!(r.reason, RejectionReason::RecordCorrupt | RejectionReason::InProgress)),
+    }
+}
+
+/// The step API fed arbitrary SQL results: an answer or an error, never a panic.
+pub fn step_results(data: &[u8]) {
+    let mut b = Bytes::new(data);
+    let config = Config::default();
+    let fp = fingerprint::digest("x", b"");
+    let results: Vec<StatementResult> = (0..b.byte() % 5)
+        .map(|_| StatementResult {
+            rows: (0..b.byte() % 3).map(|_| (0..b.byte() % 9).map(|_| b.value()).collect()).collect(),
+            changes: b.int() as u64 % 4,
+        })
+        .collect();
+    if let Ok(Decision::Execute(ticket)) = machine::decide(&config, "p", "k", &fp, b.int(), &results) {
+        assert!(ticket.generation >= 1);
+        assert_eq!(ticket.fingerprint, fp);
+    }
+    let _ = machine::finish_completion(&results);
+    let _ = machine::finish_release(&results);
+    let _ = machine::finish_sweep(&results);
+}
+
+/// SPEC 7: whatever a mutation returns, the stored row replays exactly what
+/// the first caller got.
+pub fn completion_roundtrip(data: &[u8]) {
+    let mut b = Bytes::new(data);
+    let config = Config { body_cap_bytes: u32::from(b.byte()), ..Config::default() };
+    let fp = fingerprint::digest("x", b"");
+    let status = u16::from_le_bytes([b.byte(), b.byte() % 3]);
+    let mut headers = b.headers();
+    for _ in 0..b.byte() % 4 {
+        headers.push(Header { name: NAMES[b.byte() as usize % NAMES.len()].into(), value: b.latin1() });
+    }
+    let body = if b.byte() % 2 == 0 { ResponseBody::Text(b.text()) } else { ResponseBody::Bytes(b.rest().to_vec()) };
+    let ticket = Ticket { principal: "p".into(), key: "k".into(), fingerprint: fp.clone(), generation: 1, created_at: 0 };
+    let plan = machine::plan_completion(&config, &ticket, MutationResponse { status, headers, body }, 5).expect("valid");
+    let fresh = plan.response;
+    assert!(responses::is_sendable_status(i64::from(fresh.status)));
+    if let Some(body) = &fresh.body {
+        assert!(body.len() <= config.body_cap_bytes as usize);
+    }
+    // The row the completion writes, read back by a later decision.
+    let params = &plan.statements[0].params;
+    let row = alloc::vec![Value::Text(fp.clone()), Value::Text("completed".into()), Value::Integer(1), params[0].clone(), params[1].clone(), params[2].clone(), Value::Integer(5)];
+    let results = [StatementResult::default(), StatementResult::default(), StatementResult { rows: alloc::vec![row], changes: 0 }];
+    match machine::decide(&config, "p", "k", &fp, 6, &results).expect("decides") {
+        Decision::Replay(replayed) => assert_eq!(replayed, fresh),
+        other => panic!("a stored completion must replay, got {other:?}"),
+    }
+}
