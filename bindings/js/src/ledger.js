@@ -207,6 +207,11 @@ export class IdempotencyLedger {
     } catch (error) {
       return this.#unavailable(error, "admission");
     }
+    if (admission.tag === "reject") {
+      return { response: toFetchResponse(admission.val.response), outcome: "rejected", reason: admission.val.reason };
+    }
+    // The body is read ONCE, as raw bytes: hashed for the fingerprint and
+    // handed to the mutation; it never crosses into the component.
     const body = await request.arrayBuffer();
     if (admission.tag === "pass-through") {
       const result = await runMutation(body, request);
@@ -214,11 +219,8 @@ export class IdempotencyLedger {
       const shaped = await toMutationResponse(result);
       const headers = new Headers();
       for (const { name, value } of shaped.headers) headers.append(name, value);
-      const noBody = [101, 204, 205, 304].includes(shaped.status);
-      return { response: new Response(noBody ? null : shaped.body.val, { status: shaped.status, headers }), outcome: "pass-through" };
-    }
-    if (admission.tag === "reject") {
-      return { response: toFetchResponse(admission.val.response), outcome: "rejected", reason: admission.val.reason };
+      const noBody = [204, 205, 304].includes(result.status);
+      return { response: new Response(noBody ? null : shaped.body.val, { status: result.status, headers }), outcome: "pass-through" };
     }
     const { key, fingerprintPrefix } = admission.val;
     let decision;

@@ -1,0 +1,32 @@
+// Cloudflare Workers entry (D1).
+import type { ExecutionContextLike, IdempotencyLedger, IdempotencyOptions, LedgerDb, RunMutation, Statement, StatementResult, Core } from "./types.js";
+export * from "./types.js";
+
+/** The parts of Cloudflare's D1Database this package uses. */
+export interface D1DatabaseLike {
+  prepare(sql: string): { bind(...values: unknown[]): unknown };
+  batch(statements: unknown[]): Promise<Array<{ results?: Array<Record<string, unknown>>; meta?: { changes?: number } }>>;
+}
+
+/**
+ * The recipe's drop-in handler. Reads the body once as bytes, runs one
+ * env.DB.batch() to decide and one to complete, schedules the sweep with
+ * ctx.waitUntil, logs fenced-out completions with console.error.
+ */
+export declare function handleIdempotentMutation(
+  request: Request,
+  env: object,
+  ctx: ExecutionContextLike | undefined,
+  principal: string,
+  runMutation: RunMutation,
+  options?: IdempotencyOptions,
+): Promise<Response>;
+
+export declare function ledgerFor(db: D1DatabaseLike, options?: IdempotencyOptions): IdempotencyLedger;
+/** Creates the ledger table and index (idempotent; one batch). Prefer `wrangler d1 migrations` with migrations/0001_idempotency_keys.sql. */
+export declare function migrate(db: D1DatabaseLike): Promise<void>;
+export declare function getCore(): Core;
+export declare function d1Ledger(db: D1DatabaseLike): LedgerDb;
+export declare function toD1Value(value: Statement["params"][number]): unknown;
+export declare function fromD1Value(value: unknown): Statement["params"][number];
+export declare function fromD1Results(results: unknown, expected: number): StatementResult[];
