@@ -5,7 +5,7 @@ CORE_MODULE := target/wasm32-unknown-unknown/component/idempotency_ledger_guest.
 COMPONENTIZE := $(CARGO) run --quiet -p idempotency-ledger-componentize --
 GUEST_SOURCES := $(shell find wit guest -name '*.wit' -o -name '*.rs' -o -name 'Cargo.toml') Cargo.lock
 
-.PHONY: help component wit demo test test-rust check-imports vectors simulate clean
+.PHONY: help component wit demo test test-rust test-js test-python check-imports vectors simulate clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{ printf "  %-15s %s\n", $$1, $$2 }'
@@ -28,7 +28,7 @@ check-imports: $(COMPONENT_WASM) ## Fail unless the component imports only the l
 demo: $(COMPONENT_WASM) ## Run the demo against an embedded SQLite file
 	$(CARGO) run --locked --quiet -p idempotency-ledger --bin idempotency-ledger -- demo --db target/demo.sqlite
 
-test: test-rust ## Run every suite
+test: test-rust test-js test-python ## Run every suite (Rust, JavaScript, Python)
 
 test-rust: check-imports ## Rust: native core tests, then the component under wasmtime over SQLite
 	$(CARGO) test --locked
@@ -41,6 +41,12 @@ simulate: $(COMPONENT_WASM) ## Deterministic simulation: make simulate SEEDS=0..
 
 vectors: ## Regenerate conformance/vectors.json (commit the result)
 	python3 conformance/generate.py
+
+test-js: $(COMPONENT_WASM) ## JavaScript: workerd + D1 via miniflare, Node + better-sqlite3, vectors
+	$(MAKE) -C bindings/js test
+
+test-python: $(COMPONENT_WASM) ## Python: wasmtime-py + sqlite3, middleware, races, vectors
+	$(MAKE) -C bindings/python test
 
 clean: ## Remove build output
 	$(CARGO) clean
