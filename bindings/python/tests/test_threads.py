@@ -121,3 +121,27 @@ def test_a_ledger_on_one_connection_serialises_threads(db_path: Path) -> None:
     assert not errors, errors
     assert len(rows(db_path)) == 80
     conn.close()
+
+
+def test_a_forked_child_opens_its_own_connection(db_path: Path) -> None:
+    import os
+
+    ledger = Ledger(db_path)
+    ledger.migrate()  # the parent's main thread now holds a connection and a Store
+    parent_backend = ledger._local.backend  # held, so no id can be reused
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, then leave without running pytest's teardown
+        try:
+            fresh = ledger._local.backend is None
+            r = post(ledger, "forked", Mutation())
+            ok = fresh and r.outcome == Outcome.EXECUTED and ledger._local.backend is not parent_backend
+            os.write(write, b"ok" if ok else b"bad")
+        finally:
+            os._exit(0)
+    os.close(write)
+    _, status = os.waitpid(pid, 0)
+    assert os.read(read, 16) == b"ok" and status == 0
+    os.close(read)
+    assert post(ledger, "forked", Mutation()).outcome == Outcome.REPLAYED
+    ledger.close()

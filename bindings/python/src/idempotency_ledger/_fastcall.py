@@ -48,6 +48,7 @@ def _frozen_class(base: type) -> type:
     if issubclass(base, t.VariantLikeType):
         namespace["_cases"] = lambda self: self._f_cases_list
         namespace["_tagged"] = lambda self: self._f_tagged
+        namespace["_lower"] = _lower
     if issubclass(base, t.ValType):
         def add_classes(self: Any, s: set) -> None:
             s |= self._f_classes
@@ -56,6 +57,30 @@ def _frozen_class(base: type) -> type:
     sub = type(f"Frozen{base.__name__}", (base,), namespace)
     _SUBCLASSES[base] = sub
     return sub
+
+
+def _lower(self: Any, store: Any, val: Any) -> tuple[str, Any]:
+    """`VariantLikeType._lower` without its module-global `case_test_cache`
+    set (shared by every thread: two threads lowering untagged variants at
+    once could pick each other's case); the per-case classes are cached."""
+    tagged = self._f_tagged
+    if tagged and not isinstance(val, t.Variant):
+        raise TypeError("expected Variant type")
+    for name, ty, classes in self._f_case_classes:
+        if tagged:
+            if name != val.tag:
+                continue
+        elif ty is None:
+            if val is not None:
+                continue
+        elif not isinstance(val, classes):
+            continue
+        if ty is None:
+            return (name, None)
+        raw = ffi.wasmtime_component_val_t()
+        ty.convert_to_c(store, val.payload if tagged else val, ctypes.pointer(raw))
+        return (name, ffi.wasmtime_component_val_new(byref(raw)))
+    raise ValueError("value not valid for this variant")
 
 
 def freeze(ty: Any) -> Any:
@@ -83,6 +108,7 @@ def freeze(ty: Any) -> Any:
         ty._f_cases_list = [("ok", ty._f_ok), ("err", ty._f_err)]
     if isinstance(ty, t.VariantLikeType):
         ty._f_tagged = base._tagged(ty)
+        ty._f_case_classes = [(name, c, None if c is None else tuple(c._f_classes)) for name, c in ty._f_cases_list]
     classes: set = set()
     base.add_classes(ty, classes)
     ty._f_classes = frozenset(classes)

@@ -7,6 +7,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
@@ -78,6 +79,25 @@ class _PerThread(threading.local):
     backend: Optional[SqliteBackend] = None
 
 
+_LEDGERS: "weakref.WeakSet[Ledger]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    # A SQLite connection must not be used across fork(): a child (a
+    # pre-forking server's worker) starts with fresh per-thread state and
+    # opens its own connections. The inherited ones are abandoned, not
+    # closed (closing them could disturb the parent's locks).
+    for ledger in list(_LEDGERS):
+        if ledger._path is not None:
+            ledger._local = _PerThread()
+            ledger._backends = []
+            ledger._backends_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class Ledger:
     """An Idempotency-Key ledger on one SQLite database.
 
@@ -123,6 +143,7 @@ class Ledger:
             self._lock = threading.RLock()
             self._shared_backend = SqliteBackend(connection=database)
         self._shared_slot: Optional[Slot] = None
+        _LEDGERS.add(self)
         defaults = self._call_raw("protocol", "default-config")
         values = {name: field(defaults, name) for name in SETTINGS}
         for name, value in settings.items():
