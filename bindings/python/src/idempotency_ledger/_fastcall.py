@@ -50,7 +50,7 @@ def _frozen_class(base: type) -> type:
         namespace["_tagged"] = lambda self: self._f_tagged
         namespace["_lower"] = _lower
     if issubclass(base, t.ValType):
-        def add_classes(self: Any, s: set) -> None:
+        def add_classes(self: Any, s: set[type]) -> None:
             s |= self._f_classes
 
         namespace["add_classes"] = add_classes
@@ -88,32 +88,33 @@ def freeze(ty: Any) -> Any:
     if getattr(ty, "_f_frozen", False):
         return ty
     base = type(ty)
+    o: Any = ty  # the cache lives in attributes the wasmtime-py classes do not declare
     if isinstance(ty, t.RecordType):
-        ty._f_fields = [(name, freeze(f)) for name, f in ty.fields]
+        o._f_fields = [(name, freeze(f)) for name, f in ty.fields]
     elif isinstance(ty, t.ListType):
-        ty._f_element = freeze(ty.element)
-        ty._f_is_bytes = isinstance(ty._f_element, t.U8)
+        o._f_element = freeze(ty.element)
+        o._f_is_bytes = isinstance(o._f_element, t.U8)
     elif isinstance(ty, t.TupleType):
-        ty._f_elements = [freeze(e) for e in ty.elements]
+        o._f_elements = [freeze(e) for e in ty.elements]
     elif isinstance(ty, t.VariantType):
-        ty._f_cases = [(name, None if c is None else freeze(c)) for name, c in ty.cases]
-        ty._f_cases_list = ty._f_cases
+        o._f_cases = [(name, None if c is None else freeze(c)) for name, c in ty.cases]
+        o._f_cases_list = o._f_cases
     elif isinstance(ty, t.OptionType):
-        ty._f_payload = freeze(ty.payload)
-        ty._f_cases_list = [("none", None), ("some", ty._f_payload)]
+        o._f_payload = freeze(ty.payload)
+        o._f_cases_list = [("none", None), ("some", o._f_payload)]
     elif isinstance(ty, t.ResultType):
         ok, err = ty.ok, ty.err
-        ty._f_ok = None if ok is None else freeze(ok)
-        ty._f_err = None if err is None else freeze(err)
-        ty._f_cases_list = [("ok", ty._f_ok), ("err", ty._f_err)]
+        o._f_ok = None if ok is None else freeze(ok)
+        o._f_err = None if err is None else freeze(err)
+        o._f_cases_list = [("ok", o._f_ok), ("err", o._f_err)]
     if isinstance(ty, t.VariantLikeType):
-        ty._f_tagged = base._tagged(ty)
-        ty._f_case_classes = [(name, c, None if c is None else tuple(c._f_classes)) for name, c in ty._f_cases_list]
-    classes: set = set()
+        o._f_tagged = base._tagged(ty)
+        o._f_case_classes = [(name, c, None if c is None else tuple(c._f_classes)) for name, c in o._f_cases_list]
+    classes: set[type] = set()
     base.add_classes(ty, classes)
-    ty._f_classes = frozenset(classes)
-    ty.__class__ = _frozen_class(base)
-    ty._f_frozen = True
+    o._f_classes = frozenset(classes)
+    o.__class__ = _frozen_class(base)
+    o._f_frozen = True
     return ty
 
 
@@ -182,7 +183,7 @@ class FastImport:
         self._types: Optional[tuple[list[Any], Any]] = None
         self._lock = threading.Lock()
 
-        @ffi.wasmtime_component_func_callback_t  # type: ignore[misc]
+        @ffi.wasmtime_component_func_callback_t
         def callback(data, context, ty_raw, args, nargs, results, nresults):  # type: ignore[no-untyped-def]
             from wasmtime.component._enter import catch_exceptions
 

@@ -53,7 +53,7 @@ _FALLBACK_ERROR = Response(
     b'{"error":"idempotency_ledger_unavailable","message":"The idempotency ledger is unavailable."}',
 )
 
-Produced = Union[MutationResponse, Response, Result, tuple]
+Produced = Union[MutationResponse, Response, Result, tuple[int, Sequence[tuple[str, str]], Union[bytes, str, None]]]
 
 
 def _system_clock() -> int:
@@ -198,7 +198,7 @@ class Ledger:
                 return self._call_on_slot(iface, name, args)
         return self._call_on_slot(iface, name, args)
 
-    def _call_on_slot(self, iface: str, name: str, args: tuple) -> Any:
+    def _call_on_slot(self, iface: str, name: str, args: tuple[Any, ...]) -> Any:
         shared = self._lock is not None
         slot = self._shared_slot if shared else self._local.slot
         if slot is None:
@@ -273,7 +273,8 @@ class Ledger:
 
     def fingerprint_prefix(self, method: Union[str, bytes], path_and_query: Union[str, bytes], headers: HeadersLike = None) -> str:
         """The canonical prefix (`UPPER(method) \\n path \\n H \\n`) from the core."""
-        return self._call("protocol", "fingerprint-prefix", self._config, _head(method, path_and_query, headers))
+        prefix: str = self._call("protocol", "fingerprint-prefix", self._config, _head(method, path_and_query, headers))
+        return prefix
 
     def fingerprint(
         self, method: Union[str, bytes], path_and_query: Union[str, bytes], headers: HeadersLike = None, body: bytes = b""
@@ -288,7 +289,8 @@ class Ledger:
     ) -> str:
         """The same digest computed inside the component (the body crosses as
         list<u8>: slow for large bodies; for cross-checking)."""
-        return self._call("protocol", "fingerprint", self._config, _head(method, path_and_query, headers), bytes(_body(body)))
+        digest: str = self._call("protocol", "fingerprint", self._config, _head(method, path_and_query, headers), bytes(_body(body)))
+        return digest
 
     def error_response(self, error: BaseException) -> Response:
         """The core's 5xx for a failed protocol call (503 + Retry-After for busy)."""
@@ -302,7 +304,8 @@ class Ledger:
             return _FALLBACK_ERROR
 
     def fenced_out_message(self, ticket: Ticket) -> str:
-        return self._call_raw("protocol", "fenced-out-message", _wit_ticket(ticket))
+        message: str = self._call_raw("protocol", "fenced-out-message", _wit_ticket(ticket))
+        return message
 
     def decide(self, principal: str, key: str, fingerprint: str, now: Optional[int] = None) -> Decision:
         """The driven decision (claim, fenced takeover, lookup: one ledger

@@ -64,10 +64,10 @@ def _read_body(environ: Environ) -> bytes:
     except ValueError:
         n = -1
     if n >= 0:
-        return stream.read(n) if n else b""
+        return bytes(stream.read(n)) if n else b""
     # No length: a server that supports it (wsgi.input_terminated) ends the stream.
     if environ.get("wsgi.input_terminated"):
-        return stream.read()
+        return bytes(stream.read())
     return b""
 
 
