@@ -328,25 +328,30 @@ class Ledger:
         path_and_query: Union[str, bytes],
         headers: HeadersLike,
         body: Union[bytes, bytearray, memoryview, None],
+        admission: Optional[Admission] = None,
     ) -> Begun:
         """Admission and decision: one ledger round trip for a protected
         request, none otherwise. Never raises for a ledger failure: that is
-        a `Begun(result=...)` with the core's 5xx (fail closed)."""
+        a `Begun(result=...)` with the core's 5xx (fail closed).
+
+        `admission`, when given, is this request's `admit(...)` result (a
+        middleware that already classified the request saves a call)."""
         principal = _principal(principal)
         raw_body = _body(body)
-        head = _head(method, path_and_query, headers)
-        try:
-            admission = self._call("protocol", "admit", self._config, head)
-        except IdempotencyError as error:
-            return Begun(result=self._unavailable(error))
-        if isinstance(admission, Variant) and admission.tag == "pass-through":
+        if admission is None or admission.kind != "protected":
+            try:
+                admission = _admission(self._call("protocol", "admit", self._config, _head(method, path_and_query, headers)))
+            except IdempotencyError as error:
+                return Begun(result=self._unavailable(error))
+        if admission.kind == "pass-through":
             return Begun(pass_through=True)
-        if admission.tag == "reject":
-            return Begun(result=_rejected(admission.payload))
-        protected = admission.payload
-        fingerprint = _sha256_hex(field(protected, "fingerprint_prefix"), raw_body)
+        if admission.kind == "reject":
+            assert admission.response is not None
+            return Begun(result=Result.of(admission.response, Outcome.REJECTED, reason=admission.reason))
+        assert admission.key is not None and admission.fingerprint_prefix is not None
+        fingerprint = _sha256_hex(admission.fingerprint_prefix, raw_body)
         try:
-            decision = self._call("driven", "decide", self._config, principal, field(protected, "key"), fingerprint, self.now_ms())
+            decision = self._call("driven", "decide", self._config, principal, admission.key, fingerprint, self.now_ms())
         except IdempotencyError as error:
             return Begun(result=self._unavailable(error))
         if decision.tag == "replay":

@@ -118,7 +118,13 @@ class Runtime:
 
     def __init__(self, wasm: Optional[bytes] = None) -> None:
         if wasm is None:
-            wasm = resources.files(__package__).joinpath(WASM_RESOURCE).read_bytes()
+            try:
+                wasm = resources.files(__package__).joinpath(WASM_RESOURCE).read_bytes()
+            except FileNotFoundError:
+                raise RuntimeError(
+                    f"{WASM_RESOURCE} is missing from the installed package: build it with `make component` at the "
+                    "repository root and install with `make -C bindings/python venv` (which copies it in)"
+                ) from None
         self.engine = wasmtime.Engine()
         started = time.perf_counter()
         self.component = Component(self.engine, wasm)

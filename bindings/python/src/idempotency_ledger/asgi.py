@@ -116,7 +116,7 @@ class IdempotencyMiddleware:
         body, disconnected = await _read_body(receive)
         if disconnected:
             return
-        begun = await _run_sync(self.ledger.begin, principal, method, path, headers, body)
+        begun = await _run_sync(self.ledger.begin, principal, method, path, headers, body, admission)
         if begun.result is not None:
             await send_response(send, begun.result)
             return

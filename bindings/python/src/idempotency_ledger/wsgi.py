@@ -23,7 +23,7 @@ import threading
 from typing import Any, Callable, Iterable, Iterator, Optional
 from urllib.parse import quote
 
-from ._ledger import Ledger
+from ._ledger import Ledger, _attach_ticket
 from ._types import MutationResponse, Result
 
 log = logging.getLogger("idempotency_ledger")
@@ -163,7 +163,24 @@ class IdempotencyWSGIMiddleware:
             status = int(str(captured["status"]).split(" ", 1)[0])
             return MutationResponse(status, list(captured["headers"]), b"".join(written + chunks))
 
-        result: Result = self.ledger.handle(principal, method, path, headers, body, run_app)
+        begun = self.ledger.begin(principal, method, path, headers, body, admission)
+        if begun.result is not None:
+            result: Result = begun.result
+        elif begun.pass_through:  # not reachable with the same settings; kept for safety
+            return self.app(environ, start_response)  # type: ignore[no-any-return]
+        else:
+            ticket = begun.ticket
+            assert ticket is not None
+            try:
+                produced = run_app()
+            except BaseException as error:
+                _attach_ticket(error, ticket)
+                log.warning(
+                    "[idempotency] app raised for principal=%r key=%r generation=%d; the row stays pending",
+                    ticket.principal, ticket.key, ticket.generation,
+                )
+                raise
+            result = self.ledger.finish(ticket, produced)
         _send(start_response, result)
         return _Body(result.body, self._sweep_callback())
 
