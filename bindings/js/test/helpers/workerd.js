@@ -1,6 +1,6 @@
 // Starts real workerd (via miniflare, offline: cf: false) with a real local D1.
 import { readFileSync } from "node:fs";
-import { mkdtempSync } from "node:fs";
+import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -32,7 +32,12 @@ export function migrationStatements(path) {
  * temporary folder unless `persist` is given.
  */
 export async function startWorker({ scriptPath, persist, bindings = {} } = {}) {
-  const d1Persist = persist ?? mkdtempSync(join(tmpdir(), "idem-d1-"));
+  let d1Persist = persist;
+  if (d1Persist === undefined) {
+    const dir = mkdtempSync(join(tmpdir(), "idem-d1-"));
+    process.on("exit", () => rmSync(dir, { recursive: true, force: true }));
+    d1Persist = dir;
+  }
   const mf = new Miniflare({
     cf: false,
     modules: true,
