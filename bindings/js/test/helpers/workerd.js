@@ -31,7 +31,7 @@ export function migrationStatements(path) {
  * are collected by miniflare) with D1 bound as DB, persisted under a fresh
  * temporary folder unless `persist` is given.
  */
-export async function startWorker({ scriptPath, persist, bindings = {} } = {}) {
+export async function startWorker({ scriptPath, persist, bindings = {}, port } = {}) {
   let d1Persist = persist;
   if (d1Persist === undefined) {
     const dir = mkdtempSync(join(tmpdir(), "idem-d1-"));
@@ -51,6 +51,8 @@ export async function startWorker({ scriptPath, persist, bindings = {} } = {}) {
     d1Databases: { DB: "idempotent-orders" },
     d1Persist,
     bindings: { API_TOKENS: JSON.stringify(TOKENS), ...bindings },
+    // Only when asked (the example's dev server): loopback, never another address.
+    ...(port === undefined ? {} : { host: "127.0.0.1", port }),
   });
   await mf.ready;
   const db = await mf.getD1Database("DB");
