@@ -198,3 +198,24 @@ def test_random_requests_never_crash(ledger: Ledger) -> None:
         statuses.add(r.outcome)
     assert {Outcome.EXECUTED, Outcome.REJECTED, Outcome.PASS_THROUGH} <= statuses
     assert post(ledger, "final", Mutation()).outcome == Outcome.EXECUTED
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"pending_ttl_ms": 0}, {"pending_ttl_ms": 1 << 60}, {"retention_ms": 1_000, "pending_ttl_ms": 30_000},
+        {"body_cap_bytes": (16 << 20) + 1}, {"sweep_batch": 0}, {"sweep_batch": 10_001}, {"protected_methods": ["PO ST"]},
+        {"fingerprint_headers": [""]}, {"replay_headers": ["bad header"]}, {"pending_ttl_ms": -1}, {"sweep_batch": 1 << 40},
+    ],
+)
+def test_invalid_settings_are_refused_by_the_core(db_path: Path, settings: dict[str, Any]) -> None:
+    from idempotency_ledger import InvalidConfig
+
+    with pytest.raises(InvalidConfig):
+        Ledger(db_path, **settings)
+
+
+def test_unknown_or_mistyped_settings_are_type_errors(db_path: Path) -> None:
+    for settings in ({"ttl": 5}, {"pending_ttl_ms": "5"}, {"protected_methods": "POST"}, {"sweep_batch": True}):
+        with pytest.raises(TypeError):
+            Ledger(db_path, **settings)

@@ -23,9 +23,9 @@ from ._types import (
     Decision,
     HeadersLike,
     IdempotencyError,
+    InvalidConfig,
     MutationResponse,
     Outcome,
-    ProtocolError,
     Response,
     Result,
     Ticket,
@@ -157,10 +157,10 @@ class Ledger:
                 values[name] = value
         for name in ("pending_ttl_ms", "retention_ms"):
             if not 0 <= values[name] < 1 << 64:
-                raise ProtocolError(f"{name} out of range")
+                raise InvalidConfig(f"{name} out of range")
         for name in ("body_cap_bytes", "sweep_batch"):
             if not 0 <= values[name] < 1 << 32:
-                raise ProtocolError(f"{name} out of range")
+                raise InvalidConfig(f"{name} out of range")
         self._settings = values
         self._config = record(**values)
         unwrap(self._call_raw("protocol", "validate-config", self._config))
