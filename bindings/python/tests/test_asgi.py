@@ -132,6 +132,7 @@ def test_principal_comes_from_the_auth_callable(served: Any) -> None:
     # No principal: the request reaches the app untouched (its own auth answers).
     anon = client.post("/orders", json={"sku": "A"}, headers={"Idempotency-Key": "same", "X-Principal": "acct-a"})
     assert anon.status_code == 401
+    assert client.post("/orders", json={"sku": "A"}).status_code == 401  # no key either: still the app's answer
     assert app.created == 2
 
 

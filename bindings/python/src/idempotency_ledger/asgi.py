@@ -102,15 +102,15 @@ class IdempotencyMiddleware:
         if admission.kind == "pass-through":
             await self.app(scope, receive, send)
             return
-        if admission.kind == "reject":
-            assert admission.response is not None
-            await send_response(send, admission.response)
-            return
         principal = self.principal(scope)
         if inspect.isawaitable(principal):
             principal = await principal
-        if principal is None:
+        if principal is None:  # unauthenticated: untouched, the app's auth answers
             await self.app(scope, receive, send)
+            return
+        if admission.kind == "reject":
+            assert admission.response is not None
+            await send_response(send, admission.response)
             return
 
         body, disconnected = await _read_body(receive)

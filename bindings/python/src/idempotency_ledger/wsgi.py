@@ -129,13 +129,13 @@ class IdempotencyWSGIMiddleware:
         admission = self.ledger.admit(method, path, headers)
         if admission.kind == "pass-through":
             return self.app(environ, start_response)  # type: ignore[no-any-return]
+        principal = self.principal(environ)
+        if principal is None:  # unauthenticated: untouched, the app's auth answers
+            return self.app(environ, start_response)  # type: ignore[no-any-return]
         if admission.kind == "reject":
             assert admission.response is not None
             _send(start_response, admission.response)
             return [admission.response.body]
-        principal = self.principal(environ)
-        if principal is None:
-            return self.app(environ, start_response)  # type: ignore[no-any-return]
         body = _read_body(environ)
 
         def run_app() -> MutationResponse:
