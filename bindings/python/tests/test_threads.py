@@ -145,3 +145,18 @@ def test_a_forked_child_opens_its_own_connection(db_path: Path) -> None:
     os.close(read)
     assert post(ledger, "forked", Mutation()).outcome == Outcome.REPLAYED
     ledger.close()
+
+
+def test_short_lived_threads_do_not_pile_up_connections(db_path: Path) -> None:
+    import gc
+
+    ledger = Ledger(db_path)
+    ledger.migrate()
+    for n in range(40):  # a thread per request, as wsgiref's ThreadingMixIn does
+        t = threading.Thread(target=lambda n=n: post(ledger, f"short-{n}", Mutation()))
+        t.start()
+        t.join()
+    gc.collect()
+    assert len(rows(db_path)) == 40
+    assert len(ledger._backends) <= 2  # this thread's, plus at most one not yet collected
+    ledger.close()

@@ -90,7 +90,7 @@ def _after_fork_in_child() -> None:
     for ledger in list(_LEDGERS):
         if ledger._path is not None:
             ledger._local = _PerThread()
-            ledger._backends = []
+            ledger._backends = weakref.WeakSet()
             ledger._backends_lock = threading.Lock()
 
 
@@ -132,7 +132,10 @@ class Ledger:
         self._clock = clock or _system_clock
         self._busy_timeout_ms = int(busy_timeout_ms)
         self._local = _PerThread()
-        self._backends: list[SqliteBackend] = []
+        # Weak: when a thread ends, its threading.local slot and backend go,
+        # and the backend's connection is closed by sqlite3 on collection
+        # (servers that spawn a thread per request do not pile up files).
+        self._backends: "weakref.WeakSet[SqliteBackend]" = weakref.WeakSet()
         self._backends_lock = threading.Lock()
         if isinstance(database, (str, bytes, os.PathLike)):
             self._path: Any = os.fsdecode(database)
@@ -187,7 +190,7 @@ class Ledger:
             backend = SqliteBackend(path=self._path, busy_timeout_ms=self._busy_timeout_ms, connect_fn=_connect_any_thread)
             self._local.backend = backend
             with self._backends_lock:
-                self._backends.append(backend)
+                self._backends.add(backend)
         return backend
 
     def _call_raw(self, iface: str, name: str, *args: Any) -> Any:
@@ -234,7 +237,7 @@ class Ledger:
         """Closes the connections this ledger opened (call at shutdown, when
         no other thread is using the ledger)."""
         with self._backends_lock:
-            backends, self._backends = self._backends, []
+            backends, self._backends = list(self._backends), weakref.WeakSet()
         for backend in backends:
             backend.close()
         self._local = _PerThread()
