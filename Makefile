@@ -5,7 +5,7 @@ CORE_MODULE := target/wasm32-unknown-unknown/component/idempotency_ledger_guest.
 COMPONENTIZE := $(CARGO) run --quiet -p idempotency-ledger-componentize --
 GUEST_SOURCES := $(shell find wit guest -name '*.wit' -o -name '*.rs' -o -name 'Cargo.toml') Cargo.lock
 
-.PHONY: help component wit demo test test-rust test-js test-python check-imports vectors simulate clean
+.PHONY: help component wit demo test test-rust test-js test-python check-imports vectors simulate fuzz bench clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{ printf "  %-15s %s\n", $$1, $$2 }'
@@ -38,6 +38,13 @@ STEPS ?= 2000
 COMPONENT ?=
 simulate: $(COMPONENT_WASM) ## Deterministic simulation: make simulate SEEDS=0..1000 [STEPS=2000] [COMPONENT=1]
 	$(CARGO) run --locked --quiet -p idempotency-ledger-host-test --bin simulate -- --seeds $(SEEDS) --steps $(STEPS) $(if $(COMPONENT),--component)
+
+bench: $(COMPONENT_WASM) ## Benchmarks side by side (Rust, JS, Python); writes bench/RESULTS.md
+	./scripts/bench.sh
+
+FUZZ_SECONDS ?= 30
+fuzz: ## Run every cargo-fuzz target FUZZ_SECONDS each (nightly), growing fuzz/corpus
+	./scripts/fuzz.sh $(FUZZ_SECONDS)
 
 vectors: ## Regenerate conformance/vectors.json (commit the result)
 	python3 conformance/generate.py

@@ -1,0 +1,276 @@
+//! `make bench`: what the WebAssembly core costs against a native
+//! implementation of the same protocol, measured side by side in one run.
+//! Prints a Markdown table (also written to the path given as the first
+//! argument). Timings are medians (and p99) after warm-up; nothing here is a
+//! pass/fail test.
+
+mod native;
+
+use std::fmt::Write as _;
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use idempotency_ledger::{Config, Ledger, ManualClock, MutationResponse, Request, Runtime, SqliteBackend, COMPONENT};
+use idempotency_ledger_core as core;
+
+const T0: i64 = 1_767_225_600_000;
+
+struct Stats {
+    median: Duration,
+    p99: Duration,
+}
+
+fn measure(iterations: usize, warmup: usize, mut f: impl FnMut(usize)) -> Stats {
+    for i in 0..warmup {
+        f(i);
+    }
+    let mut times: Vec<Duration> = (0..iterations)
+        .map(|i| {
+            let start = Instant::now();
+            f(warmup + i);
+            start.elapsed()
+        })
+        .collect();
+    times.sort_unstable();
+    Stats { median: times[times.len() / 2], p99: times[(times.len() * 99 / 100).min(times.len() - 1)] }
+}
+
+fn us(d: Duration) -> String {
+    format!("{:.1}", d.as_secs_f64() * 1e6)
+}
+
+fn order(key: &str, body: &[u8]) -> Request {
+    Request::new("POST", "/orders")
+        .header("Idempotency-Key", key)
+        .header("Content-Type", "application/json")
+        .body(body.to_vec())
+}
+
+fn created(_: &Request) -> Result<MutationResponse, String> {
+    Ok(MutationResponse::json(201, r#"{"order":"o_1","status":"created"}"#).header("Location", "/orders/o_1"))
+}
+
+fn main() {
+    let out = std::env::args().nth(1);
+    let mut md = String::new();
+    let dir = tempfile::tempdir().expect("tmp");
+    let _ = writeln!(md, "## Rust host (wasmtime {}) vs native Rust, same SQL, same SQLite, same settings\n", wasmtime_version());
+
+    // ---- cold start and size ----
+    let compile = measure(5, 1, |_| {
+        black_box(Runtime::from_component(COMPONENT).expect("compile"));
+    });
+    let runtime = Runtime::new().expect("runtime");
+    let instantiate = measure(200, 20, |_| {
+        let backend = SqliteBackend::from_connection(rusqlite::Connection::open_in_memory().expect("mem"));
+        black_box(Ledger::new(runtime.clone(), backend, Config::default(), ManualClock::new(T0)).expect("instantiate"));
+    });
+    let gz = {
+        use std::io::Write;
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        e.write_all(COMPONENT).expect("gzip");
+        e.finish().expect("gzip").len()
+    };
+    let _ = writeln!(md, "### Cold start and size\n\n| what | value |\n| --- | --- |");
+    let _ = writeln!(md, "| component size | {} bytes raw, {} bytes gzip -9 |", COMPONENT.len(), gz);
+    let _ = writeln!(md, "| compile (Engine + Component::from_binary, cranelift) | {:.1} ms median |", compile.median.as_secs_f64() * 1e3);
+    let _ = writeln!(md, "| instantiate + validate config (per Ledger) | {} us median, {} us p99 |\n", us(instantiate.median), us(instantiate.p99));
+
+    // ---- fingerprint throughput ----
+    let _ = writeln!(md, "### Fingerprint throughput (SHA-256 over prefix + body)\n");
+    let _ = writeln!(md, "| body | native sha2 | component prefix + native sha2 (what hosts use) | all in component (body copied in) | native / in-component |");
+    let _ = writeln!(md, "| --- | --- | --- | --- | --- |");
+    let mut ledger = Ledger::new(
+        runtime.clone(),
+        SqliteBackend::from_connection(rusqlite::Connection::open_in_memory().expect("mem")),
+        Config::default(),
+        ManualClock::new(T0),
+    )
+    .expect("ledger");
+    for size in [1usize << 10, 16 << 10, 1 << 20] {
+        let body: Vec<u8> = (0..size).map(|i| (i * 31 % 251) as u8).collect();
+        let req = order("k", &body);
+        let prefix = core::fingerprint::prefix(&Config::default(), &head(&req));
+        let iterations = if size >= 1 << 20 { 30 } else { 2000 };
+        let native = measure(iterations, iterations / 10, |_| {
+            black_box(idempotency_ledger::sha256_hex(prefix.as_bytes(), &req.body));
+        });
+        let hybrid = measure(iterations, iterations / 10, |_| {
+            black_box(ledger.fingerprint(&req).expect("fp"));
+        });
+        let inside = measure(iterations, iterations / 10, |_| {
+            black_box(ledger.fingerprint_in_component(&req).expect("fp"));
+        });
+        let mbps = |d: Duration| size as f64 / d.as_secs_f64() / 1e6;
+        let _ = writeln!(
+            md,
+            "| {} KiB | {:.0} MB/s | {:.0} MB/s | {:.0} MB/s | {:.1}x |",
+            size >> 10,
+            mbps(native.median),
+            mbps(hybrid.median),
+            mbps(inside.median),
+            inside.median.as_secs_f64() / native.median.as_secs_f64()
+        );
+    }
+
+    // ---- per-request overhead per path ----
+    let _ = writeln!(md, "\n### Per request, full protocol (admit, fingerprint, decide, mutation, complete)\n");
+    let _ = writeln!(md, "| path | component median / p99 (us) | native median / p99 (us) | ratio (median) | ledger round trips: ours / recipe |");
+    let _ = writeln!(md, "| --- | --- | --- | --- | --- |");
+    let iterations = 2000;
+    for path in ["fresh", "replay", "reuse (409)", "in progress (409)", "takeover"] {
+        let comp_db = dir.path().join(format!("c-{}.sqlite", path.len()));
+        let nat_db = dir.path().join(format!("n-{}.sqlite", path.len()));
+        let clock = ManualClock::new(T0);
+        let mut component = Ledger::new(runtime.clone(), SqliteBackend::open(&comp_db).expect("db"), Config::default(), clock.clone())
+            .expect("ledger");
+        component.migrate().expect("migrate");
+        let mut native = native::Native::open(&nat_db, Config::default(), T0);
+        arrange(path, &comp_db, &mut component, &mut native, iterations + iterations / 10);
+        let body = br#"{"sku":"A-1","qty":2}"#;
+        let other = br#"{"sku":"A-1","qty":3}"#;
+        let request_for = |i: usize| match path {
+            "fresh" => order(&format!("fresh-{i}"), body),
+            "replay" => order("done", body),
+            "reuse (409)" => order("done", other),
+            "in progress (409)" => order("busy", body),
+            _ => order(&format!("stale-{i}"), body),
+        };
+        let c = measure(iterations, iterations / 10, |i| {
+            black_box(component.handle("acct", &request_for(i), created).expect("handled"));
+        });
+        let n = measure(iterations, iterations / 10, |i| {
+            black_box(native.handle("acct", &request_for(i), created));
+        });
+        let (ours, recipe) = round_trips(path);
+        let _ = writeln!(
+            md,
+            "| {path} | {} / {} | {} / {} | {:.2}x | {ours} / {recipe} |",
+            us(c.median),
+            us(c.p99),
+            us(n.median),
+            us(n.p99),
+            c.median.as_secs_f64() / n.median.as_secs_f64()
+        );
+    }
+    let _ = writeln!(md, "\nRound trips are counted by `host-test/tests/failures.rs` (ours) and read off the recipe's code (claim, then SELECT, then takeover UPDATE, then completion; its sweep is one more per request).");
+
+    // ---- scale ----
+    let _ = writeln!(md, "\n### Throughput on one SQLite file (WAL), fresh requests, one Ledger per thread\n");
+    let _ = writeln!(md, "| threads | requests/s | per request |\n| --- | --- | --- |");
+    for threads in [1usize, 2, 4] {
+        let db = dir.path().join(format!("scale-{threads}.sqlite"));
+        Ledger::new(runtime.clone(), SqliteBackend::open(&db).expect("db"), Config::default(), ManualClock::new(T0))
+            .expect("ledger")
+            .migrate()
+            .expect("migrate");
+        let per_thread = 3000;
+        let start = Instant::now();
+        std::thread::scope(|s| {
+            for t in 0..threads {
+                let (runtime, db) = (runtime.clone(), db.clone());
+                s.spawn(move || {
+                    let mut l = Ledger::new(runtime, SqliteBackend::open(&db).expect("db"), Config::default(), ManualClock::new(T0))
+                        .expect("ledger");
+                    for i in 0..per_thread {
+                        l.handle("acct", &order(&format!("t{t}-{i}"), b"{}"), created).expect("handled");
+                    }
+                });
+            }
+        });
+        let elapsed = start.elapsed();
+        let total = (threads * per_thread) as f64;
+        let _ = writeln!(md, "| {threads} | {:.0} | {:.1} us |", total / elapsed.as_secs_f64(), elapsed.as_secs_f64() * 1e6 / total);
+    }
+
+    // ---- a million requests: growth and the bounded sweep ----
+    let million: usize = std::env::var("BENCH_REQUESTS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
+    let db = dir.path().join("million.sqlite");
+    let clock = ManualClock::new(T0);
+    let mut l = Ledger::new(runtime.clone(), SqliteBackend::open(&db).expect("db"), Config::default(), clock.clone()).expect("ledger");
+    l.migrate().expect("migrate");
+    // Requests spread evenly over 48 simulated hours: twice the 24 h retention.
+    let step_ms = (2 * 86_400_000 / million as i64).max(1);
+    let mut sweep_times = Vec::with_capacity(million);
+    let mut swept = 0u64;
+    let mut peak_rows = 0i64;
+    let start = Instant::now();
+    for i in 0..million {
+        clock.set(T0 + i as i64 * step_ms);
+        l.handle("acct", &order(&format!("m-{i}"), b"{}"), created).expect("handled");
+        let s = Instant::now();
+        swept += l.sweep().expect("sweep"); // what ctx.waitUntil does after each request
+        sweep_times.push(s.elapsed());
+        if i % (million / 10).max(1) == (million / 10).max(1) - 1 {
+            let rows: i64 = rusqlite::Connection::open(&db)
+                .and_then(|c| c.query_row("SELECT COUNT(*) FROM idempotency_keys", [], |r| r.get(0)))
+                .expect("count");
+            peak_rows = peak_rows.max(rows);
+        }
+    }
+    let elapsed = start.elapsed();
+    sweep_times.sort_unstable();
+    let rows: i64 = rusqlite::Connection::open(&db)
+        .and_then(|c| c.query_row("SELECT COUNT(*) FROM idempotency_keys", [], |r| r.get(0)))
+        .expect("count");
+    let file_size: u64 = ["", "-wal"].iter().filter_map(|s| std::fs::metadata(format!("{}{s}", db.display())).ok()).map(|m| m.len()).sum();
+    let _ = writeln!(md, "\n### {million} requests over 48 simulated hours (retention 24 h), a sweep after each\n");
+    let _ = writeln!(md, "| what | value |\n| --- | --- |");
+    let _ = writeln!(md, "| rows kept at the end (expected about half: the last 24 h) | {rows} |");
+    let _ = writeln!(md, "| rows at most, sampled every tenth of the run | {peak_rows} |");
+    let _ = writeln!(md, "| rows swept | {swept} |");
+    let _ = writeln!(md, "| sweep cost per request | {} us median, {} us p99 |", us(sweep_times[sweep_times.len() / 2]), us(sweep_times[sweep_times.len() * 99 / 100]));
+    let _ = writeln!(md, "| database file (+ WAL) | {:.1} MiB |", file_size as f64 / (1 << 20) as f64);
+    let _ = writeln!(md, "| wall time for all requests + sweeps | {:.1} s ({:.1} us per request) |", elapsed.as_secs_f64(), elapsed.as_secs_f64() * 1e6 / million as f64);
+
+    print!("{md}");
+    if let Some(path) = out {
+        std::fs::write(&path, &md).expect("write results");
+    }
+}
+
+fn head(req: &Request) -> core::RequestHead {
+    core::RequestHead {
+        method: req.method.clone(),
+        path_and_query: req.path_and_query.clone(),
+        headers: req.headers.iter().map(|(n, v)| core::Header::new(n.clone(), v.clone())).collect(),
+    }
+}
+
+/// Puts both databases in the state each path needs, identically.
+fn arrange(path: &str, component_db: &std::path::Path, component: &mut Ledger, native: &mut native::Native, n: usize) {
+    let body = br#"{"sku":"A-1","qty":2}"#;
+    match path {
+        "replay" | "reuse (409)" => {
+            component.handle("acct", &order("done", body), created).expect("arrange");
+            native.handle("acct", &order("done", body), created);
+        }
+        "in progress (409)" => {
+            let fp = native.fingerprint(&order("busy", body));
+            native.insert_pending("acct", "busy", &fp, T0);
+            native::insert_pending_into(component_db, "acct", "busy", &fp, T0);
+        }
+        "takeover" => {
+            for i in 0..n {
+                let key = format!("stale-{i}");
+                let fp = native.fingerprint(&order(&key, body));
+                native.insert_pending("acct", &key, &fp, T0 - 30_001);
+                native::insert_pending_into(component_db, "acct", &key, &fp, T0 - 30_001);
+            }
+        }
+        _ => {}
+    }
+}
+
+fn round_trips(path: &str) -> (u32, u32) {
+    match path {
+        "fresh" => (2, 2),
+        "replay" | "reuse (409)" => (1, 2),
+        "in progress (409)" => (1, 3),
+        _ => (2, 4),
+    }
+}
+
+fn wasmtime_version() -> &'static str {
+    "48.0.8"
+}

@@ -1,0 +1,134 @@
+//! The baseline: the same protocol compiled natively (the core crate linked
+//! directly, no WebAssembly, no WIT conversions), same SQL, same pragmas.
+
+use std::path::Path;
+
+use idempotency_ledger::{MutationResponse, Request};
+use idempotency_ledger_core::{self as core, driven, machine, Config, Decision};
+use rusqlite::types::{Value as SqlValue, ValueRef};
+use rusqlite::{Connection, TransactionBehavior};
+
+pub struct Native {
+    sqlite: NativeSqlite,
+    config: Config,
+    now: i64,
+}
+
+struct NativeSqlite(Connection);
+
+impl driven::Ledger for NativeSqlite {
+    fn execute_batch(&mut self, statements: &[core::Statement]) -> Result<Vec<core::StatementResult>, core::LedgerError> {
+        run(&mut self.0, statements).map_err(|e| core::LedgerError::Other(e.to_string()))
+    }
+}
+
+fn run(conn: &mut Connection, statements: &[core::Statement]) -> rusqlite::Result<Vec<core::StatementResult>> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let mut results = Vec::with_capacity(statements.len());
+    for statement in statements {
+        let mut prepared = tx.prepare_cached(statement.sql)?;
+        let params = statement.params.iter().map(|v| match v {
+            core::Value::Null => SqlValue::Null,
+            core::Value::Integer(i) => SqlValue::Integer(*i),
+            core::Value::Real(r) => SqlValue::Real(*r),
+            core::Value::Text(t) => SqlValue::Text(t.clone()),
+            core::Value::Blob(b) => SqlValue::Blob(b.clone()),
+        });
+        let mut rows = prepared.query(rusqlite::params_from_iter(params))?;
+        let mut collected = Vec::new();
+        while let Some(row) = rows.next()? {
+            let n = row.as_ref().column_count();
+            let mut values = Vec::with_capacity(n);
+            for i in 0..n {
+                values.push(match row.get_ref(i)? {
+                    ValueRef::Null => core::Value::Null,
+                    ValueRef::Integer(i) => core::Value::Integer(i),
+                    ValueRef::Real(r) => core::Value::Real(r),
+                    ValueRef::Text(t) => core::Value::Text(String::from_utf8_lossy(t).into_owned()),
+                    ValueRef::Blob(b) => core::Value::Blob(b.to_vec()),
+                });
+            }
+            collected.push(values);
+        }
+        drop(rows);
+        results.push(core::StatementResult { rows: collected, changes: tx.changes() });
+    }
+    tx.commit()?;
+    Ok(results)
+}
+
+impl Native {
+    pub fn open(path: &Path, config: Config, now: i64) -> Native {
+        let conn = Connection::open(path).expect("open");
+        conn.busy_timeout(std::time::Duration::from_secs(5)).expect("busy");
+        conn.pragma_update(None, "journal_mode", "WAL").expect("wal");
+        conn.pragma_update(None, "synchronous", "NORMAL").expect("sync");
+        let mut sqlite = NativeSqlite(conn);
+        driven::migrate(&mut sqlite).expect("migrate");
+        Native { sqlite, config, now }
+    }
+
+    fn head(req: &Request) -> core::RequestHead {
+        core::RequestHead {
+            method: req.method.clone(),
+            path_and_query: req.path_and_query.clone(),
+            headers: req.headers.iter().map(|(n, v)| core::Header::new(n.clone(), v.clone())).collect(),
+        }
+    }
+
+    pub fn fingerprint(&self, req: &Request) -> String {
+        let prefix = core::fingerprint::prefix(&self.config, &Self::head(req));
+        idempotency_ledger::sha256_hex(prefix.as_bytes(), &req.body)
+    }
+
+    pub fn insert_pending(&self, principal: &str, key: &str, fingerprint: &str, updated_at: i64) {
+        insert(&self.sqlite.0, principal, key, fingerprint, updated_at);
+    }
+
+    /// `Ledger::handle`, natively: the same steps, the same SQL.
+    pub fn handle(
+        &mut self,
+        principal: &str,
+        req: &Request,
+        mutation: impl FnOnce(&Request) -> Result<MutationResponse, String>,
+    ) -> core::Response {
+        let protected = match machine::admit(&self.config, &Self::head(req)).expect("admit") {
+            core::Admission::Protected(p) => p,
+            core::Admission::Reject(r) => return r.response,
+            core::Admission::PassThrough => panic!("the bench only sends protected requests"),
+        };
+        let fingerprint = idempotency_ledger::sha256_hex(protected.fingerprint_prefix.as_bytes(), &req.body);
+        let ticket = match driven::decide(&mut self.sqlite, &self.config, principal, &protected.key, &fingerprint, self.now)
+            .expect("decide")
+        {
+            Decision::Execute(ticket) => ticket,
+            Decision::Replay(r) => return r,
+            Decision::Reject(r) => return r.response,
+        };
+        let produced = mutation(req).expect("mutation");
+        let produced = core::MutationResponse {
+            status: produced.status,
+            headers: produced.headers.iter().map(|(n, v)| core::Header::new(n.clone(), v.clone())).collect(),
+            body: match produced.body {
+                idempotency_ledger::Body::Text(t) => core::ResponseBody::Text(t),
+                idempotency_ledger::Body::Bytes(b) => core::ResponseBody::Bytes(b),
+            },
+        };
+        driven::complete(&mut self.sqlite, &self.config, &ticket, produced, self.now).expect("complete").response
+    }
+}
+
+fn insert(conn: &Connection, principal: &str, key: &str, fingerprint: &str, updated_at: i64) {
+    conn.execute(
+        "INSERT INTO idempotency_keys (principal, key, fingerprint, status, generation, created_at, updated_at) VALUES (?1, ?2, ?3, 'pending', 1, ?4, ?4)",
+        rusqlite::params![principal, key, fingerprint, updated_at],
+    )
+    .expect("insert pending");
+}
+
+/// The same arrangement in the component's database file.
+pub fn insert_pending_into(path: &Path, principal: &str, key: &str, fingerprint: &str, updated_at: i64) {
+    let conn = Connection::open(path).expect("open");
+    conn.busy_timeout(std::time::Duration::from_secs(5)).expect("busy");
+    insert(&conn, principal, key, fingerprint, updated_at);
+}

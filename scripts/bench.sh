@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# make bench: every host's measurements side by side, written to bench/RESULTS.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=bench/RESULTS.md
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+started=$(date +%s)
+cargo build --locked --release -p idempotency-ledger-bench
+./target/release/idempotency-ledger-bench "$tmp/rust.md"
+if [ -f bindings/js/Makefile ]; then make -C bindings/js bench | tee "$tmp/js.md"; fi
+if [ -f bindings/python/Makefile ]; then make -C bindings/python bench | tee "$tmp/python.md"; fi
+{
+  echo "# Benchmark results"
+  echo
+  echo "Produced by \`make bench\` on $(date -u +%Y-%m-%d) in $(( $(date +%s) - started )) s."
+  echo "Machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), $(free -g | awk '/Mem:/ {print $2}') GiB;"
+  echo "rustc $(rustc --version | cut -d' ' -f2), node $(node --version 2>/dev/null || echo absent), $(python3 --version 2>&1)."
+  echo "Timings are medians (with p99) over repeated runs after warm-up, both sides measured in the same process."
+  echo
+  cat "$tmp/rust.md"
+  for part in js python; do
+    if [ -s "$tmp/$part.md" ]; then echo; cat "$tmp/$part.md"; fi
+  done
+} > "$out"
+echo "wrote $out"
