@@ -13,7 +13,7 @@ from idempotency_ledger import Ledger, MutationResponse
 
 def race(db: str, key: str, barrier: Any, results: Any, hold_s: float) -> None:
     try:
-        ledger = Ledger(db)
+        ledger = Ledger(db, busy_timeout_ms=30_000)  # a loaded CI box must not turn the race into 503s
         ledger.fingerprint_prefix("POST", "/", [])  # instantiate before the start line
 
         def mutation() -> MutationResponse:

@@ -176,6 +176,11 @@ class Ledger:
         return {k: (list(v) if isinstance(v, list) else v) for k, v in self._settings.items()}
 
     @property
+    def single_connection(self) -> bool:
+        """True when built on one sqlite3 connection (calls serialised by a lock)."""
+        return self._lock is not None
+
+    @property
     def runtime(self) -> Runtime:
         return self._runtime
 

@@ -97,8 +97,13 @@ class IdempotencyMiddleware:
         path = asgi_path_and_query(scope)
         headers = [(bytes(n).decode("latin-1"), bytes(v).decode("latin-1")) for n, v in scope.get("headers", [])]
         # Pure and cheap (no ledger access, no I/O), so it runs inline: an
-        # unprotected request costs one component call and nothing else.
-        admission = self.ledger.admit(method, path, headers)
+        # unprotected request costs one component call and nothing else. A
+        # ledger on one shared connection serialises calls with a lock that
+        # a batch may hold up to the busy timeout: never wait for it here.
+        if self.ledger.single_connection:
+            admission = await _run_sync(self.ledger.admit, method, path, headers)
+        else:
+            admission = self.ledger.admit(method, path, headers)
         if admission.kind == "pass-through":
             await self.app(scope, receive, send)
             return
