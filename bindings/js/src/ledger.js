@@ -260,7 +260,13 @@ export class IdempotencyLedger {
       if (!error.response) return { ...this.#unavailable(error, null), outcome: "executed", stored: "failed", ticket, error };
       completion = { response: error.response };
       stored = "failed";
-      if (this.options.onCompletionError) this.options.onCompletionError(error, ticket);
+      if (this.options.onCompletionError) {
+        try {
+          this.options.onCompletionError(error, ticket);
+        } catch (hookError) {
+          this.logger.error(`[idempotency] onCompletionError threw: ${hookError?.message ?? hookError}`);
+        }
+      }
     }
     if (this.options.sweep !== false && typeof waitUntil === "function") {
       const at = Number(nowOf(clock));
