@@ -13,7 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from conftest import rows
-from idempotency_ledger import Ledger
+from idempotency_ledger import Ledger, connect
 from idempotency_ledger.asgi import IdempotencyMiddleware
 from servers import uvicorn_server
 
@@ -29,7 +29,7 @@ def principal_from_auth(scope: dict[str, Any]) -> str | None:
 
 
 class App:
-    def __init__(self, db: Path) -> None:
+    def __init__(self, db: Path, single_connection: bool = False) -> None:
         self.created = 0
         self.lock = threading.Lock()
         self.gate = asyncio.Event()
@@ -68,18 +68,21 @@ class App:
         async def boom() -> Any:
             raise RuntimeError("the handler failed")
 
-        self.ledger = Ledger(db)
+        self.conn = connect(db, check_same_thread=False) if single_connection else None
+        self.ledger = Ledger(self.conn) if self.conn is not None else Ledger(db)
         self.ledger.migrate()
         app.add_middleware(IdempotencyMiddleware, ledger=self.ledger, principal=principal_from_auth)
         self.asgi = app
 
 
-@pytest.fixture
-def served(db_path: Path) -> Iterator[tuple[App, httpx.Client]]:
-    app = App(db_path)
+@pytest.fixture(params=["per-thread connections", "one shared connection"])
+def served(db_path: Path, request: Any) -> Iterator[tuple[App, httpx.Client]]:
+    app = App(db_path, single_connection=request.param == "one shared connection")
     with uvicorn_server(app.asgi) as base, httpx.Client(base_url=base, timeout=30) as client:
         yield app, client
     app.ledger.close()
+    if app.conn is not None:
+        app.conn.close()
 
 
 def auth(token: str = "token-a", key: str | None = None) -> dict[str, str]:
