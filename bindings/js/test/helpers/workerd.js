@@ -14,6 +14,11 @@ export const EXAMPLE_MIGRATIONS = [
 export const COMPATIBILITY_DATE = "2025-09-01";
 export const TOKENS = { "tok-a": "acct-a", "tok-b": "acct-b" };
 
+const temporary = [];
+process.on("exit", () => {
+  for (const dir of temporary) rmSync(dir, { recursive: true, force: true });
+});
+
 /** The statements of a wrangler migration file (split on `;` at line ends; comments dropped). */
 export function migrationStatements(path) {
   const text = readFileSync(path, "utf8")
@@ -34,9 +39,8 @@ export function migrationStatements(path) {
 export async function startWorker({ scriptPath, persist, bindings = {}, port } = {}) {
   let d1Persist = persist;
   if (d1Persist === undefined) {
-    const dir = mkdtempSync(join(tmpdir(), "idem-d1-"));
-    process.on("exit", () => rmSync(dir, { recursive: true, force: true }));
-    d1Persist = dir;
+    d1Persist = mkdtempSync(join(tmpdir(), "idem-d1-"));
+    temporary.push(d1Persist);
   }
   const mf = new Miniflare({
     cf: false,
