@@ -51,15 +51,7 @@ pub fn results_to_wit(results: &[core::StatementResult]) -> Vec<wit::StatementRe
 }
 
 pub fn config_to_wit(c: &core::Config) -> wit::Config {
-    wit::Config {
-        protected_methods: c.protected_methods.clone(),
-        fingerprint_headers: c.fingerprint_headers.clone(),
-        replay_headers: c.replay_headers.clone(),
-        pending_ttl_ms: c.pending_ttl_ms,
-        retention_ms: c.retention_ms,
-        body_cap_bytes: c.body_cap_bytes,
-        sweep_batch: c.sweep_batch,
-    }
+    c.into()
 }
 
 pub fn ticket_to_wit(t: &core::Ticket) -> wit::Ticket {

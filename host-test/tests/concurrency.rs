@@ -8,7 +8,13 @@ use std::thread;
 use std::time::Duration;
 
 use idempotency_ledger::{HandleError, Handled, ManualClock, MutationResponse, Outcome, RejectionReason, Request, Stored};
-use idempotency_ledger_host_test::{TestDb, T0};
+use idempotency_ledger_host_test::{runtime, TestDb, T0};
+
+/// A ledger with its own connection, as each thread of a server would hold.
+fn open_ledger(path: &std::path::Path, clock: ManualClock) -> idempotency_ledger::Ledger {
+    let backend = idempotency_ledger::SqliteBackend::open(path).expect("open");
+    idempotency_ledger::Ledger::new(runtime(), backend, idempotency_ledger::Config::default(), clock).expect("ledger")
+}
 
 fn order(key: &str) -> Request {
     Request::new("POST", "/orders")
@@ -32,14 +38,7 @@ fn sixteen_threads_same_request_exactly_one_execution() {
                 let (db_path, clock, barrier, executions, key) =
                     (db.path.clone(), clock.clone(), barrier.clone(), executions.clone(), key.clone());
                 thread::spawn(move || {
-                    let backend = idempotency_ledger::SqliteBackend::open(&db_path).expect("open");
-                    let mut ledger = idempotency_ledger::Ledger::new(
-                        idempotency_ledger::Runtime::shared().expect("runtime"),
-                        backend,
-                        idempotency_ledger::Config::default(),
-                        clock,
-                    )
-                    .expect("ledger");
+                    let mut ledger = open_ledger(&db_path, clock);
                     barrier.wait();
                     ledger
                         .handle("acct-1", &order(&key), |_| {
@@ -90,14 +89,7 @@ fn many_keys_in_parallel_each_execute_once() {
         .map(|t| {
             let (db_path, clock, barrier, executions) = (db.path.clone(), clock.clone(), barrier.clone(), executions.clone());
             thread::spawn(move || {
-                let backend = idempotency_ledger::SqliteBackend::open(&db_path).expect("open");
-                let mut ledger = idempotency_ledger::Ledger::new(
-                    idempotency_ledger::Runtime::shared().expect("runtime"),
-                    backend,
-                    idempotency_ledger::Config::default(),
-                    clock,
-                )
-                .expect("ledger");
+                let mut ledger = open_ledger(&db_path, clock);
                 barrier.wait();
                 let mut bodies = Vec::new();
                 for k in 0..KEYS {
@@ -133,14 +125,7 @@ fn stalled_owner_is_taken_over_and_its_late_completion_is_fenced_out() {
     let owner_a = {
         let (path, clock) = (db.path.clone(), clock.clone());
         thread::spawn(move || {
-            let backend = idempotency_ledger::SqliteBackend::open(&path).expect("open");
-            let mut ledger = idempotency_ledger::Ledger::new(
-                idempotency_ledger::Runtime::shared().expect("runtime"),
-                backend,
-                idempotency_ledger::Config::default(),
-                clock,
-            )
-            .expect("ledger");
+            let mut ledger = open_ledger(&path, clock);
             ledger.handle("acct-1", &order("slow"), |_| {
                 entered_tx.send(()).expect("signal");
                 resume_rx.recv().expect("resume"); // the injected stall

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use idempotency_ledger::wit::{self, Decision};
 use idempotency_ledger::{Config, ManualClock, MutationResponse, SqlBackend, SqliteBackend};
 use idempotency_ledger_core as core;
+use idempotency_ledger_host_test::convert::{config_to_wit, ticket_to_core, mutation_to_wit, results_to_core, statements_to_wit};
 use idempotency_ledger_host_test::TestDb;
 use serde_json::{json, Value as Json};
 
@@ -131,42 +132,10 @@ struct NativeLedger(SqliteBackend);
 
 impl core::driven::Ledger for NativeLedger {
     fn execute_batch(&mut self, statements: &[core::Statement]) -> Result<Vec<core::StatementResult>, core::LedgerError> {
-        let statements: Vec<wit::Statement> = statements
-            .iter()
-            .map(|s| wit::Statement { sql: s.sql.into(), params: s.params.iter().map(to_wit_value).collect() })
-            .collect();
         self.0
-            .execute_batch(&statements)
-            .map(|results| {
-                results
-                    .into_iter()
-                    .map(|r| core::StatementResult {
-                        rows: r.rows.into_iter().map(|row| row.into_iter().map(to_core_value).collect()).collect(),
-                        changes: r.changes,
-                    })
-                    .collect()
-            })
+            .execute_batch(&statements_to_wit(statements))
+            .map(results_to_core)
             .map_err(|e| core::LedgerError::Other(format!("{e:?}")))
-    }
-}
-
-fn to_wit_value(v: &core::Value) -> wit::Value {
-    match v {
-        core::Value::Null => wit::Value::Null,
-        core::Value::Integer(i) => wit::Value::Integer(*i),
-        core::Value::Real(r) => wit::Value::Real(*r),
-        core::Value::Text(t) => wit::Value::Text(t.clone()),
-        core::Value::Blob(b) => wit::Value::Blob(b.clone()),
-    }
-}
-
-fn to_core_value(v: wit::Value) -> core::Value {
-    match v {
-        wit::Value::Null => core::Value::Null,
-        wit::Value::Integer(i) => core::Value::Integer(i),
-        wit::Value::Real(r) => core::Value::Real(r),
-        wit::Value::Text(t) => core::Value::Text(t),
-        wit::Value::Blob(b) => core::Value::Blob(b),
     }
 }
 
@@ -234,7 +203,7 @@ fn run_admission(v: &Json, ledger: &mut idempotency_ledger::Ledger) {
         core::Admission::Reject(r) => json!({"kind": "reject", "reason": reason(r.reason), "response": core_response(r.response)}),
     };
     assert_eq!(native, v["expect"], "{}: native", v["id"]);
-    let wit_config = ledger_config(&c);
+    let wit_config = config_to_wit(&c);
     let wit_head = wit::RequestHead {
         method: v["method"].as_str().expect("method").into(),
         path_and_query: v["path_and_query"].as_str().expect("path").into(),
@@ -253,18 +222,6 @@ fn run_admission(v: &Json, ledger: &mut idempotency_ledger::Ledger) {
         }
     };
     assert_eq!(component, v["expect"], "{}: component", v["id"]);
-}
-
-fn ledger_config(c: &Config) -> wit::Config {
-    wit::Config {
-        protected_methods: c.protected_methods.clone(),
-        fingerprint_headers: c.fingerprint_headers.clone(),
-        replay_headers: c.replay_headers.clone(),
-        pending_ttl_ms: c.pending_ttl_ms,
-        retention_ms: c.retention_ms,
-        body_cap_bytes: c.body_cap_bytes,
-        sweep_batch: c.sweep_batch,
-    }
 }
 
 fn arranged(v: &Json) -> TestDb {
@@ -295,7 +252,7 @@ fn run_decision(v: &Json, way: Way) {
         Way::Steps => {
             let mut ledger = db.ledger_with(&ManualClock::new(now), c.clone());
             let mut backend = db.backend();
-            let wc = ledger_config(&c);
+            let wc = config_to_wit(&c);
             let plan = ledger
                 .with_component(|core, store| core.idempotency_ledger_steps().call_plan_decision(store, &wc, p, k, f, now))
                 .expect("instance")
@@ -321,13 +278,7 @@ fn run_completion(v: &Json, way: Way) {
     let (t, m, now) = (ticket(&v["ticket"]), mutation(&v["response"]), v["now"].as_i64().expect("now"));
     let got = match way {
         Way::Native => {
-            let ct = core::Ticket {
-                principal: t.principal.clone(),
-                key: t.key.clone(),
-                fingerprint: t.fingerprint.clone(),
-                generation: t.generation,
-                created_at: t.created_at,
-            };
+            let ct = ticket_to_core(t.clone());
             let done = core::driven::complete(&mut NativeLedger(db.backend()), &c, &ct, core_mutation(&m), now)
                 .expect("complete");
             json!({"stored": !done.fenced_out, "response": core_response(done.response)})
@@ -339,15 +290,8 @@ fn run_completion(v: &Json, way: Way) {
         Way::Steps => {
             let mut ledger = db.ledger_with(&ManualClock::new(now), c.clone());
             let mut backend = db.backend();
-            let wc = ledger_config(&c);
-            let produced = wit::MutationResponse {
-                status: m.status,
-                headers: m.headers.iter().map(|(name, value)| wit::Header { name: name.clone(), value: value.clone() }).collect(),
-                body: match &m.body {
-                    idempotency_ledger::Body::Text(t) => wit::ResponseBody::Text(t.clone()),
-                    idempotency_ledger::Body::Bytes(b) => wit::ResponseBody::Bytes(b.clone()),
-                },
-            };
+            let wc = config_to_wit(&c);
+            let produced = mutation_to_wit(&core_mutation(&m));
             let plan = ledger
                 .with_component(|core, store| core.idempotency_ledger_steps().call_plan_completion(store, &wc, &t, &produced, now))
                 .expect("instance")

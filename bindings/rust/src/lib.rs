@@ -685,6 +685,12 @@ fn wit_headers(headers: &[(String, String)]) -> Vec<wit::Header> {
     headers.iter().map(|(name, value)| wit::Header { name: name.clone(), value: value.clone() }).collect()
 }
 
+impl From<&Config> for wit::Config {
+    fn from(c: &Config) -> wit::Config {
+        wit_config(c)
+    }
+}
+
 fn wit_config(c: &Config) -> wit::Config {
     wit::Config {
         protected_methods: c.protected_methods.clone(),
