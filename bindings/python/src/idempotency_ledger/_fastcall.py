@@ -49,6 +49,7 @@ def _frozen_class(base: type) -> type:
         namespace["_cases"] = lambda self: self._f_cases_list
         namespace["_tagged"] = lambda self: self._f_tagged
         namespace["_lower"] = _lower
+        namespace["_lift"] = _lift
     if issubclass(base, t.ValType):
         def add_classes(self: Any, s: set[type]) -> None:
             s |= self._f_classes
@@ -81,6 +82,32 @@ def _lower(self: Any, store: Any, val: Any) -> tuple[str, Any]:
         ty.convert_to_c(store, val.payload if tagged else val, ctypes.pointer(raw))
         return (name, ffi.wasmtime_component_val_new(byref(raw)))
     raise ValueError("value not valid for this variant")
+
+
+def _lift(self: Any, tag: str, ptr: Any) -> Any:
+    """`VariantLikeType._lift`, freeing the payload's box.
+
+    wasmtime-py 50 drops a variant/option/result payload in place with
+    `wasmtime_component_val_delete` but never frees the box the C API
+    allocated for it (`wasmtime_component_val_free`); its callers then
+    overwrite the parent value, so every payload lifted leaks its box
+    (measured: ~600 bytes per decision, growing without bound). Here the
+    emptied box is freed. Safe wherever the parent value is not dropped
+    again by wasmtime afterwards: export results (owned by the caller) and
+    values nested in lists and records (their slots are reset to a bool);
+    `FastImport` leaves top-level variant parameters to wasmtime-py.
+    """
+    for name, ty in self._f_cases_list:
+        if name != tag:
+            continue
+        if ty is None:
+            return t.Variant(tag) if self._f_tagged else None
+        payload = ty.convert_from_c(ptr.contents)
+        ptr.contents.kind = ffi.WASMTIME_COMPONENT_BOOL
+        ptr.contents.of.boolean = False
+        ffi.wasmtime_component_val_free(ptr)
+        return t.Variant(tag, payload) if self._f_tagged else payload
+    raise ValueError(f"tag {tag} not found in variant cases")
 
 
 def freeze(ty: Any) -> Any:
@@ -203,7 +230,11 @@ class FastImport:
         with self._lock:
             if self._types is None:
                 fty = t.FuncType._from_ptr(ty_raw, owner=True)  # borrowed for this call
-                params = [freeze(ty) for _, ty in fty.params]  # owned copies
+                # Owned copies. A top-level variant argument is dropped by
+                # wasmtime itself after the call, so it keeps wasmtime-py's
+                # own (non-freeing) lifting: freeing its box here would free
+                # it twice. (execute-batch takes a list: frozen.)
+                params = [ty if isinstance(ty, t.VariantLikeType) else freeze(ty) for _, ty in fty.params]
                 result = fty.result
                 self._types = (params, None if result is None else freeze(result))
             return self._types
