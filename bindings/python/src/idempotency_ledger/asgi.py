@@ -24,7 +24,7 @@ import threading
 from typing import Any, Awaitable, Callable, MutableMapping, Optional, Union
 
 from ._ledger import Ledger, _attach_ticket
-from ._types import MutationResponse, Response, Result
+from ._types import IdempotencyError, MutationResponse, Response, Result
 
 log = logging.getLogger("idempotency_ledger")
 
@@ -100,10 +100,15 @@ class IdempotencyMiddleware:
         # unprotected request costs one component call and nothing else. A
         # ledger on one shared connection serialises calls with a lock that
         # a batch may hold up to the busy timeout: never wait for it here.
-        if self.ledger.single_connection:
-            admission = await _run_sync(self.ledger.admit, method, path, headers)
-        else:
-            admission = self.ledger.admit(method, path, headers)
+        try:
+            if self.ledger.single_connection:
+                admission = await _run_sync(self.ledger.admit, method, path, headers)
+            else:
+                admission = self.ledger.admit(method, path, headers)
+        except IdempotencyError as error:  # fail closed: nothing runs
+            log.error("[idempotency] request not classified: %s", error)
+            await send_response(send, self.ledger.error_response(error))
+            return
         if admission.kind == "pass-through":
             await self.app(scope, receive, send)
             return

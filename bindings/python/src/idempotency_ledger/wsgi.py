@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 from urllib.parse import quote
 
 from ._ledger import Ledger, _attach_ticket
-from ._types import MutationResponse, Result
+from ._types import IdempotencyError, MutationResponse, Result
 
 log = logging.getLogger("idempotency_ledger")
 
@@ -126,7 +126,13 @@ class IdempotencyWSGIMiddleware:
         method = environ.get("REQUEST_METHOD", "GET")
         path = wsgi_path_and_query(environ)
         headers = wsgi_headers(environ)
-        admission = self.ledger.admit(method, path, headers)
+        try:
+            admission = self.ledger.admit(method, path, headers)
+        except IdempotencyError as error:  # fail closed: nothing runs
+            log.error("[idempotency] request not classified: %s", error)
+            response = self.ledger.error_response(error)
+            _send(start_response, response)
+            return [response.body]
         if admission.kind == "pass-through":
             return self.app(environ, start_response)  # type: ignore[no-any-return]
         principal = self.principal(environ)
