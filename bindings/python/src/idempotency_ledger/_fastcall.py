@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 from wasmtime import _ffi as ffi
 from wasmtime.component import _types as t
-from wasmtime.component._enter import enter_wasm
+from wasmtime.component._enter import catch_exceptions, enter_wasm
 
 _SUBCLASSES: dict[type, type] = {}
 
@@ -212,8 +212,6 @@ class FastImport:
 
         @ffi.wasmtime_component_func_callback_t
         def callback(data, context, ty_raw, args, nargs, results, nresults):  # type: ignore[no-untyped-def]
-            from wasmtime.component._enter import catch_exceptions
-
             def run(store: Any) -> None:
                 params, result = self._types or self._freeze_types(ty_raw)
                 pyargs = [ty.convert_from_c(args[i]) for ty, i in zip(params, range(nargs))]
