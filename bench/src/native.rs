@@ -26,6 +26,7 @@ fn run(conn: &mut Connection, statements: &[core::Statement]) -> rusqlite::Resul
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let mut results = Vec::with_capacity(statements.len());
     for statement in statements {
+        let before = tx.total_changes();
         let mut prepared = tx.prepare_cached(statement.sql)?;
         let params = statement.params.iter().map(|v| match v {
             core::Value::Null => SqlValue::Null,
@@ -51,7 +52,7 @@ fn run(conn: &mut Connection, statements: &[core::Statement]) -> rusqlite::Resul
             collected.push(values);
         }
         drop(rows);
-        results.push(core::StatementResult { rows: collected, changes: tx.changes() });
+        results.push(core::StatementResult { rows: collected, changes: tx.total_changes() - before });
     }
     tx.commit()?;
     Ok(results)

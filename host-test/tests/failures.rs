@@ -194,3 +194,20 @@ fn fenced_out_completion_is_logged_with_principal_key_and_generation() {
         "{lines:?}"
     );
 }
+
+#[test]
+fn statement_results_count_changes_per_statement() {
+    use idempotency_ledger::wit::{Statement, Value};
+    use idempotency_ledger::SqlBackend;
+    let db = TestDb::new();
+    let mut backend = db.backend();
+    let insert = |k: &str| Statement {
+        sql: "INSERT INTO idempotency_keys (principal, key, fingerprint, created_at, updated_at) VALUES ('p', ?, 'f', 0, 0)".into(),
+        params: vec![Value::Text(k.into())],
+    };
+    let select = Statement { sql: "SELECT key FROM idempotency_keys".into(), params: vec![] };
+    let results = backend.execute_batch(&[insert("a"), select.clone(), insert("b"), select]).expect("batch");
+    let changes: Vec<u64> = results.iter().map(|r| r.changes).collect();
+    assert_eq!(changes, vec![1, 0, 1, 0], "a SELECT changes nothing");
+    assert_eq!(results[3].rows.len(), 2);
+}

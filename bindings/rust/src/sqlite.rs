@@ -42,6 +42,8 @@ impl SqliteBackend {
         let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let mut results = Vec::with_capacity(statements.len());
         for statement in statements {
+            // total_changes, unlike changes, stays put across a SELECT.
+            let before = tx.total_changes();
             let mut prepared = tx.prepare_cached(&statement.sql)?;
             let params = statement.params.iter().map(value_to_sql);
             let mut rows = prepared.query(rusqlite::params_from_iter(params))?;
@@ -55,7 +57,7 @@ impl SqliteBackend {
                 collected.push(values);
             }
             drop(rows);
-            results.push(StatementResult { rows: collected, changes: tx.changes() });
+            results.push(StatementResult { rows: collected, changes: tx.total_changes() - before });
         }
         tx.commit()?;
         Ok(results)
