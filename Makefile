@@ -5,7 +5,7 @@ CORE_MODULE := target/wasm32-unknown-unknown/component/idempotency_ledger_guest.
 COMPONENTIZE := $(CARGO) run --quiet -p idempotency-ledger-componentize --
 GUEST_SOURCES := $(shell find wit guest -name '*.wit' -o -name '*.rs' -o -name 'Cargo.toml') Cargo.lock
 
-.PHONY: help component wit demo test test-rust test-js test-python check-imports vectors simulate fuzz bench clean
+.PHONY: help component wit demo test test-rust test-js test-python check-imports vectors simulate fuzz bench size-profile clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{ printf "  %-15s %s\n", $$1, $$2 }'
@@ -41,6 +41,11 @@ simulate: $(COMPONENT_WASM) ## Deterministic simulation: make simulate SEEDS=0..
 
 bench: $(COMPONENT_WASM) ## Benchmarks side by side (Rust, JS, Python); writes bench/RESULTS.md
 	./scripts/bench.sh
+
+size-profile: ## What the component's bytes are made of (a build with symbols, by crate and function)
+	./scripts/ensure-wasm-target.sh
+	CARGO_PROFILE_COMPONENT_STRIP=false $(CARGO) build --locked -p idempotency-ledger-guest --target wasm32-unknown-unknown --profile component --target-dir target/size-profile
+	$(COMPONENTIZE) sizes target/size-profile/wasm32-unknown-unknown/component/idempotency_ledger_guest.wasm
 
 FUZZ_SECONDS ?= 30
 fuzz: ## Run every cargo-fuzz target FUZZ_SECONDS each (nightly), growing fuzz/corpus

@@ -8,8 +8,8 @@ trap 'rm -rf "$tmp"' EXIT
 started=$(date +%s)
 cargo build --locked --release -p idempotency-ledger-bench
 ./target/release/idempotency-ledger-bench "$tmp/rust.md"
-if [ -f bindings/js/Makefile ]; then make -C bindings/js bench | tee "$tmp/js.md"; fi
-if [ -f bindings/python/Makefile ]; then make -C bindings/python bench | tee "$tmp/python.md"; fi
+if [ -f bindings/js/Makefile ]; then make -s --no-print-directory -C bindings/js bench | tee "$tmp/js.md"; fi
+if [ -f bindings/python/Makefile ]; then make -s --no-print-directory -C bindings/python bench | tee "$tmp/python.md"; fi
 {
   echo "# Benchmark results"
   echo
