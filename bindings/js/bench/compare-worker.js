@@ -9,10 +9,11 @@
 //   GET  /fp?size=N&samples=R&warm=W&target=ms   fingerprint throughput
 //   GET  /instantiate?n=N              fresh component instances from the compiled modules
 //   GET  /iso?impl=component|recipe&path=P&n=N   mean in-isolate time of N handler calls on one path
+//   GET  /cpu                          the component's calls of a fresh and a replay request, without D1
 import coreModule from "../generated/core.core.wasm";
 import coreModule2 from "../generated/core.core2.wasm";
 import coreModule3 from "../generated/core.core3.wasm";
-import { Core, getCore, handleIdempotentMutation, sha256Hex } from "../src/worker.js";
+import { Core, d1Ledger, getCore, handleIdempotentMutation, requestHead, sha256Hex, toD1Value, toFetchResponse, toMutationResponse } from "../src/worker.js";
 import { computeFingerprint, handleIdempotentMutation as recipeHandle } from "./recipe.js";
 
 const MODULES = { "core.core.wasm": coreModule, "core.core2.wasm": coreModule2, "core.core3.wasm": coreModule3 };
@@ -176,6 +177,63 @@ async function inIsolate(env, ctx, impl, pathName, n) {
   return { meanMs: total / n, n };
 }
 
+/**
+ * Where the component's CPU goes on one request: each call the package makes
+ * on the fresh and replay paths, repeated on inputs captured from one real run
+ * against D1 (so no D1 time is included). Microseconds per call, median of samples.
+ */
+async function componentCpu(env, samples = 9, target = 30) {
+  const core = getCore();
+  const config = core.config(IDEMPOTENCY);
+  const db = d1Ledger(env.DB);
+  const key = `cpu-${crypto.randomUUID()}`;
+  const request = new Request("http://bench.test/component", {
+    method: "POST",
+    headers: { "content-type": "application/json", "idempotency-key": key },
+    body: BODY,
+  });
+  const body = await request.clone().arrayBuffer();
+  const at = BigInt(Date.now());
+  const admission = core.call((c) => c.protocol.admit(config, requestHead(request)));
+  const fp = await sha256Hex(admission.val.fingerprintPrefix, body);
+  const decisionStatements = core.call((c) => c.steps.planDecision(config, PRINCIPAL, key, fp, at));
+  const freshResults = await db.batch(decisionStatements);
+  const ticket = core.call((c) => c.steps.decide(config, PRINCIPAL, key, fp, at, freshResults)).val;
+  const produced = { status: 201, body: '{"ok":true}', headers: new Headers({ "content-type": "application/json" }) };
+  const mutationResponse = await toMutationResponse(produced);
+  const plan = core.call((c) => c.steps.planCompletion(config, ticket, mutationResponse, at));
+  const completionResults = await db.batch(plan.statements);
+  const replayResults = await db.batch(core.call((c) => c.steps.planDecision(config, PRINCIPAL, key, fp, at + 1n)));
+  const replay = core.call((c) => c.steps.decide(config, PRINCIPAL, key, fp, at + 1n, replayResults));
+  if (replay.tag !== "replay") throw new Error(`expected a replay decision, got ${replay.tag}`);
+  const stages = {
+    "requestHead + admit": () => core.call((c) => c.protocol.admit(config, requestHead(request))),
+    "fingerprint (Web Crypto over the prefix)": () => sha256Hex(admission.val.fingerprintPrefix, body),
+    planDecision: () => core.call((c) => c.steps.planDecision(config, PRINCIPAL, key, fp, at)),
+    "decision batch statements (prepare + bind, not sent)": () => decisionStatements.map((st) => env.DB.prepare(st.sql).bind(...st.params.map(toD1Value))),
+    "decide (claim won)": () => core.call((c) => c.steps.decide(config, PRINCIPAL, key, fp, at, freshResults)),
+    "toMutationResponse + planCompletion": async () => {
+      const m = await toMutationResponse(produced);
+      return core.call((c) => c.steps.planCompletion(config, ticket, m, at));
+    },
+    finishCompletion: () => core.call((c) => c.steps.finishCompletion(completionResults)),
+    "toFetchResponse (answer)": () => toFetchResponse(plan.response),
+    "decide (replay)": () => core.call((c) => c.steps.decide(config, PRINCIPAL, key, fp, at + 1n, replayResults)),
+    "toFetchResponse (replay)": () => toFetchResponse(replay.val),
+  };
+  const out = {};
+  for (const [name, fn] of Object.entries(stages)) {
+    const n = await calibrate(fn, target);
+    const per = [];
+    for (let i = 0; i < samples + 1; i++) {
+      const ms = (await timed(fn, n)) / n;
+      if (i > 0) per.push(ms);
+    }
+    out[name] = { us: median(per) * 1000, iterations: n };
+  }
+  return out;
+}
+
 export default {
   async fetch(request, env, ctx) {
     const url = new URL(request.url);
@@ -199,6 +257,7 @@ export default {
     }
     if (path === "/iso") return Response.json(await inIsolate(env, ctx, url.searchParams.get("impl"), url.searchParams.get("path"), q("n", 20)));
     if (path === "/fp") return Response.json(await fingerprintBench(q("size", 1024), q("samples", 15), q("warm", 3), q("target", 40)));
+    if (path === "/cpu") return Response.json(await componentCpu(env));
     if (path === "/instantiate") return Response.json(await instantiateBench(q("n", 20)));
     return new Response("not found", { status: 404 });
   },
