@@ -3,7 +3,7 @@ CARGO ?= cargo
 COMPONENT_WASM := target/component/idempotency_ledger.wasm
 CORE_MODULE := target/wasm32-unknown-unknown/component/idempotency_ledger_guest.wasm
 COMPONENTIZE := $(CARGO) run --quiet -p idempotency-ledger-componentize --
-GUEST_SOURCES := $(shell find wit guest -name '*.wit' -o -name '*.rs' -o -name 'Cargo.toml') Cargo.lock
+GUEST_SOURCES := $(shell find wit guest -name '*.wit' -o -name '*.rs' -o -name 'Cargo.toml') Cargo.toml Cargo.lock
 
 .PHONY: help component wit demo test test-rust test-js test-python check-imports vectors simulate fuzz bench size-profile clean
 
