@@ -109,6 +109,8 @@ fn spec1_unprotected_methods_pass_through_without_ledger_access() {
     }
     assert_eq!(probe.batches(), before, "no ledger access at all");
     assert_eq!(row_count(&db), 0);
+    let failed = ledger.handle(P, &Request::new("GET", "/orders"), |_| Err::<MutationResponse, _>("handler bug"));
+    assert!(matches!(failed, Err(HandleError::Mutation { ticket: None, error: "handler bug" })), "nothing was reserved");
 }
 
 #[test]
@@ -454,7 +456,7 @@ fn spec9_mutation_error_leaves_row_pending_and_release_frees_it() {
     let orders = Orders::new();
     let err = ledger.handle(P, &order("k", "{}"), |_| Err::<MutationResponse, _>("validation failed".to_string()));
     let ticket = match err {
-        Err(HandleError::Mutation { error, ticket }) => {
+        Err(HandleError::Mutation { error, ticket: Some(ticket) }) => {
             assert_eq!(error, "validation failed");
             ticket
         }
@@ -475,7 +477,7 @@ fn spec9_release_never_frees_a_row_taken_over_or_completed() {
     let clock = ManualClock::new(T0);
     let mut ledger = db.ledger(&clock);
     let orders = Orders::new();
-    let Err(HandleError::Mutation { ticket, .. }) =
+    let Err(HandleError::Mutation { ticket: Some(ticket), .. }) =
         ledger.handle(P, &order("k", "{}"), |_| Err::<MutationResponse, _>("crash".to_string()))
     else {
         panic!("expected a mutation error")

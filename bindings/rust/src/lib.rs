@@ -345,17 +345,19 @@ pub enum HandleError<E> {
     /// closed). Send `response` (a 503 when the ledger was busy, else 500).
     Unavailable { error: Error, response: Response },
     /// The mutation failed: its row stays pending and a retry after the TTL
-    /// takes it over. Call [`Ledger::release`] only if nothing ran.
-    Mutation { error: E, ticket: Ticket },
+    /// takes it over. Call [`Ledger::release`] only if nothing ran. `ticket`
+    /// is `None` for an unprotected method (nothing was reserved).
+    Mutation { error: E, ticket: Option<Ticket> },
 }
 
 impl<E: fmt::Display> fmt::Display for HandleError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             HandleError::Unavailable { error, .. } => write!(f, "request not executed: {error}"),
-            HandleError::Mutation { error, ticket } => {
+            HandleError::Mutation { error, ticket: Some(ticket) } => {
                 write!(f, "mutation failed (key {:?} stays pending): {error}", ticket.key)
             }
+            HandleError::Mutation { error, ticket: None } => write!(f, "handler failed: {error}"),
         }
     }
 }
@@ -429,10 +431,7 @@ impl Ledger {
             .map_err(unavailable)?;
         let protected = match admission {
             wit::Admission::PassThrough => {
-                let response = mutation(request).map_err(|error| HandleError::Mutation {
-                    error,
-                    ticket: Ticket { principal: principal.into(), key: String::new(), fingerprint: String::new(), generation: 0, created_at: 0 },
-                })?;
+                let response = mutation(request).map_err(|error| HandleError::Mutation { error, ticket: None })?;
                 return Ok(Handled { response: response.into_response(), outcome: Outcome::PassThrough });
             }
             wit::Admission::Reject(rejection) => {
@@ -464,7 +463,7 @@ impl Ledger {
         };
         let produced = match mutation(request) {
             Ok(produced) => produced.to_wit(),
-            Err(error) => return Err(HandleError::Mutation { error, ticket }),
+            Err(error) => return Err(HandleError::Mutation { error, ticket: Some(ticket) }),
         };
         let (response, stored) = self.finish_execution(&ticket, &produced);
         Ok(Handled { response, outcome: Outcome::Executed { ticket, stored } })
