@@ -185,3 +185,43 @@ fn swept_and_reclaimed_row_fences_out_the_original_owner() {
     assert_eq!(rows[0]["status"], "pending", "B's reservation is untouched");
     assert_eq!(rows[0]["created_at"].as_i64(), Some(T0 + 86_400_001));
 }
+
+#[test]
+fn a_pool_shared_by_threads_executes_each_key_once() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let clock = ManualClock::new(T0);
+    let pool = idempotency_ledger::LedgerPool::with_settings(dir.path().join("pool.sqlite"), idempotency_ledger::Config::default(), clock)
+        .expect("pool");
+    let executions = Arc::new(AtomicUsize::new(0));
+    let barrier = Arc::new(Barrier::new(8));
+    let handles: Vec<_> = (0..8)
+        .map(|_| {
+            let (pool, executions, barrier) = (pool.clone(), executions.clone(), barrier.clone());
+            thread::spawn(move || {
+                barrier.wait();
+                for k in 0..10 {
+                    let h = pool
+                        .with(|ledger| {
+                            ledger.handle("acct-1", &order(&format!("pool-{k}")), |_| {
+                                executions.fetch_add(1, Ordering::SeqCst);
+                                thread::sleep(Duration::from_millis(2));
+                                Ok::<_, String>(MutationResponse::json(201, format!(r#"{{"k":{k}}}"#)))
+                            })
+                        })
+                        .expect("a ledger")
+                        .expect("handled");
+                    assert!(matches!(
+                        h.outcome,
+                        Outcome::Executed { .. } | Outcome::Replayed | Outcome::Rejected(RejectionReason::InProgress)
+                    ));
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().expect("thread");
+    }
+    assert_eq!(executions.load(Ordering::SeqCst), 10, "ten keys, ten executions");
+    assert!(pool.idle() >= 1 && pool.idle() <= 8, "connections are reused, at most one per concurrent caller");
+    assert_eq!(pool.sweep().expect("sweep"), 0);
+}

@@ -35,9 +35,11 @@ use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Engine, Store, StoreLimits, StoreLimitsBuilder};
 
 mod clock;
+mod pool;
 mod sqlite;
 
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use pool::LedgerPool;
 pub use idempotency_ledger_core::Config;
 pub use sqlite::{ledger_error, SqliteBackend, DEFAULT_BUSY_TIMEOUT};
 
