@@ -2,28 +2,10 @@
 // through the package's D1 adapter (value conversion, Object.values rows,
 // meta.changes). Counts are asserted like the better-sqlite3 run.
 import assert from "node:assert/strict";
-import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, test } from "node:test";
 import { PACKAGE_ROOT, startWorker } from "./helpers/workerd.js";
-
-const doc = JSON.parse(readFileSync(new URL("../../../conformance/vectors.json", import.meta.url), "utf8"));
-const CONFIG_FIELDS = {
-  "protected-methods": "protectedMethods",
-  "fingerprint-headers": "fingerprintHeaders",
-  "replay-headers": "replayHeaders",
-  "pending-ttl-ms": "pendingTtlMs",
-  "retention-ms": "retentionMs",
-  "body-cap-bytes": "bodyCapBytes",
-  "sweep-batch": "sweepBatch",
-};
-const options = (v) =>
-  Object.fromEntries(
-    Object.entries(v.config).map(([name, value]) => {
-      assert.ok(name in CONFIG_FIELDS, `${v.id}: unknown config field ${name}`);
-      return [CONFIG_FIELDS[name], value];
-    }),
-  );
+import { doc, options } from "./helpers/vectors.js";
 
 let mf;
 before(async () => {

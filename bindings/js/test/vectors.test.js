@@ -5,38 +5,19 @@
 // field, and unless the number run equals the file's counts.
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
-import { readFileSync } from "node:fs";
 import { after, describe, test } from "node:test";
 import { getCore, ledgerFor, newCore, sha256Hex, sqliteLedger, toMutationResponse } from "../src/node.js";
 import { freshDb, insertRows, rows } from "./helpers/sqlite.js";
+import { doc, options } from "./helpers/vectors.js";
 
-const VECTORS = new URL("../../../conformance/vectors.json", import.meta.url);
-const doc = JSON.parse(readFileSync(VECTORS, "utf8"));
 const KINDS = ["fingerprint", "admission", "decision", "completion", "sweep"];
 const TOP_LEVEL = ["format", "description", "defaults", "counts", ...KINDS];
-const CONFIG_FIELDS = {
-  "protected-methods": "protectedMethods",
-  "fingerprint-headers": "fingerprintHeaders",
-  "replay-headers": "replayHeaders",
-  "pending-ttl-ms": "pendingTtlMs",
-  "retention-ms": "retentionMs",
-  "body-cap-bytes": "bodyCapBytes",
-  "sweep-batch": "sweepBatch",
-};
 const ran = Object.fromEntries(KINDS.map((k) => [k, 0]));
 
 function fields(v, allowed) {
   for (const key of Object.keys(v)) assert.ok(allowed.includes(key), `${v.id}: unknown field ${JSON.stringify(key)}`);
 }
 
-function options(v) {
-  const out = {};
-  for (const [name, value] of Object.entries(v.config)) {
-    assert.ok(name in CONFIG_FIELDS, `${v.id}: unknown config field ${name}`);
-    out[CONFIG_FIELDS[name]] = value;
-  }
-  return out;
-}
 
 const head = (v) => ({
   method: v.method,
