@@ -366,7 +366,7 @@ def shape(config, status, headers, body):
             text = body.decode("utf-8") if isinstance(body, bytes) else body
         except UnicodeDecodeError:
             return UNSTORABLE, "{}"
-        if len(text.encode()) > cfg(config, "body-cap-bytes"):
+        if len(text.encode()) > cfg(config, "body-cap-bytes") or "\0" in text:
             return UNSTORABLE, "{}"
     kept = []
     for name in cfg(config, "replay-headers"):
@@ -411,6 +411,8 @@ def completion_vectors():
         ("7: cap 0: only an empty body is stored", {"body-cap-bytes": 0}, [owner_row], {}, 200, [], "", True),
         ("7: non-UTF-8 bytes cannot be stored: 500", {}, [owner_row], {}, 200, [["content-type", "application/octet-stream"]],
          b"\xff\xfe\x00\x01", True),
+        ("7: a body with NUL cannot be stored (PostgreSQL text): 500", {}, [owner_row], {}, 200, [["content-type", "text/plain"]],
+         "a\u0000b", True),
         ("7: UTF-8 bytes are stored as text", {}, [owner_row], {}, 200, [["content-type", "text/plain"]],
          "注文 ✓".encode(), True),
         ("7: empty body is stored as empty, not null", {}, [owner_row], {}, 200, [], "", True),

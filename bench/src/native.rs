@@ -65,7 +65,7 @@ impl Native {
         conn.pragma_update(None, "journal_mode", "WAL").expect("wal");
         conn.pragma_update(None, "synchronous", "NORMAL").expect("sync");
         let mut sqlite = NativeSqlite(conn);
-        driven::migrate(&mut sqlite).expect("migrate");
+        driven::migrate(&mut sqlite, &config).expect("migrate");
         Native { sqlite, config, now }
     }
 

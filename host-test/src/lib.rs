@@ -42,7 +42,7 @@ impl TestDb {
         let path = dir.path().join("ledger.sqlite");
         let db = TestDb { _dir: dir, path };
         let conn = db.conn();
-        for statement in idempotency_ledger_core::sql::SCHEMA {
+        for statement in idempotency_ledger_core::sql::SQLITE.schema {
             conn.execute_batch(statement).expect("schema");
         }
         db

@@ -201,7 +201,7 @@ struct Sim<'a> {
 /// Runs one seed; Err carries the violated invariant and the trace.
 pub fn run_seed(seed: u64, steps: u64, protocol: &mut dyn Protocol, db: &std::path::Path) -> Result<Report, String> {
     let backend = SqliteBackend::open(db).map_err(|e| e.to_string())?;
-    for statement in core::sql::SCHEMA {
+    for statement in core::sql::SQLITE.schema {
         backend.connection().execute_batch(statement).map_err(|e| e.to_string())?;
     }
     backend.connection().execute_batch("DELETE FROM idempotency_keys").map_err(|e| e.to_string())?;

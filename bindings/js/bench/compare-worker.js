@@ -39,7 +39,7 @@ const HANDLERS = {
 function kindOf(sql) {
   const s = sql.replace(/\s+/g, " ").trim();
   if (s.startsWith("INSERT INTO orders")) return "mutation";
-  if (/^DELETE FROM idempotency_keys WHERE rowid IN/.test(s)) return "sweep";
+  if (/^DELETE FROM idempotency_keys WHERE \(principal, key\) IN/.test(s)) return "sweep";
   if (s.startsWith("INSERT INTO idempotency_keys")) return "claim";
   if (s.startsWith("SELECT")) return "select";
   if (/^UPDATE idempotency_keys SET generation/.test(s)) return "takeover";

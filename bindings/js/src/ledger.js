@@ -171,7 +171,7 @@ export class IdempotencyLedger {
 
   /** Deletes this ticket's pending row; only when the mutation surely did not run. True when released. */
   async release(ticket) {
-    const statements = this.core.call((c) => c.steps.planRelease(ticket));
+    const statements = this.core.call((c) => c.steps.planRelease(this.config, ticket));
     const results = await this.#batch(statements);
     return this.core.call((c) => c.steps.finishRelease(results));
   }

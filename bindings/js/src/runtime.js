@@ -133,7 +133,7 @@ export class Core {
   }
 
   schema() {
-    return this.call((c) => c.protocol.schema());
+    return this.call((c) => c.protocol.schema("sqlite")); // D1 and better-sqlite3 speak SQLite
   }
 
   errorResponse(protocolError) {

@@ -322,7 +322,8 @@ def test_7_null_body_statuses_never_carry_a_body(ledger: Ledger, status: int) ->
         assert (r.status, r.has_body, r.body) == (status, False, b"")
 
 
-@pytest.mark.parametrize("body", [b"\xff\xfe", b"ok" + b"\x80" * 5000, b"abc\xe2\x82"])
+# NUL: PostgreSQL text cannot hold it, so no dialect stores it.
+@pytest.mark.parametrize("body", [b"\xff\xfe", b"ok" + b"\x80" * 5000, b"abc\xe2\x82", "a \u0000 b".encode()])
 def test_7_unstorable_bytes_fail_loudly_never_mangled(ledger: Ledger, body: bytes) -> None:
     m = Mutation(body=body)
     first = post(ledger, "k", m)
@@ -332,7 +333,7 @@ def test_7_unstorable_bytes_fail_loudly_never_mangled(ledger: Ledger, body: byte
 
 
 def test_7_utf8_bytes_are_stored_exactly(ledger: Ledger) -> None:
-    body = "注文 ✓ \u0000 end".encode()
+    body = "注文 ✓ \u0001 end".encode()
     m = Mutation(body=body)
     assert post(ledger, "k", m).body == body
     assert post(ledger, "k", m).body == body

@@ -40,7 +40,7 @@ mod sqlite;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use pool::LedgerPool;
-pub use idempotency_ledger_core::Config;
+pub use idempotency_ledger_core::{Config, Dialect};
 pub use sqlite::{ledger_error, SqliteBackend, DEFAULT_BUSY_TIMEOUT};
 
 mod bindings {
@@ -76,11 +76,21 @@ const MEMORY_LIMIT_BYTES: usize = 256 << 20;
 pub trait SqlBackend: Send {
     /// Runs every statement in one atomic unit; one result per statement.
     fn execute_batch(&mut self, statements: &[wit::Statement]) -> Result<Vec<wit::StatementResult>, wit::LedgerError>;
+
+    /// The SQL this database speaks; a [`Ledger`] plans its statements in it,
+    /// whatever `Config::dialect` says.
+    fn dialect(&self) -> Dialect {
+        Dialect::Sqlite
+    }
 }
 
 impl<B: SqlBackend + ?Sized> SqlBackend for Box<B> {
     fn execute_batch(&mut self, statements: &[wit::Statement]) -> Result<Vec<wit::StatementResult>, wit::LedgerError> {
         (**self).execute_batch(statements)
+    }
+
+    fn dialect(&self) -> Dialect {
+        (**self).dialect()
     }
 }
 
@@ -390,9 +400,10 @@ impl Ledger {
     pub fn new(
         runtime: Runtime,
         backend: impl SqlBackend + 'static,
-        config: Config,
+        mut config: Config,
         clock: impl Clock + 'static,
     ) -> Result<Ledger, Error> {
+        config.dialect = backend.dialect();
         let (store, core) = runtime.instantiate(Box::new(backend))?;
         let mut ledger = Ledger { runtime, store, core: Some(core), config: wit_config(&config), clock: Arc::new(clock) };
         let config = ledger.config.clone();
@@ -402,7 +413,8 @@ impl Ledger {
 
     /// Creates the table and index if missing.
     pub fn migrate(&mut self) -> Result<(), Error> {
-        self.call(|core, store| core.idempotency_ledger_driven().call_migrate(store))
+        let config = self.config.clone();
+        self.call(|core, store| core.idempotency_ledger_driven().call_migrate(store, &config))
     }
 
     /// The settings in force.
@@ -520,7 +532,8 @@ impl Ledger {
     /// Deletes a pending reservation whose mutation the host knows never
     /// ran (SPEC 9). Ok(false) when the ticket no longer owns the row.
     pub fn release(&mut self, ticket: &Ticket) -> Result<bool, Error> {
-        self.call(|core, store| core.idempotency_ledger_driven().call_release(store, ticket))
+        let config = self.config.clone();
+        self.call(|core, store| core.idempotency_ledger_driven().call_release(store, &config, ticket))
     }
 
     /// One bounded sweep batch at the clock's now; call it off the request
@@ -701,6 +714,10 @@ fn wit_config(c: &Config) -> wit::Config {
         retention_ms: c.retention_ms,
         body_cap_bytes: c.body_cap_bytes,
         sweep_batch: c.sweep_batch,
+        dialect: match c.dialect {
+            Dialect::Sqlite => wit::Dialect::Sqlite,
+            Dialect::Postgres => wit::Dialect::Postgres,
+        },
     }
 }
 

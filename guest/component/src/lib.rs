@@ -42,8 +42,8 @@ impl wit_protocol::Guest for Component {
         config_in(config).validate().map_err(error_out)
     }
 
-    fn schema() -> Vec<String> {
-        core::sql::SCHEMA.iter().map(|s| s.to_string()).collect()
+    fn schema(dialect: wit::Dialect) -> Vec<String> {
+        dialect_in(dialect).statements().schema.iter().map(|s| s.to_string()).collect()
     }
 
     fn admit(config: wit::Config, head: wit::RequestHead) -> Result<wit::Admission, wit::ProtocolError> {
@@ -116,8 +116,8 @@ impl wit_steps::Guest for Component {
         machine::finish_completion(&results_in(results)).map_err(error_out)
     }
 
-    fn plan_release(ticket: wit::Ticket) -> Result<Vec<wit_ledger::Statement>, wit::ProtocolError> {
-        machine::plan_release(&ticket_in(ticket)).map(statements_out).map_err(error_out)
+    fn plan_release(config: wit::Config, ticket: wit::Ticket) -> Result<Vec<wit_ledger::Statement>, wit::ProtocolError> {
+        machine::plan_release(&config_in(config), &ticket_in(ticket)).map(statements_out).map_err(error_out)
     }
 
     fn finish_release(results: Vec<wit_ledger::StatementResult>) -> Result<bool, wit::ProtocolError> {
@@ -134,8 +134,8 @@ impl wit_steps::Guest for Component {
 }
 
 impl wit_driven::Guest for Component {
-    fn migrate() -> Result<(), wit::ProtocolError> {
-        driven::migrate(&mut ImportedLedger).map_err(error_out)
+    fn migrate(config: wit::Config) -> Result<(), wit::ProtocolError> {
+        driven::migrate(&mut ImportedLedger, &config_in(config)).map_err(error_out)
     }
 
     fn decide(
@@ -161,8 +161,8 @@ impl wit_driven::Guest for Component {
             .map_err(error_out)
     }
 
-    fn release(ticket: wit::Ticket) -> Result<bool, wit::ProtocolError> {
-        driven::release(&mut ImportedLedger, &ticket_in(ticket)).map_err(error_out)
+    fn release(config: wit::Config, ticket: wit::Ticket) -> Result<bool, wit::ProtocolError> {
+        driven::release(&mut ImportedLedger, &config_in(config), &ticket_in(ticket)).map_err(error_out)
     }
 
     fn sweep(config: wit::Config, now: i64) -> Result<u64, wit::ProtocolError> {
@@ -181,6 +181,14 @@ fn config_in(c: wit::Config) -> core::Config {
         retention_ms: c.retention_ms,
         body_cap_bytes: c.body_cap_bytes,
         sweep_batch: c.sweep_batch,
+        dialect: dialect_in(c.dialect),
+    }
+}
+
+fn dialect_in(d: wit::Dialect) -> core::Dialect {
+    match d {
+        wit::Dialect::Sqlite => core::Dialect::Sqlite,
+        wit::Dialect::Postgres => core::Dialect::Postgres,
     }
 }
 
@@ -193,6 +201,10 @@ fn config_out(c: core::Config) -> wit::Config {
         retention_ms: c.retention_ms,
         body_cap_bytes: c.body_cap_bytes,
         sweep_batch: c.sweep_batch,
+        dialect: match c.dialect {
+            core::Dialect::Sqlite => wit::Dialect::Sqlite,
+            core::Dialect::Postgres => wit::Dialect::Postgres,
+        },
     }
 }
 

@@ -6,6 +6,7 @@ use alloc::vec;
 use alloc::vec::Vec;
 
 use crate::headers::is_token;
+pub use crate::sql::Dialect;
 use crate::types::ProtocolError;
 
 /// Largest TTL or retention accepted: 2^53 ms keeps every host's arithmetic
@@ -25,6 +26,7 @@ pub struct Config {
     pub retention_ms: u64,
     pub body_cap_bytes: u32,
     pub sweep_batch: u32,
+    pub dialect: Dialect,
 }
 
 impl Default for Config {
@@ -37,6 +39,7 @@ impl Default for Config {
             retention_ms: 24 * 60 * 60 * 1000,
             body_cap_bytes: 16_384,
             sweep_batch: 20,
+            dialect: Dialect::Sqlite,
         }
     }
 }

@@ -3,7 +3,6 @@
 
 use crate::config::Config;
 use crate::machine;
-use crate::sql;
 use crate::types::{
     Completion, Decision, LedgerError, MutationResponse, ProtocolError, Statement, StatementResult, Ticket,
 };
@@ -27,8 +26,9 @@ fn run(ledger: &mut impl Ledger, statements: &[Statement]) -> Result<Vec<Stateme
     ledger.execute_batch(statements).map_err(ProtocolError::Ledger)
 }
 
-pub fn migrate(ledger: &mut impl Ledger) -> Result<(), ProtocolError> {
-    let statements: Vec<Statement> = sql::SCHEMA.iter().map(|sql| Statement { sql, params: Vec::new() }).collect();
+pub fn migrate(ledger: &mut impl Ledger, config: &Config) -> Result<(), ProtocolError> {
+    config.validate()?;
+    let statements: Vec<Statement> = config.dialect.statements().schema.iter().map(|sql| Statement { sql, params: Vec::new() }).collect();
     run(ledger, &statements).map(|_| ())
 }
 
@@ -58,8 +58,8 @@ pub fn complete(
     Ok(Completion { response: plan.response, fenced_out: !stored })
 }
 
-pub fn release(ledger: &mut impl Ledger, ticket: &Ticket) -> Result<bool, ProtocolError> {
-    let plan = machine::plan_release(ticket)?;
+pub fn release(ledger: &mut impl Ledger, config: &Config, ticket: &Ticket) -> Result<bool, ProtocolError> {
+    let plan = machine::plan_release(config, ticket)?;
     machine::finish_release(&run(ledger, &plan)?)
 }
 

@@ -5,7 +5,7 @@
 //!
 //! Where each SPEC rule lives:
 //! - SPEC 1 (header contract): [`machine::admit`], [`headers`]
-//! - SPEC 2 (schema): [`sql::SCHEMA`]
+//! - SPEC 2 (schema): [`sql::Statements::schema`] per [`sql::Dialect`]
 //! - SPEC 3, 5, 6 (claim, decision, takeover): [`machine::plan_decision`], [`machine::decide`]
 //! - SPEC 4 (fingerprint): [`fingerprint`]
 //! - SPEC 6-7 (fenced completion, response lifecycle): [`machine::plan_completion`], [`responses::shape`]
@@ -29,6 +29,7 @@ pub mod sql;
 pub mod types;
 
 pub use config::Config;
+pub use sql::Dialect;
 pub use types::*;
 
 /// The log line for a completion that was fenced out.

@@ -13,7 +13,6 @@ use crate::config::Config;
 use crate::fingerprint::{self, is_fingerprint};
 use crate::headers::{get_combined, is_valid_key};
 use crate::responses::{self, body_for_status, decode_headers, is_sendable_status};
-use crate::sql;
 use crate::types::{
     Admission, CompletionPlan, Decision, MutationResponse, ProtectedRequest, ProtocolError, RequestHead, Response,
     Statement, StatementResult, Ticket, Value,
@@ -52,14 +51,15 @@ pub fn plan_decision(
 ) -> Result<Vec<Statement>, ProtocolError> {
     config.validate()?;
     check_request(principal, key, fingerprint)?;
+    let sql = config.dialect.statements();
     let (p, k, f) = (text(principal), text(key), text(fingerprint));
     Ok(vec![
-        Statement { sql: sql::CLAIM, params: vec![p.clone(), k.clone(), f.clone(), Value::Integer(now), Value::Integer(now)] },
+        Statement { sql: sql.claim, params: vec![p.clone(), k.clone(), f.clone(), Value::Integer(now), Value::Integer(now)] },
         Statement {
-            sql: sql::TAKEOVER,
+            sql: sql.takeover,
             params: vec![Value::Integer(now), p.clone(), k.clone(), f, Value::Integer(now.saturating_sub(config.ttl()))],
         },
-        Statement { sql: sql::LOOKUP, params: vec![p, k] },
+        Statement { sql: sql.lookup, params: vec![p, k] },
     ])
 }
 
@@ -169,7 +169,7 @@ pub fn plan_completion(
     check_ticket(ticket)?;
     let shaped = responses::shape(config, response);
     let statement = Statement {
-        sql: sql::COMPLETE,
+        sql: config.dialect.statements().complete,
         params: vec![
             Value::Integer(i64::from(shaped.status)),
             shaped.body.clone().map_or(Value::Null, Value::Text),
@@ -194,10 +194,11 @@ pub fn finish_completion(results: &[StatementResult]) -> Result<bool, ProtocolEr
 }
 
 /// SPEC 9: deletes this ticket's pending row; only when nothing ran.
-pub fn plan_release(ticket: &Ticket) -> Result<Vec<Statement>, ProtocolError> {
+pub fn plan_release(config: &Config, ticket: &Ticket) -> Result<Vec<Statement>, ProtocolError> {
+    config.validate()?;
     check_ticket(ticket)?;
     Ok(vec![Statement {
-        sql: sql::RELEASE,
+        sql: config.dialect.statements().release,
         params: vec![
             text(&ticket.principal),
             text(&ticket.key),
@@ -221,7 +222,7 @@ pub fn finish_release(results: &[StatementResult]) -> Result<bool, ProtocolError
 pub fn plan_sweep(config: &Config, now: i64) -> Result<Vec<Statement>, ProtocolError> {
     config.validate()?;
     Ok(vec![Statement {
-        sql: sql::SWEEP,
+        sql: config.dialect.statements().sweep,
         params: vec![Value::Integer(now.saturating_sub(config.retention())), Value::Integer(i64::from(config.sweep_batch))],
     }])
 }
@@ -237,6 +238,10 @@ pub fn finish_sweep(results: &[StatementResult]) -> Result<u64, ProtocolError> {
 fn check_request(principal: &str, key: &str, fingerprint: &str) -> Result<(), ProtocolError> {
     if principal.len() > MAX_PRINCIPAL_LEN {
         return Err(ProtocolError::InvalidArgument(format!("principal longer than {MAX_PRINCIPAL_LEN} bytes")));
+    }
+    if principal.contains('\0') {
+        // PostgreSQL text cannot hold NUL; refusing it everywhere keeps hosts alike.
+        return Err(ProtocolError::InvalidArgument("principal contains a NUL character".into()));
     }
     if !is_valid_key(key) {
         return Err(ProtocolError::InvalidArgument("key is not 1-255 printable ASCII characters".into()));

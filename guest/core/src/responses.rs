@@ -127,7 +127,8 @@ pub fn shape(config: &Config, response: MutationResponse) -> Shaped {
                 Err(_) => return unstorable,
             },
         };
-        if text.len() > config.body_cap_bytes as usize {
+        // NUL: PostgreSQL text cannot store it; refused in every dialect alike.
+        if text.len() > config.body_cap_bytes as usize || text.contains('\0') {
             return unstorable;
         }
         Some(text)

@@ -1,46 +1,154 @@
-//! Every SQL statement the protocol runs (SQLite / D1 dialect, SPEC 2-8).
+//! Every SQL statement the protocol runs (SPEC 2-8), once per dialect.
+//!
+//! The two dialects differ only in placeholders (`?` / `$n`), column types
+//! (`INTEGER` / `BIGINT`) and the sweep's row locking. Both take the same
+//! parameters in the same order, so `machine.rs` builds one parameter list.
 
-/// The migration (SPEC 2), idempotent.
-pub const SCHEMA: [&str; 2] = [
-    "CREATE TABLE IF NOT EXISTS idempotency_keys (
+/// The SQL family the ledger's database speaks (`config.dialect`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Dialect {
+    /// SQLite 3.35+ and Cloudflare D1.
+    #[default]
+    Sqlite,
+    /// PostgreSQL 9.5+ and engines speaking its dialect (CockroachDB,
+    /// YugabyteDB, Neon, Aurora PostgreSQL).
+    Postgres,
+}
+
+/// One dialect's statements.
+pub struct Statements {
+    /// The migration (SPEC 2), idempotent.
+    pub schema: &'static [&'static str],
+    /// SPEC 3: the atomic claim. Params: principal, key, fingerprint, now, now.
+    pub claim: &'static str,
+    /// SPEC 6: the fenced takeover, guarded by the fingerprint.
+    /// Params: now, principal, key, fingerprint, now - ttl.
+    pub takeover: &'static str,
+    /// The row as it stands after the claim and takeover. Params: principal, key.
+    pub lookup: &'static str,
+    /// SPEC 6: the fenced completion. The ticket's creation time and fingerprint
+    /// also fence out an owner whose row was swept and claimed anew.
+    /// Params: status, body, headers, now, principal, key, generation, created_at, fingerprint.
+    pub complete: &'static str,
+    /// SPEC 9: explicit release of a reservation whose mutation never ran.
+    /// Params: principal, key, generation, created_at, fingerprint.
+    pub release: &'static str,
+    /// SPEC 8: the bounded sweep, by primary key (no `rowid`, which
+    /// PostgreSQL lacks). Params: now - retention, batch size.
+    pub sweep: &'static str,
+}
+
+impl Dialect {
+    pub fn statements(self) -> &'static Statements {
+        match self {
+            Dialect::Sqlite => &SQLITE,
+            Dialect::Postgres => &POSTGRES,
+        }
+    }
+}
+
+pub const SQLITE: Statements = Statements {
+    schema: &[
+        "CREATE TABLE IF NOT EXISTS idempotency_keys (
   principal TEXT NOT NULL, key TEXT NOT NULL, fingerprint TEXT NOT NULL,
   status TEXT NOT NULL DEFAULT 'pending',
   generation INTEGER NOT NULL DEFAULT 1,
   response_status INTEGER, response_body TEXT, response_headers TEXT,
   created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL,
   PRIMARY KEY (principal, key))",
-    "CREATE INDEX IF NOT EXISTS idx_idempotency_keys_updated_at ON idempotency_keys (updated_at)",
-];
-
-/// SPEC 3: the atomic claim. Params: principal, key, fingerprint, now, now.
-pub const CLAIM: &str = "INSERT INTO idempotency_keys (principal, key, fingerprint, status, generation, created_at, updated_at) \
+        "CREATE INDEX IF NOT EXISTS idx_idempotency_keys_updated_at ON idempotency_keys (updated_at)",
+    ],
+    claim: "INSERT INTO idempotency_keys (principal, key, fingerprint, status, generation, created_at, updated_at) \
 VALUES (?, ?, ?, 'pending', 1, ?, ?) \
 ON CONFLICT (principal, key) DO NOTHING \
-RETURNING generation, created_at";
-
-/// SPEC 6: the fenced takeover, guarded by the fingerprint.
-/// Params: now, principal, key, fingerprint, now - ttl.
-pub const TAKEOVER: &str = "UPDATE idempotency_keys SET generation = generation + 1, updated_at = ? \
+RETURNING generation, created_at",
+    takeover: "UPDATE idempotency_keys SET generation = generation + 1, updated_at = ? \
 WHERE principal = ? AND key = ? AND fingerprint = ? AND status = 'pending' AND updated_at < ? \
-RETURNING generation, created_at";
-
-/// The row as it stands after the claim and takeover. Params: principal, key.
-pub const LOOKUP: &str = "SELECT fingerprint, status, generation, response_status, response_body, response_headers, updated_at \
-FROM idempotency_keys WHERE principal = ? AND key = ?";
-
-/// SPEC 6: the fenced completion. The ticket's creation time and fingerprint
-/// also fence out an owner whose row was swept and claimed anew.
-/// Params: status, body, headers, now, principal, key, generation, created_at, fingerprint.
-pub const COMPLETE: &str = "UPDATE idempotency_keys \
+RETURNING generation, created_at",
+    lookup: "SELECT fingerprint, status, generation, response_status, response_body, response_headers, updated_at \
+FROM idempotency_keys WHERE principal = ? AND key = ?",
+    complete: "UPDATE idempotency_keys \
 SET status = 'completed', response_status = ?, response_body = ?, response_headers = ?, updated_at = ? \
 WHERE principal = ? AND key = ? AND generation = ? AND created_at = ? AND fingerprint = ? AND status = 'pending' \
-RETURNING generation";
+RETURNING generation",
+    release: "DELETE FROM idempotency_keys \
+WHERE principal = ? AND key = ? AND generation = ? AND created_at = ? AND fingerprint = ? AND status = 'pending'",
+    sweep: "DELETE FROM idempotency_keys WHERE (principal, key) IN \
+(SELECT principal, key FROM idempotency_keys WHERE updated_at < ? LIMIT ?)",
+};
 
-/// SPEC 9: explicit release of a reservation whose mutation never ran.
-/// Params: principal, key, generation, created_at, fingerprint.
-pub const RELEASE: &str = "DELETE FROM idempotency_keys \
-WHERE principal = ? AND key = ? AND generation = ? AND created_at = ? AND fingerprint = ? AND status = 'pending'";
+/// Run at READ COMMITTED or stricter (see README, "PostgreSQL"): the
+/// takeover's and completion's conditional UPDATEs lock the row and re-check
+/// their WHERE clause against the latest committed version, so two racing
+/// takeovers cannot both win. The sweep skips rows another transaction holds,
+/// so sweeps on many servers never queue behind each other.
+pub const POSTGRES: Statements = Statements {
+    schema: &[
+        "CREATE TABLE IF NOT EXISTS idempotency_keys (
+  principal TEXT NOT NULL, key TEXT NOT NULL, fingerprint TEXT NOT NULL,
+  status TEXT NOT NULL DEFAULT 'pending',
+  generation BIGINT NOT NULL DEFAULT 1,
+  response_status INTEGER, response_body TEXT, response_headers TEXT,
+  created_at BIGINT NOT NULL, updated_at BIGINT NOT NULL,
+  PRIMARY KEY (principal, key))",
+        "CREATE INDEX IF NOT EXISTS idx_idempotency_keys_updated_at ON idempotency_keys (updated_at)",
+    ],
+    claim: "INSERT INTO idempotency_keys (principal, key, fingerprint, status, generation, created_at, updated_at) \
+VALUES ($1, $2, $3, 'pending', 1, $4, $5) \
+ON CONFLICT (principal, key) DO NOTHING \
+RETURNING generation, created_at",
+    takeover: "UPDATE idempotency_keys SET generation = generation + 1, updated_at = $1 \
+WHERE principal = $2 AND key = $3 AND fingerprint = $4 AND status = 'pending' AND updated_at < $5 \
+RETURNING generation, created_at",
+    lookup: "SELECT fingerprint, status, generation, response_status, response_body, response_headers, updated_at \
+FROM idempotency_keys WHERE principal = $1 AND key = $2",
+    complete: "UPDATE idempotency_keys \
+SET status = 'completed', response_status = $1, response_body = $2, response_headers = $3, updated_at = $4 \
+WHERE principal = $5 AND key = $6 AND generation = $7 AND created_at = $8 AND fingerprint = $9 AND status = 'pending' \
+RETURNING generation",
+    release: "DELETE FROM idempotency_keys \
+WHERE principal = $1 AND key = $2 AND generation = $3 AND created_at = $4 AND fingerprint = $5 AND status = 'pending'",
+    sweep: "DELETE FROM idempotency_keys WHERE (principal, key) IN \
+(SELECT principal, key FROM idempotency_keys WHERE updated_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)",
+};
 
-/// SPEC 8: the bounded sweep. Params: now - retention, batch size.
-pub const SWEEP: &str = "DELETE FROM idempotency_keys WHERE rowid IN \
-(SELECT rowid FROM idempotency_keys WHERE updated_at < ? LIMIT ?)";
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloc::format;
+    use alloc::string::String;
+
+    /// `?` -> `$1, $2, ...` in order.
+    fn numbered(sql: &str) -> String {
+        let mut out = String::new();
+        let mut n = 0;
+        for c in sql.chars() {
+            if c == '?' {
+                n += 1;
+                out.push_str(&format!("${n}"));
+            } else {
+                out.push(c);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn postgres_statements_are_the_sqlite_ones_numbered() {
+        for (s, p) in [
+            (SQLITE.claim, POSTGRES.claim),
+            (SQLITE.takeover, POSTGRES.takeover),
+            (SQLITE.lookup, POSTGRES.lookup),
+            (SQLITE.complete, POSTGRES.complete),
+            (SQLITE.release, POSTGRES.release),
+        ] {
+            assert_eq!(numbered(s), p);
+        }
+        assert_eq!(numbered(SQLITE.sweep).replace("LIMIT $2)", "LIMIT $2 FOR UPDATE SKIP LOCKED)"), POSTGRES.sweep);
+        assert_eq!(SQLITE.schema[1], POSTGRES.schema[1]);
+        assert_eq!(
+            SQLITE.schema[0].replace("generation INTEGER", "generation BIGINT").replace("at INTEGER", "at BIGINT"),
+            POSTGRES.schema[0]
+        );
+    }
+}

@@ -165,7 +165,8 @@ class Ledger:
             if not 0 <= values[name] < 1 << 32:
                 raise InvalidConfig(f"{name} out of range")
         self._settings = values
-        self._config = record(**values)
+        # sqlite3 speaks SQLite; the record carries the dialect the core plans in.
+        self._config = record(**values, dialect="sqlite")
         unwrap(self._call_raw("protocol", "validate-config", self._config))
 
     # ----------------------------------------------------------------- plumbing
@@ -258,11 +259,11 @@ class Ledger:
 
     def migrate(self) -> None:
         """Creates the table and index if missing (idempotent)."""
-        self._call("driven", "migrate")
+        self._call("driven", "migrate", self._config)
 
     def schema(self) -> list[str]:
         """The migration SQL, one statement per item."""
-        return list(self._call_raw("protocol", "schema"))
+        return list(self._call_raw("protocol", "schema", "sqlite"))
 
     def admit(self, method: Union[str, bytes], path_and_query: Union[str, bytes], headers: HeadersLike = None) -> Admission:
         """How the core classifies a request (pass-through, 400, protected);
@@ -443,7 +444,7 @@ class Ledger:
     def release(self, ticket: Ticket) -> bool:
         """Deletes `ticket`'s pending row; only when you know the mutation did
         not run (SPEC 9). False when the ticket no longer owns the row."""
-        return bool(self._call("driven", "release", _wit_ticket(ticket)))
+        return bool(self._call("driven", "release", self._config, _wit_ticket(ticket)))
 
     def sweep(self, now: Optional[int] = None) -> int:
         """One bounded sweep batch (rows last updated before now - retention);

@@ -114,7 +114,7 @@ fn memory_ledger() -> Result<Ledger, String> {
 }
 
 fn schema() -> Result<(), String> {
-    for statement in idempotency_ledger_core::sql::SCHEMA {
+    for statement in idempotency_ledger_core::sql::SQLITE.schema {
         println!("{statement};");
     }
     Ok(())
