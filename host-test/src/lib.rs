@@ -1,12 +1,17 @@
-//! Helpers for the host tests: temporary SQLite ledgers, rows as JSON, and
-//! backends that wrap the real SQLite backend to count or fail batches.
+//! Helpers for the host tests: temporary ledgers (a SQLite file, or a fresh
+//! schema on a real PostgreSQL server), rows as JSON, and backends that wrap
+//! the real backend to count or fail batches.
+//!
+//! `TestDb::new()` is SQLite unless `IDEMPOTENCY_TEST_BACKEND=postgres`, when
+//! it is a schema on the server at `IDEMPOTENCY_PG_URL`: the same SPEC tests
+//! then run against PostgreSQL (`make test-postgres`).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use idempotency_ledger::wit::{LedgerError, Statement, StatementResult};
-use idempotency_ledger::{Config, Ledger, ManualClock, Runtime, SqlBackend, SqliteBackend};
+use idempotency_ledger::wit::{self, LedgerError, Statement, StatementResult};
+use idempotency_ledger::{Config, Ledger, ManualClock, PostgresPool, Runtime, SqlBackend, SqliteBackend};
 use serde_json::{json, Map, Value as Json};
 
 pub use idempotency_ledger;
@@ -30,17 +35,64 @@ pub const COLUMNS: [&str; 10] = [
 /// 2026-01-01T00:00:00Z, the tests' epoch.
 pub const T0: i64 = 1_767_225_600_000;
 
-/// A migrated ledger file in its own temporary directory.
+/// A migrated ledger: a SQLite file in its own temporary directory, or a
+/// schema of its own on a PostgreSQL server (dropped with the `TestDb`).
 pub struct TestDb {
     _dir: tempfile::TempDir,
     pub path: PathBuf,
+    postgres: Option<PgSchema>,
+}
+
+pub struct PgSchema {
+    pub pool: PostgresPool,
+    pub name: String,
+}
+
+impl Drop for PgSchema {
+    fn drop(&mut self) {
+        let drop = format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name);
+        let _ = self.pool.backend().execute_batch(&[sql(&drop, vec![])]);
+        self.pool.pool().close();
+    }
+}
+
+/// The PostgreSQL server the tests use, when `IDEMPOTENCY_TEST_BACKEND=postgres`.
+pub fn test_backend_is_postgres() -> bool {
+    std::env::var("IDEMPOTENCY_TEST_BACKEND").is_ok_and(|v| v == "postgres")
+}
+
+/// `IDEMPOTENCY_PG_URL`; a missing URL fails the test (never a silent skip).
+pub fn postgres_url() -> String {
+    std::env::var("IDEMPOTENCY_PG_URL")
+        .expect("IDEMPOTENCY_PG_URL must name a PostgreSQL server (scripts/postgres.sh run -- ... sets it)")
+}
+
+/// `url` with `search_path` set to `schema` on every connection.
+pub fn url_with_schema(url: &str, schema: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}options=-c%20search_path%3D{schema}")
+}
+
+static SCHEMAS: AtomicUsize = AtomicUsize::new(0);
+
+fn sql(sql: &str, params: Vec<wit::Value>) -> Statement {
+    Statement { sql: sql.to_string(), params }
 }
 
 impl TestDb {
+    /// SQLite, or PostgreSQL when `IDEMPOTENCY_TEST_BACKEND=postgres`.
     pub fn new() -> TestDb {
+        if test_backend_is_postgres() {
+            TestDb::postgres()
+        } else {
+            TestDb::sqlite()
+        }
+    }
+
+    pub fn sqlite() -> TestDb {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("ledger.sqlite");
-        let db = TestDb { _dir: dir, path };
+        let db = TestDb { _dir: dir, path, postgres: None };
         let conn = db.conn();
         for statement in idempotency_ledger_core::sql::SQLITE.schema {
             conn.execute_batch(statement).expect("schema");
@@ -48,15 +100,49 @@ impl TestDb {
         db
     }
 
-    /// A plain connection for arranging and inspecting rows.
+    /// A fresh, migrated schema on the server at `IDEMPOTENCY_PG_URL`.
+    pub fn postgres() -> TestDb {
+        let url = postgres_url();
+        let name = format!(
+            "t_{}_{}_{}",
+            std::process::id(),
+            SCHEMAS.fetch_add(1, Ordering::SeqCst),
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos())
+        );
+        let pool = PostgresPool::connect(&url_with_schema(&url, &name), 8).expect("postgres pool");
+        let mut backend = pool.backend();
+        backend.execute_batch(&[sql(&format!("CREATE SCHEMA {name}"), vec![])]).expect("create schema");
+        let schema: Vec<Statement> =
+            idempotency_ledger_core::sql::POSTGRES.schema.iter().map(|s| sql(s, vec![])).collect();
+        backend.execute_batch(&schema).expect("postgres schema");
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("unused.sqlite");
+        TestDb { _dir: dir, path, postgres: Some(PgSchema { pool, name }) }
+    }
+
+    pub fn is_postgres(&self) -> bool {
+        self.postgres.is_some()
+    }
+
+    /// The PostgreSQL schema, when this is a PostgreSQL ledger.
+    pub fn pg(&self) -> Option<&PgSchema> {
+        self.postgres.as_ref()
+    }
+
+    /// A plain connection for arranging and inspecting rows (SQLite only).
     pub fn conn(&self) -> rusqlite::Connection {
+        assert!(self.postgres.is_none(), "TestDb::conn is for SQLite ledgers");
         let conn = rusqlite::Connection::open(&self.path).expect("open");
         conn.busy_timeout(std::time::Duration::from_secs(10)).expect("busy timeout");
         conn
     }
 
-    pub fn backend(&self) -> SqliteBackend {
-        SqliteBackend::open(&self.path).expect("open backend")
+    /// A new backend on this database.
+    pub fn backend(&self) -> Box<dyn SqlBackend> {
+        match &self.postgres {
+            Some(pg) => Box::new(pg.pool.backend()),
+            None => Box::new(SqliteBackend::open(&self.path).expect("open backend")),
+        }
     }
 
     pub fn ledger(&self, clock: &ManualClock) -> Ledger {
@@ -75,11 +161,54 @@ impl TestDb {
     }
 
     pub fn insert_rows(&self, rows: &[Json]) {
-        insert_rows(&self.conn(), rows);
+        self.try_insert_rows(rows).expect("insert rows");
+    }
+
+    /// Inserts rows verbatim; on PostgreSQL a value its typed columns cannot
+    /// hold (SQLite's dynamic typing can) is an error.
+    pub fn try_insert_rows(&self, rows: &[Json]) -> Result<(), LedgerError> {
+        match &self.postgres {
+            None => {
+                insert_rows(&self.conn(), rows);
+                Ok(())
+            }
+            Some(pg) => {
+                let placeholders: Vec<String> = (1..=COLUMNS.len()).map(|i| format!("${i}")).collect();
+                let insert =
+                    format!("INSERT INTO idempotency_keys ({}) VALUES ({})", COLUMNS.join(", "), placeholders.join(", "));
+                let statements: Vec<Statement> = rows
+                    .iter()
+                    .map(|row| sql(&insert, COLUMNS.iter().map(|c| json_to_value(&row[*c])).collect()))
+                    .collect();
+                pg.pool.backend().execute_batch(&statements).map(|_| ())
+            }
+        }
+    }
+
+    /// Runs one statement on the PostgreSQL schema; rows as JSON arrays.
+    pub fn pg_query(&self, query: &str) -> Vec<Vec<Json>> {
+        let pg = self.postgres.as_ref().expect("TestDb::pg_query is for PostgreSQL ledgers");
+        let results = pg.pool.backend().execute_batch(&[sql(query, vec![])]).expect("postgres query");
+        results[0].rows.iter().map(|row| row.iter().map(value_to_json).collect()).collect()
     }
 
     pub fn rows(&self) -> Vec<Json> {
-        rows(&self.conn())
+        match &self.postgres {
+            None => rows(&self.conn()),
+            Some(pg) => {
+                let select = format!("SELECT {} FROM idempotency_keys ORDER BY principal, key", COLUMNS.join(", "));
+                let results = pg.pool.backend().execute_batch(&[sql(&select, vec![])]).expect("select rows");
+                results[0]
+                    .rows
+                    .iter()
+                    .map(|row| {
+                        let object: Map<String, Json> =
+                            COLUMNS.iter().zip(row).map(|(c, v)| (c.to_string(), value_to_json(v))).collect();
+                        Json::Object(object)
+                    })
+                    .collect()
+            }
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -109,6 +238,26 @@ pub fn insert_rows(conn: &rusqlite::Connection, rows: &[Json]) {
     for row in rows {
         let values: Vec<rusqlite::types::Value> = COLUMNS.iter().map(|c| json_to_sql(&row[*c])).collect();
         conn.execute(&sql, rusqlite::params_from_iter(values)).expect("insert row");
+    }
+}
+
+fn json_to_value(value: &Json) -> wit::Value {
+    match value {
+        Json::Null => wit::Value::Null,
+        Json::String(s) => wit::Value::Text(s.clone()),
+        Json::Number(n) if n.is_i64() => wit::Value::Integer(n.as_i64().unwrap_or_default()),
+        Json::Number(n) => wit::Value::Real(n.as_f64().unwrap_or_default()),
+        other => panic!("a row value must be a string, integer or null, got {other}"),
+    }
+}
+
+fn value_to_json(value: &wit::Value) -> Json {
+    match value {
+        wit::Value::Null => Json::Null,
+        wit::Value::Integer(n) => json!(n),
+        wit::Value::Real(f) => json!(f),
+        wit::Value::Text(t) => json!(t),
+        wit::Value::Blob(b) => json!({ "blob": b.len() }),
     }
 }
 
@@ -176,7 +325,7 @@ impl Probe {
 
 /// The real SQLite backend with a counter and fault injection in front.
 pub struct Instrumented {
-    inner: SqliteBackend,
+    inner: Box<dyn SqlBackend>,
     probe: Probe,
 }
 
@@ -194,5 +343,9 @@ impl SqlBackend for Instrumented {
             Some(error) => Err(error),
             None => self.inner.execute_batch(statements),
         }
+    }
+
+    fn dialect(&self) -> idempotency_ledger::Dialect {
+        self.inner.dialect()
     }
 }

@@ -4,7 +4,7 @@
 use idempotency_ledger::wit::{LedgerError, Statement, StatementResult, Value};
 use idempotency_ledger::{
     Config, Error, HandleError, Ledger, ManualClock, MutationResponse, Outcome, ProtocolError, RejectionReason, Request,
-    SqlBackend, SqliteBackend, Stored,
+    SqlBackend, Stored,
 };
 use idempotency_ledger_host_test::{runtime, TestDb, T0};
 use serde_json::json;
@@ -183,7 +183,7 @@ fn corrupt_stored_rows_answer_500_and_never_execute() {
 }
 
 /// The real SQLite backend, with the decision batch's results rewritten.
-struct Tampering<F: FnMut(&mut Vec<StatementResult>) + Send>(SqliteBackend, F);
+struct Tampering<F: FnMut(&mut Vec<StatementResult>) + Send>(Box<dyn SqlBackend>, F);
 
 impl<F: FnMut(&mut Vec<StatementResult>) + Send> SqlBackend for Tampering<F> {
     fn execute_batch(&mut self, statements: &[Statement]) -> Result<Vec<StatementResult>, LedgerError> {

@@ -146,6 +146,9 @@ fn spec1_principals_scope_keys() {
 #[test]
 fn spec2_schema_is_exact() {
     let db = TestDb::new();
+    if db.is_postgres() {
+        return spec2_postgres_schema(&db);
+    }
     let sql: String = db
         .conn()
         .query_row("SELECT sql FROM sqlite_master WHERE name = 'idempotency_keys'", [], |r| r.get(0))
@@ -171,6 +174,41 @@ fn spec2_schema_is_exact() {
         .expect("index");
     assert!(index.contains("ON idempotency_keys (updated_at)"));
     // Migrating again is harmless.
+    db.ledger(&ManualClock::new(T0)).migrate().expect("second migrate");
+}
+
+/// The same table in PostgreSQL's types: 64-bit generation and times.
+fn spec2_postgres_schema(db: &TestDb) {
+    let columns = db.pg_query(
+        "SELECT column_name || ' ' || data_type || CASE is_nullable WHEN 'NO' THEN ' NOT NULL' ELSE '' END \
+         || COALESCE(' DEFAULT ' || column_default, '') \
+         FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = 'idempotency_keys' \
+         ORDER BY ordinal_position",
+    );
+    let columns: Vec<&str> = columns.iter().map(|r| r[0].as_str().expect("text")).collect();
+    assert_eq!(
+        columns,
+        [
+            "principal text NOT NULL",
+            "key text NOT NULL",
+            "fingerprint text NOT NULL",
+            "status text NOT NULL DEFAULT 'pending'::text",
+            "generation bigint NOT NULL DEFAULT 1",
+            "response_status integer",
+            "response_body text",
+            "response_headers text",
+            "created_at bigint NOT NULL",
+            "updated_at bigint NOT NULL",
+        ]
+    );
+    let indexes = db.pg_query(
+        "SELECT indexdef FROM pg_indexes WHERE schemaname = current_schema() AND tablename = 'idempotency_keys' ORDER BY indexname",
+    );
+    let indexes: Vec<&str> = indexes.iter().map(|r| r[0].as_str().expect("text")).collect();
+    assert_eq!(indexes.len(), 2, "{indexes:?}");
+    assert!(indexes[0].contains("idempotency_keys_pkey") && indexes[0].ends_with("USING btree (principal, key)"), "{indexes:?}");
+    assert!(indexes[1].starts_with("CREATE INDEX idx_idempotency_keys_updated_at"), "{indexes:?}");
+    assert!(indexes[1].ends_with("USING btree (updated_at)"), "{indexes:?}");
     db.ledger(&ManualClock::new(T0)).migrate().expect("second migrate");
 }
 

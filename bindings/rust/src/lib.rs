@@ -36,10 +36,14 @@ use wasmtime::{Engine, Store, StoreLimits, StoreLimitsBuilder};
 
 mod clock;
 mod pool;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod sqlite;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use pool::LedgerPool;
+#[cfg(feature = "postgres")]
+pub use postgres::{PostgresBackend, PostgresPool};
 pub use idempotency_ledger_core::{Config, Dialect};
 pub use sqlite::{ledger_error, SqliteBackend, DEFAULT_BUSY_TIMEOUT};
 

@@ -1,21 +1,24 @@
-//! Sharing ledgers between threads: a `Ledger` holds one connection and one
+//! Sharing ledgers between threads: a `Ledger` holds one backend and one
 //! instance and needs `&mut`, so a multi-threaded server keeps a pool.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use crate::{Clock, Config, Error, Ledger, Runtime, SqliteBackend, SystemClock};
+use crate::{Clock, Config, Error, Ledger, Runtime, SqlBackend, SqliteBackend, SystemClock};
 
-/// A pool of SQLite ledgers on one file: `with` lends one to the calling
-/// thread (opening a new connection when all are busy) and takes it back.
-/// Cheap to clone; clones share the pool.
+type BackendFactory = dyn Fn() -> Result<Box<dyn SqlBackend>, Error> + Send + Sync;
+
+/// A pool of ledgers on one database: `with` lends one to the calling
+/// thread (creating a backend and instance when all are busy) and takes it
+/// back. Cheap to clone; clones share the pool. On SQLite each ledger holds
+/// a connection; on PostgreSQL the ledgers share a [`crate::PostgresPool`].
 #[derive(Clone)]
 pub struct LedgerPool {
     inner: Arc<PoolInner>,
 }
 
 struct PoolInner {
-    path: PathBuf,
+    new_backend: Box<BackendFactory>,
     runtime: Runtime,
     config: Config,
     clock: Arc<dyn Clock>,
@@ -39,9 +42,30 @@ impl LedgerPool {
     }
 
     pub fn with_settings(path: impl AsRef<Path>, config: Config, clock: impl Clock + 'static) -> Result<LedgerPool, Error> {
+        let path = path.as_ref().to_path_buf();
+        let new_backend = move || -> Result<Box<dyn SqlBackend>, Error> {
+            Ok(Box::new(SqliteBackend::open(&path).map_err(|e| Error::Setup(e.to_string()))?))
+        };
+        LedgerPool::with_backends(new_backend, config, clock)
+    }
+
+    /// A pool on a PostgreSQL connection pool; migrates the database.
+    #[cfg(feature = "postgres")]
+    pub fn postgres(pool: &crate::PostgresPool, config: Config, clock: impl Clock + 'static) -> Result<LedgerPool, Error> {
+        let pool = pool.clone();
+        LedgerPool::with_backends(move || Ok(Box::new(pool.backend())), config, clock)
+    }
+
+    /// A pool whose ledgers get their backends from `new_backend`; migrates
+    /// the database through the first one.
+    pub fn with_backends(
+        new_backend: impl Fn() -> Result<Box<dyn SqlBackend>, Error> + Send + Sync + 'static,
+        config: Config,
+        clock: impl Clock + 'static,
+    ) -> Result<LedgerPool, Error> {
         let pool = LedgerPool {
             inner: Arc::new(PoolInner {
-                path: path.as_ref().to_path_buf(),
+                new_backend: Box::new(new_backend),
                 runtime: Runtime::shared()?,
                 config,
                 clock: Arc::new(clock),
@@ -77,7 +101,7 @@ impl LedgerPool {
     }
 
     fn connect(&self) -> Result<Ledger, Error> {
-        let backend = SqliteBackend::open(&self.inner.path).map_err(|e| Error::Setup(e.to_string()))?;
+        let backend = (self.inner.new_backend)()?;
         Ledger::new(self.inner.runtime.clone(), backend, self.inner.config.clone(), SharedClock(self.inner.clock.clone()))
     }
 }

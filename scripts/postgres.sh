@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# A throwaway PostgreSQL server on loopback for the test and bench commands.
+#
+#   scripts/postgres.sh run -- CMD...   install if missing, start, run CMD with
+#                                       IDEMPOTENCY_PG_URL set, stop (always)
+#   scripts/postgres.sh start | stop | url
+#
+# The server is Debian's `postgresql` package (installed with apt-get when no
+# initdb is found), run as the `postgres` user when we are root (PostgreSQL
+# refuses to run as root), with its data in a fresh directory under /tmp.
+# Settings: PG_PORT (default 55432), PG_DIR (default /tmp/idempotency-ledger-pg-$PG_PORT).
+set -euo pipefail
+
+PG_PORT="${PG_PORT:-55432}"
+PG_DIR="${PG_DIR:-/tmp/idempotency-ledger-pg-$PG_PORT}"
+URL="postgresql://postgres@127.0.0.1:$PG_PORT/postgres"
+
+say() { echo "postgres.sh: $*" >&2; }
+
+find_bindir() {
+    local d
+    for d in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V -r); do
+        [ -x "$d/initdb" ] && { echo "$d"; return 0; }
+    done
+    command -v initdb >/dev/null 2>&1 && { dirname "$(command -v initdb)"; return 0; }
+    return 1
+}
+
+ensure_installed() {
+    if find_bindir >/dev/null; then return 0; fi
+    if [ "$(id -u)" != 0 ]; then
+        say "PostgreSQL is not installed and we are not root: run 'apt-get install -y postgresql' first"
+        exit 1
+    fi
+    say "installing Debian's postgresql package"
+    export DEBIAN_FRONTEND=noninteractive
+    # The package's post-install creates and starts a default cluster; we do
+    # not use it, and a policy-rc.d keeps it from starting.
+    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+    (apt-get install -y --no-install-recommends postgresql >/dev/null 2>&1 ||
+        { apt-get update >/dev/null && apt-get install -y --no-install-recommends postgresql >/dev/null; }) ||
+        { rm -f /usr/sbin/policy-rc.d; say "apt-get install postgresql failed"; exit 1; }
+    rm -f /usr/sbin/policy-rc.d
+    find_bindir >/dev/null || { say "postgresql installed but no initdb found"; exit 1; }
+}
+
+# Runs a server binary as the postgres user when root.
+as_pg() {
+    if [ "$(id -u)" = 0 ]; then
+        runuser -u postgres -- "$@"
+    else
+        "$@"
+    fi
+}
+
+start() {
+    ensure_installed
+    local bin
+    bin="$(find_bindir)"
+    stop quiet
+    rm -rf "$PG_DIR"
+    mkdir -p "$PG_DIR"
+    [ "$(id -u)" = 0 ] && chown postgres: "$PG_DIR"
+    as_pg "$bin/initdb" -D "$PG_DIR/data" -U postgres --auth=trust --encoding=UTF8 --locale=C.UTF-8 >"$PG_DIR/initdb.log" 2>&1 ||
+        { cat "$PG_DIR/initdb.log" >&2; exit 1; }
+    as_pg "$bin/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/server.log" -w -t 60 \
+        -o "-c listen_addresses=127.0.0.1 -p $PG_PORT -k $PG_DIR -c max_connections=200" start >/dev/null ||
+        { cat "$PG_DIR/server.log" >&2; exit 1; }
+    "$bin/pg_isready" -h 127.0.0.1 -p "$PG_PORT" -t 30 >/dev/null
+    say "PostgreSQL $("$bin/postgres" --version | awk '{print $3}') on 127.0.0.1:$PG_PORT ($PG_DIR)"
+    echo "$URL"
+}
+
+stop() {
+    local bin
+    bin="$(find_bindir 2>/dev/null)" || return 0
+    if [ -f "$PG_DIR/data/postmaster.pid" ]; then
+        as_pg "$bin/pg_ctl" -D "$PG_DIR/data" -m fast -w stop >/dev/null 2>&1 || true
+        [ "${1:-}" = quiet ] || say "stopped"
+    fi
+}
+
+case "${1:-}" in
+    start) start ;;
+    stop) stop ;;
+    url) echo "$URL" ;;
+    run)
+        shift
+        [ "${1:-}" = "--" ] && shift
+        [ $# -gt 0 ] || { say "usage: $0 run -- CMD..."; exit 2; }
+        began=$(date +%s)
+        start >/dev/null
+        trap 'stop' EXIT
+        say "setup took $(( $(date +%s) - began )) s"
+        IDEMPOTENCY_PG_URL="$URL" "$@"
+        ;;
+    *)
+        echo "usage: $0 run -- CMD... | start | stop | url" >&2
+        exit 2
+        ;;
+esac
