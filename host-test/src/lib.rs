@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use idempotency_ledger::wit::{self, LedgerError, Statement, StatementResult};
-use idempotency_ledger::{Config, Ledger, ManualClock, PostgresPool, Runtime, SqlBackend, SqliteBackend};
+use idempotency_ledger::{Config, Ledger, LedgerPool, ManualClock, PostgresPool, Runtime, SqlBackend, SqliteBackend};
 use serde_json::{json, Map, Value as Json};
 
 pub use idempotency_ledger;
@@ -129,6 +129,14 @@ impl TestDb {
         self.postgres.as_ref()
     }
 
+    /// Opens ledgers on this database from any thread.
+    pub fn opener(&self) -> Opener {
+        match &self.postgres {
+            Some(pg) => Opener::Postgres(pg.pool.clone()),
+            None => Opener::Sqlite(self.path.clone()),
+        }
+    }
+
     /// A plain connection for arranging and inspecting rows (SQLite only).
     pub fn conn(&self) -> rusqlite::Connection {
         assert!(self.postgres.is_none(), "TestDb::conn is for SQLite ledgers");
@@ -185,6 +193,16 @@ impl TestDb {
         }
     }
 
+    /// Runs SQL without parameters on either database.
+    pub fn execute_sql(&self, statement: &str) {
+        match &self.postgres {
+            None => self.conn().execute_batch(statement).expect("execute"),
+            Some(pg) => {
+                pg.pool.backend().execute_batch(&[sql(statement, vec![])]).expect("execute");
+            }
+        }
+    }
+
     /// Runs one statement on the PostgreSQL schema; rows as JSON arrays.
     pub fn pg_query(&self, query: &str) -> Vec<Vec<Json>> {
         let pg = self.postgres.as_ref().expect("TestDb::pg_query is for PostgreSQL ledgers");
@@ -213,6 +231,32 @@ impl TestDb {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+}
+
+/// What a thread needs to open its own ledger on a [`TestDb`].
+#[derive(Clone)]
+pub enum Opener {
+    Sqlite(PathBuf),
+    Postgres(PostgresPool),
+}
+
+impl Opener {
+    pub fn ledger(&self, clock: ManualClock) -> Ledger {
+        let backend: Box<dyn SqlBackend> = match self {
+            Opener::Sqlite(path) => Box::new(SqliteBackend::open(path).expect("open backend")),
+            Opener::Postgres(pool) => Box::new(pool.backend()),
+        };
+        Ledger::new(runtime(), backend, Config::default(), clock).expect("ledger")
+    }
+
+    /// A [`LedgerPool`] on this database (migrating it again, harmlessly).
+    pub fn ledger_pool(&self, clock: ManualClock) -> LedgerPool {
+        match self {
+            Opener::Sqlite(path) => LedgerPool::with_settings(path, Config::default(), clock),
+            Opener::Postgres(pool) => LedgerPool::postgres(pool, Config::default(), clock),
+        }
+        .expect("ledger pool")
     }
 }
 

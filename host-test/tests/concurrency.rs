@@ -8,13 +8,7 @@ use std::thread;
 use std::time::Duration;
 
 use idempotency_ledger::{HandleError, Handled, ManualClock, MutationResponse, Outcome, RejectionReason, Request, Stored};
-use idempotency_ledger_host_test::{runtime, TestDb, T0};
-
-/// A ledger with its own connection, as each thread of a server would hold.
-fn open_ledger(path: &std::path::Path, clock: ManualClock) -> idempotency_ledger::Ledger {
-    let backend = idempotency_ledger::SqliteBackend::open(path).expect("open");
-    idempotency_ledger::Ledger::new(runtime(), backend, idempotency_ledger::Config::default(), clock).expect("ledger")
-}
+use idempotency_ledger_host_test::{TestDb, T0};
 
 fn order(key: &str) -> Request {
     Request::new("POST", "/orders")
@@ -35,10 +29,10 @@ fn sixteen_threads_same_request_exactly_one_execution() {
         let barrier = Arc::new(Barrier::new(THREADS));
         let handles: Vec<_> = (0..THREADS)
             .map(|i| {
-                let (db_path, clock, barrier, executions, key) =
-                    (db.path.clone(), clock.clone(), barrier.clone(), executions.clone(), key.clone());
+                let (opener, clock, barrier, executions, key) =
+                    (db.opener(), clock.clone(), barrier.clone(), executions.clone(), key.clone());
                 thread::spawn(move || {
-                    let mut ledger = open_ledger(&db_path, clock);
+                    let mut ledger = opener.ledger(clock);
                     barrier.wait();
                     ledger
                         .handle("acct-1", &order(&key), |_| {
@@ -87,9 +81,9 @@ fn many_keys_in_parallel_each_execute_once() {
     let barrier = Arc::new(Barrier::new(THREADS));
     let handles: Vec<_> = (0..THREADS)
         .map(|t| {
-            let (db_path, clock, barrier, executions) = (db.path.clone(), clock.clone(), barrier.clone(), executions.clone());
+            let (opener, clock, barrier, executions) = (db.opener(), clock.clone(), barrier.clone(), executions.clone());
             thread::spawn(move || {
-                let mut ledger = open_ledger(&db_path, clock);
+                let mut ledger = opener.ledger(clock);
                 barrier.wait();
                 let mut bodies = Vec::new();
                 for k in 0..KEYS {
@@ -123,9 +117,9 @@ fn stalled_owner_is_taken_over_and_its_late_completion_is_fenced_out() {
     let (entered_tx, entered_rx) = mpsc::channel();
     let (resume_tx, resume_rx) = mpsc::channel::<()>();
     let owner_a = {
-        let (path, clock) = (db.path.clone(), clock.clone());
+        let (opener, clock) = (db.opener(), clock.clone());
         thread::spawn(move || {
-            let mut ledger = open_ledger(&path, clock);
+            let mut ledger = opener.ledger(clock);
             ledger.handle("acct-1", &order("slow"), |_| {
                 entered_tx.send(()).expect("signal");
                 resume_rx.recv().expect("resume"); // the injected stall
@@ -188,10 +182,8 @@ fn swept_and_reclaimed_row_fences_out_the_original_owner() {
 
 #[test]
 fn a_pool_shared_by_threads_executes_each_key_once() {
-    let dir = tempfile::tempdir().expect("tmp");
-    let clock = ManualClock::new(T0);
-    let pool = idempotency_ledger::LedgerPool::with_settings(dir.path().join("pool.sqlite"), idempotency_ledger::Config::default(), clock)
-        .expect("pool");
+    let db = TestDb::new();
+    let pool = db.opener().ledger_pool(ManualClock::new(T0));
     let executions = Arc::new(AtomicUsize::new(0));
     let barrier = Arc::new(Barrier::new(8));
     let handles: Vec<_> = (0..8)

@@ -105,11 +105,12 @@ fn failed_claim_never_runs_the_mutation_and_the_ledger_recovers() {
 #[test]
 fn missing_table_is_a_schema_error_not_a_crash() {
     let db = TestDb::new();
-    db.conn().execute_batch("DROP TABLE idempotency_keys").expect("drop");
+    db.execute_sql("DROP TABLE idempotency_keys");
     let mut ledger = db.ledger(&ManualClock::new(T0));
     match ledger.handle("p", &order("k", "{}"), created) {
         Err(HandleError::Unavailable { error: Error::Protocol(ProtocolError::Ledger(LedgerError::Schema(m))), .. }) => {
-            assert!(m.contains("no such table"), "{m}")
+            // SQLite's words, or PostgreSQL's (SQLSTATE 42P01).
+            assert!(m.contains("no such table") || m.contains("relation \"idempotency_keys\" does not exist"), "{m}")
         }
         other => panic!("expected a schema error, got {other:?}"),
     }
@@ -202,7 +203,10 @@ fn statement_results_count_changes_per_statement() {
     let db = TestDb::new();
     let mut backend = db.backend();
     let insert = |k: &str| Statement {
-        sql: "INSERT INTO idempotency_keys (principal, key, fingerprint, created_at, updated_at) VALUES ('p', ?, 'f', 0, 0)".into(),
+        sql: format!(
+            "INSERT INTO idempotency_keys (principal, key, fingerprint, created_at, updated_at) VALUES ('p', {}, 'f', 0, 0)",
+            if db.is_postgres() { "$1" } else { "?" }
+        ),
         params: vec![Value::Text(k.into())],
     };
     let select = Statement { sql: "SELECT key FROM idempotency_keys".into(), params: vec![] };
