@@ -1,12 +1,20 @@
-"""Shared fixtures: real SQLite files in tmp_path, a manual clock, counting mutations."""
+"""Shared fixtures: real SQLite files in tmp_path, real PostgreSQL schemas
+(when IDEMPOTENCY_PG_URL names a server), a manual clock, counting mutations.
+
+Tests marked `postgres` need IDEMPOTENCY_PG_URL (`scripts/postgres.sh run --
+...` at the repository root sets it). Without it they are skipped, unless
+IDEMPOTENCY_REQUIRE_PG=1, which makes them fail (CI never skips silently).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import sys
+import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Protocol
 
 import pytest
 
@@ -24,8 +32,20 @@ COLUMNS = (
 )
 
 
+PG_URL = os.environ.get("IDEMPOTENCY_PG_URL", "")
+REQUIRE_PG = os.environ.get("IDEMPOTENCY_REQUIRE_PG", "") == "1"
+
+
 def pytest_report_header(config: Any) -> list[str]:
-    return [f"idempotency_ledger from {os.path.dirname(idempotency_ledger.__file__)}", f"python {sys.version.split()[0]}"]
+    pg = f"PostgreSQL at {PG_URL}" if PG_URL else "no PostgreSQL (IDEMPOTENCY_PG_URL unset)"
+    return [f"idempotency_ledger from {os.path.dirname(idempotency_ledger.__file__)}", f"python {sys.version.split()[0]}; {pg}"]
+
+
+def pytest_runtest_setup(item: Any) -> None:
+    if item.get_closest_marker("postgres") is not None and not PG_URL:
+        if REQUIRE_PG:
+            pytest.fail("IDEMPOTENCY_REQUIRE_PG=1 but IDEMPOTENCY_PG_URL is not set: no PostgreSQL server to test against", pytrace=False)
+        pytest.skip("no PostgreSQL: set IDEMPOTENCY_PG_URL (scripts/postgres.sh run -- ...)")
 
 
 class ManualClock:
@@ -42,10 +62,11 @@ class ManualClock:
 
 
 class Mutation:
-    """A mutation that counts its runs and records them in the database file
-    (a separate sqlite3 connection, like an application's own write)."""
+    """A mutation that counts its runs and records them in the database (a
+    SQLite file path or a `Store`: a separate connection, like an
+    application's own write)."""
 
-    def __init__(self, db_path: Path | None = None, status: int = 201, body: Any = '{"order":"o_1"}', headers: Any = None) -> None:
+    def __init__(self, db_path: "Path | Store | None" = None, status: int = 201, body: Any = '{"order":"o_1"}', headers: Any = None) -> None:
         self.calls = 0
         self.db_path = db_path
         self.status = status
@@ -54,7 +75,9 @@ class Mutation:
 
     def __call__(self) -> MutationResponse:
         self.calls += 1
-        if self.db_path is not None:
+        if self.db_path is not None and not isinstance(self.db_path, Path):
+            self.db_path.record_order()
+        elif self.db_path is not None:
             conn = sqlite3.connect(self.db_path, timeout=10)
             with conn:
                 conn.execute("CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY, note TEXT)")
@@ -164,3 +187,178 @@ class ConnectionProxy:
             object.__setattr__(self, name, value)
         else:
             setattr(self._conn, name, value)
+
+
+# ------------------------------------------------------------------ stores
+# A `Store` is one fresh ledger database of either kind, with the helpers the
+# tests need to look inside it. Tests that take `store` (or `ledger` where a
+# module parametrizes it) run once on SQLite and once on PostgreSQL.
+
+
+class Store(Protocol):
+    kind: str
+
+    def ledger(self, **kwargs: Any) -> Ledger: ...
+    def rows(self) -> list[dict[str, Any]]: ...
+    def insert_rows(self, items: list[dict[str, Any]]) -> None: ...
+    def order_count(self) -> int: ...
+    def record_order(self) -> None: ...
+    def writers_blocked(self) -> "contextlib.AbstractContextManager[None]": ...
+    def close(self) -> None: ...
+
+
+class SqliteStore:
+    """A fresh SQLite file."""
+
+    kind = "sqlite"
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._ledgers: list[Ledger] = []
+
+    def ledger(self, **kwargs: Any) -> Ledger:
+        ledger = Ledger(self.path, **kwargs)
+        self._ledgers.append(ledger)
+        return ledger
+
+    def rows(self) -> list[dict[str, Any]]:
+        return rows(self.path)
+
+    def insert_rows(self, items: list[dict[str, Any]]) -> None:
+        insert_rows(self.path, items)
+
+    def order_count(self) -> int:
+        return order_count(self.path)
+
+    def record_order(self) -> None:
+        conn = sqlite3.connect(self.path, timeout=10)
+        with conn:
+            conn.execute("CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY, note TEXT)")
+            conn.execute("INSERT INTO orders (note) VALUES ('made')")
+        conn.close()
+
+    @contextlib.contextmanager
+    def writers_blocked(self) -> Iterator[None]:
+        """Another connection holds the write lock meanwhile."""
+        blocker = sqlite3.connect(self.path, isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+
+    def close(self) -> None:
+        for ledger in self._ledgers:
+            ledger.close()
+
+
+class PostgresStore:
+    """A fresh schema on the IDEMPOTENCY_PG_URL server (dropped by close()):
+    every connection of the store and of its ledgers has it as search_path."""
+
+    kind = "postgres"
+
+    def __init__(self, url: str) -> None:
+        import psycopg
+        from psycopg.conninfo import make_conninfo
+
+        self.schema = f"t_{uuid.uuid4().hex[:16]}"
+        self.url = url
+        self.conninfo = make_conninfo(url, options=f"-c search_path={self.schema}")
+        self.admin = psycopg.connect(self.conninfo, autocommit=True)
+        self.admin.execute(f'CREATE SCHEMA "{self.schema}"')
+        self.admin.execute("CREATE TABLE orders (id BIGSERIAL PRIMARY KEY, note TEXT)")
+        self._ledgers: list[Ledger] = []
+
+    def ledger(self, **kwargs: Any) -> Ledger:
+        kwargs.setdefault("min_size", 1)
+        kwargs.setdefault("max_size", 4)
+        ledger = Ledger.postgres(self.conninfo, **kwargs)
+        self._ledgers.append(ledger)
+        return ledger
+
+    def sql(self, query: str, params: Any = None) -> list[tuple[Any, ...]]:
+        cur = self.admin.execute(query, params)
+        return cur.fetchall() if cur.description is not None else []
+
+    def rows(self) -> list[dict[str, Any]]:
+        found = self.sql(f'SELECT {", ".join(COLUMNS)} FROM idempotency_keys ORDER BY principal COLLATE "C", key COLLATE "C"')
+        return [dict(zip(COLUMNS, r)) for r in found]
+
+    def insert_rows(self, items: list[dict[str, Any]]) -> None:
+        with self.admin.transaction():
+            for row in items:
+                for value in row.values():
+                    assert value is None or isinstance(value, (str, int)) and not isinstance(value, bool), row
+                self.admin.execute(
+                    f"INSERT INTO idempotency_keys ({', '.join(COLUMNS)}) VALUES ({', '.join(['%s'] * len(COLUMNS))})",
+                    [row[c] for c in COLUMNS],
+                )
+
+    def order_count(self) -> int:
+        return int(self.sql("SELECT count(*) FROM orders")[0][0])
+
+    def record_order(self) -> None:
+        import psycopg
+
+        with psycopg.connect(self.conninfo, autocommit=True) as conn:
+            conn.execute("INSERT INTO orders (note) VALUES ('made')")
+
+    @contextlib.contextmanager
+    def writers_blocked(self) -> Iterator[None]:
+        """Another transaction holds an exclusive lock on the ledger table meanwhile."""
+        import psycopg
+
+        with psycopg.connect(self.conninfo) as blocker:
+            blocker.execute("LOCK TABLE idempotency_keys IN ACCESS EXCLUSIVE MODE")
+            try:
+                yield
+            finally:
+                blocker.rollback()
+
+    def close(self) -> None:
+        for ledger in self._ledgers:
+            ledger.close()
+        try:
+            self.admin.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
+        finally:
+            self.admin.close()
+
+
+STORE_KINDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+@pytest.fixture(params=STORE_KINDS)
+def make_store(request: Any, tmp_path: Path) -> Iterator[Callable[[], Store]]:
+    """Builds fresh stores of this test's kind (all closed afterwards)."""
+    made: list[Store] = []
+
+    def make() -> Store:
+        store: Store
+        if request.param == "sqlite":
+            store = SqliteStore(tmp_path / f"ledger-{len(made)}.sqlite")
+        else:
+            store = PostgresStore(PG_URL)
+        made.append(store)
+        return store
+
+    yield make
+    for store in made:
+        store.close()
+
+
+@pytest.fixture
+def store(make_store: Callable[[], Store]) -> Store:
+    """One fresh ledger database: SQLite, then PostgreSQL."""
+    return make_store()
+
+
+@pytest.fixture
+def pg_store() -> Iterator[PostgresStore]:
+    """A fresh PostgreSQL schema (for tests marked `postgres`)."""
+    store = PostgresStore(PG_URL)
+    try:
+        yield store
+    finally:
+        store.close()

@@ -1,4 +1,7 @@
-"""Every SPEC row through `Ledger.handle` against a real SQLite file."""
+"""Every SPEC row through `Ledger.handle` against a real SQLite file and a
+real PostgreSQL schema (the `store` fixture; PostgreSQL runs are marked
+`postgres`). Tests that stage faults through sqlite3 internals stay SQLite
+only; test_postgres.py stages the same situations on PostgreSQL."""
 
 from __future__ import annotations
 
@@ -8,14 +11,22 @@ import logging
 import math
 import sqlite3
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
-from conftest import T0, ConnectionProxy, ManualClock, Mutation, insert_rows, order_count, post, rows
+from conftest import T0, ConnectionProxy, ManualClock, Mutation, Store, post, rows
 from idempotency_ledger import Ledger, LedgerUnavailable, MutationResponse, Outcome, ticket_of
 
 JSON = ("content-type", "application/json")
+
+
+@pytest.fixture
+def ledger(store: Store, clock: ManualClock) -> Iterator[Ledger]:
+    """A migrated ledger on this test's store (SQLite, then PostgreSQL)."""
+    ledger = store.ledger(clock=clock)
+    ledger.migrate()
+    yield ledger
 
 
 # ---------------------------------------------------------------- 1. header contract
@@ -61,8 +72,8 @@ def test_1_unprotected_methods_pass_through_without_ledger_access(db_path: Path,
     conn.close()
 
 
-def test_1_protected_methods_are_configurable(db_path: Path) -> None:
-    with Ledger(db_path, protected_methods=["PUT"]) as ledger:
+def test_1_protected_methods_are_configurable(store: Store) -> None:
+    with store.ledger(protected_methods=["PUT"]) as ledger:
         ledger.migrate()
         m = Mutation()
         assert post(ledger, None, m, method="POST").outcome == Outcome.PASS_THROUGH
@@ -77,17 +88,17 @@ def test_1_default_protected_methods(ledger: Ledger, method: str) -> None:
     assert post(ledger, None, Mutation(), method=method).status == 400
 
 
-def test_1_same_key_under_two_principals_is_two_rows(ledger: Ledger, db_path: Path) -> None:
+def test_1_same_key_under_two_principals_is_two_rows(ledger: Ledger, store: Store) -> None:
     m = Mutation()
     assert post(ledger, "shared", m, principal="acct-1").outcome == Outcome.EXECUTED
     assert post(ledger, "shared", m, principal="acct-2").outcome == Outcome.EXECUTED
     assert post(ledger, "shared", m, principal="acct-1").outcome == Outcome.REPLAYED
     assert m.calls == 2
-    assert [(r["principal"], r["key"]) for r in rows(db_path)] == [("acct-1", "shared"), ("acct-2", "shared")]
+    assert [(r["principal"], r["key"]) for r in store.rows()] == [("acct-1", "shared"), ("acct-2", "shared")]
 
 
-def test_1_retention_is_one_setting_for_replay_and_sweep(db_path: Path, clock: ManualClock) -> None:
-    with Ledger(db_path, clock=clock, retention_ms=60_000) as ledger:
+def test_1_retention_is_one_setting_for_replay_and_sweep(store: Store, clock: ManualClock) -> None:
+    with store.ledger(clock=clock, retention_ms=60_000) as ledger:
         ledger.migrate()
         m = Mutation()
         post(ledger, "k", m)
@@ -103,9 +114,13 @@ def test_1_retention_is_one_setting_for_replay_and_sweep(db_path: Path, clock: M
 # ---------------------------------------------------------------------- 2. schema
 
 
-def test_2_schema_is_exact_and_migrate_is_idempotent(ledger: Ledger, db_path: Path) -> None:
+def test_2_schema_is_exact_and_migrate_is_idempotent(ledger: Ledger, store: Store) -> None:
     ledger.migrate()
-    conn = sqlite3.connect(db_path)
+    assert len(ledger.schema()) == 2
+    if store.kind == "postgres":
+        _check_postgres_schema(ledger, store)
+        return
+    conn = sqlite3.connect(store.path)  # type: ignore[attr-defined]
     cols = [(r[1], r[2], r[3], r[4], r[5]) for r in conn.execute("PRAGMA table_info(idempotency_keys)")]
     assert cols == [
         ("principal", "TEXT", 1, None, 1),
@@ -123,7 +138,33 @@ def test_2_schema_is_exact_and_migrate_is_idempotent(ledger: Ledger, db_path: Pa
     assert "ON idempotency_keys (updated_at)" in index
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     conn.close()
-    assert len(ledger.schema()) == 2
+
+
+def _check_postgres_schema(ledger: Ledger, store: Any) -> None:
+    assert ledger.dialect == "postgres" and "BIGINT" in ledger.schema()[0]
+    cols = store.sql(
+        "SELECT column_name, data_type, is_nullable, column_default FROM information_schema.columns "
+        "WHERE table_schema = current_schema() AND table_name = 'idempotency_keys' ORDER BY ordinal_position"
+    )
+    assert cols == [
+        ("principal", "text", "NO", None),
+        ("key", "text", "NO", None),
+        ("fingerprint", "text", "NO", None),
+        ("status", "text", "NO", "'pending'::text"),
+        ("generation", "bigint", "NO", "1"),
+        ("response_status", "integer", "YES", None),
+        ("response_body", "text", "YES", None),
+        ("response_headers", "text", "YES", None),
+        ("created_at", "bigint", "NO", None),
+        ("updated_at", "bigint", "NO", None),
+    ]
+    pk = store.sql(
+        "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
+        "WHERE i.indrelid = 'idempotency_keys'::regclass AND i.indisprimary ORDER BY array_position(i.indkey, a.attnum)"
+    )
+    assert pk == [("principal",), ("key",)]
+    index = store.sql("SELECT indexdef FROM pg_indexes WHERE schemaname = current_schema() AND indexname = 'idx_idempotency_keys_updated_at'")
+    assert len(index) == 1 and index[0][0].endswith("USING btree (updated_at)")
 
 
 # ------------------------------------------------------------------- 3. claim
@@ -204,8 +245,8 @@ def test_5_fingerprint_differs_is_409_reused_never_replay(ledger: Ledger) -> Non
     assert r.header("content-type") == "application/json"
 
 
-def test_5_fresh_pending_is_409_in_progress_with_retry_after(db_path: Path, clock: ManualClock) -> None:
-    with Ledger(db_path, clock=clock, pending_ttl_ms=2_500) as ledger:
+def test_5_fresh_pending_is_409_in_progress_with_retry_after(store: Store, clock: ManualClock) -> None:
+    with store.ledger(clock=clock, pending_ttl_ms=2_500) as ledger:
         ledger.migrate()
         inner: dict[str, Any] = {}
 
@@ -222,7 +263,7 @@ def test_5_fresh_pending_is_409_in_progress_with_retry_after(db_path: Path, cloc
         assert r.header("content-type") == "application/json"
 
 
-def test_5_stale_pending_is_taken_over(ledger: Ledger, clock: ManualClock, db_path: Path) -> None:
+def test_5_stale_pending_is_taken_over(ledger: Ledger, clock: ManualClock, store: Store) -> None:
     boom = RuntimeError("crashed mid-mutation")
 
     def crashing() -> MutationResponse:
@@ -232,14 +273,14 @@ def test_5_stale_pending_is_taken_over(ledger: Ledger, clock: ManualClock, db_pa
         post(ledger, "k", crashing)
     ticket = ticket_of(info.value)
     assert ticket is not None and ticket.generation == 1
-    assert rows(db_path)[0]["status"] == "pending"
+    assert store.rows()[0]["status"] == "pending"
     clock.advance(30_000)
     assert post(ledger, "k", Mutation()).status == 409  # not yet stale: updated_at == now - TTL
     clock.advance(1)
     m = Mutation()
     r = post(ledger, "k", m)
     assert (r.outcome, r.ticket.generation if r.ticket else None, m.calls) == (Outcome.EXECUTED, 2, 1)
-    assert rows(db_path)[0]["generation"] == 2 and rows(db_path)[0]["status"] == "completed"
+    assert store.rows()[0]["generation"] == 2 and store.rows()[0]["status"] == "completed"
 
 
 def test_5_vanished_row_between_claim_and_lookup_is_409_retry(db_path: Path) -> None:
@@ -269,7 +310,7 @@ def test_6_takeover_never_takes_a_row_with_another_fingerprint(ledger: Ledger, c
     assert (r.status, r.reason, m.calls) == (409, "key-reused", 0)
 
 
-def test_6_superseded_owner_is_fenced_out_loudly(ledger: Ledger, clock: ManualClock, db_path: Path, caplog: Any) -> None:
+def test_6_superseded_owner_is_fenced_out_loudly(ledger: Ledger, clock: ManualClock, store: Store, caplog: Any) -> None:
     takeover: dict[str, Any] = {}
 
     def slow_owner() -> MutationResponse:
@@ -283,7 +324,7 @@ def test_6_superseded_owner_is_fenced_out_loudly(ledger: Ledger, clock: ManualCl
     assert (second.outcome, second.ticket.generation if second.ticket else None, second.stored) == (Outcome.EXECUTED, 2, True)
     assert (first.outcome, first.fenced_out, first.stored) == (Outcome.EXECUTED, True, False)
     assert first.json() == {"owner": 1}  # the caller still gets what it computed
-    assert rows(db_path)[0]["response_body"] == '{"owner":2}'  # at most one completion succeeded
+    assert store.rows()[0]["response_body"] == '{"owner":2}'  # at most one completion succeeded
     assert post(ledger, "k", Mutation()).json() == {"owner": 2}
     messages = [rec.getMessage() for rec in caplog.records if rec.levelno >= logging.ERROR]
     assert any("acct-1" in msg and "k" in msg and "1" in msg for msg in messages), messages
@@ -293,9 +334,9 @@ def test_6_superseded_owner_is_fenced_out_loudly(ledger: Ledger, clock: ManualCl
 # -------------------------------------------------------- 7. response lifecycle
 
 
-def test_7_only_status_body_and_allowlisted_headers_are_stored(ledger: Ledger, db_path: Path) -> None:
+def test_7_only_status_body_and_allowlisted_headers_are_stored(ledger: Ledger, store: Store) -> None:
     post(ledger, "k", Mutation(headers=[("Content-Type", "application/json"), ("Location", "/o/1"), ("X-Secret", "no")]))
-    row = rows(db_path)[0]
+    row = store.rows()[0]
     assert (row["response_status"], row["response_body"]) == (201, '{"order":"o_1"}')
     assert json.loads(row["response_headers"]) == {"content-type": "application/json", "location": "/o/1"}
 
@@ -342,12 +383,12 @@ def test_7_utf8_bytes_are_stored_exactly(ledger: Ledger) -> None:
 # ------------------------------------------------------------------- 8. sweep
 
 
-def test_8_bounded_sweep_removes_expired_completed_and_abandoned_pending(db_path: Path, clock: ManualClock) -> None:
-    with Ledger(db_path, clock=clock, sweep_batch=2, retention_ms=100_000) as ledger:
+def test_8_bounded_sweep_removes_expired_completed_and_abandoned_pending(store: Store, clock: ManualClock) -> None:
+    with store.ledger(clock=clock, sweep_batch=2, retention_ms=100_000) as ledger:
         ledger.migrate()
         old = T0 - 100_001
         fp = "0" * 64
-        insert_rows(db_path, [
+        store.insert_rows([
             {"principal": "p", "key": f"k{i}", "fingerprint": fp, "status": status, "generation": 1, "response_status": None,
              "response_body": None, "response_headers": None, "created_at": old, "updated_at": updated}
             for i, (status, updated) in enumerate([("completed", old), ("pending", old), ("completed", old), ("pending", T0 - 100_000)])
@@ -355,14 +396,14 @@ def test_8_bounded_sweep_removes_expired_completed_and_abandoned_pending(db_path
         assert ledger.sweep() == 2
         assert ledger.sweep() == 1
         assert ledger.sweep() == 0
-        assert [r["key"] for r in rows(db_path)] == ["k3"]
+        assert [r["key"] for r in store.rows()] == ["k3"]
 
 
 # ------------------------------------------------------------------- 9. failures
 
 
-def test_9_claim_not_written_means_no_execution_and_a_5xx(db_path: Path) -> None:
-    with Ledger(db_path) as ledger:  # never migrated: no such table
+def test_9_claim_not_written_means_no_execution_and_a_5xx(store: Store) -> None:
+    with store.ledger() as ledger:  # never migrated: no such table
         m = Mutation()
         r = post(ledger, "k", m)
         assert (r.status, r.outcome, m.calls) == (500, Outcome.UNAVAILABLE, 0)
@@ -370,23 +411,18 @@ def test_9_claim_not_written_means_no_execution_and_a_5xx(db_path: Path) -> None
         assert isinstance(r.error, LedgerUnavailable) and r.error.reason == "schema"
 
 
-def test_9_busy_ledger_is_503_with_retry_after(db_path: Path) -> None:
-    with Ledger(db_path, busy_timeout_ms=50) as ledger:
+def test_9_busy_ledger_is_503_with_retry_after(store: Store) -> None:
+    with store.ledger(busy_timeout_ms=50) as ledger:
         ledger.migrate()
-        blocker = sqlite3.connect(db_path, isolation_level=None)
-        blocker.execute("BEGIN IMMEDIATE")
-        try:
-            m = Mutation()
+        m = Mutation()
+        with store.writers_blocked():  # another writer holds the lock past the busy timeout
             r = post(ledger, "k", m)
-        finally:
-            blocker.execute("ROLLBACK")
-            blocker.close()
         assert (r.status, r.header("retry-after"), r.outcome, m.calls) == (503, "1", Outcome.UNAVAILABLE, 0)
         assert isinstance(r.error, LedgerUnavailable) and r.error.reason == "busy"
         assert post(ledger, "k", m).outcome == Outcome.EXECUTED  # and the ledger carries on
 
 
-def test_9_mutation_error_leaves_row_pending_and_release_frees_it(ledger: Ledger, db_path: Path) -> None:
+def test_9_mutation_error_leaves_row_pending_and_release_frees_it(ledger: Ledger, store: Store) -> None:
     class PaymentDeclined(Exception):
         pass
 
@@ -397,17 +433,17 @@ def test_9_mutation_error_leaves_row_pending_and_release_frees_it(ledger: Ledger
         post(ledger, "k", declined)
     ticket = ticket_of(info.value)
     assert ticket is not None
-    assert [(r["key"], r["status"]) for r in rows(db_path)] == [("k", "pending")]
+    assert [(r["key"], r["status"]) for r in store.rows()] == [("k", "pending")]
     assert post(ledger, "k", Mutation()).reason == "in-progress"
     assert ledger.release(ticket) is True
     assert ledger.release(ticket) is False
-    assert rows(db_path) == []
+    assert store.rows() == []
     m = Mutation()
     assert post(ledger, "k", m).outcome == Outcome.EXECUTED and m.calls == 1
 
 
-def test_9_mutation_runs_once_and_writes_happen_once(ledger: Ledger, db_path: Path) -> None:
-    m = Mutation(db_path)
+def test_9_mutation_runs_once_and_writes_happen_once(ledger: Ledger, store: Store) -> None:
+    m = Mutation(store)
     results = [post(ledger, "k", m) for _ in range(5)]
     assert [r.outcome for r in results] == [Outcome.EXECUTED] + [Outcome.REPLAYED] * 4
-    assert order_count(db_path) == 1
+    assert store.order_count() == 1

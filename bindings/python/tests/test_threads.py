@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from conftest import Mutation, order_count, post, rows
+from conftest import Mutation, Store, order_count, post, rows
 from idempotency_ledger import Ledger, MutationResponse, Outcome, Runtime
 from idempotency_ledger._sqlite import connect
 
@@ -62,14 +62,15 @@ def test_threads_share_the_runtime_but_not_stores_or_connections(db_path: Path) 
     ledger.close()
 
 
-def test_threads_racing_one_key_run_the_mutation_once(db_path: Path) -> None:
-    ledger = Ledger(db_path)
+def test_threads_racing_one_key_run_the_mutation_once(store: Store) -> None:
+    """SQLite, then PostgreSQL: 8 threads, one pooled connection each at most."""
+    ledger = store.ledger(max_size=THREADS) if store.kind == "postgres" else store.ledger()
     ledger.migrate()
     barrier = threading.Barrier(THREADS)
     results: list[Any] = []
     lock = threading.Lock()
     release = threading.Event()
-    mutation = Mutation(db_path)
+    mutation = Mutation(store)
 
     def slow() -> MutationResponse:
         release.wait(10)  # hold the claim while the others arrive
@@ -89,7 +90,7 @@ def test_threads_racing_one_key_run_the_mutation_once(db_path: Path) -> None:
     for t in threads:
         t.join()
     outcomes = sorted((r.outcome.value, r.status, r.reason or "") for r in results)
-    assert mutation.calls == 1 and order_count(db_path) == 1
+    assert mutation.calls == 1 and store.order_count() == 1
     executed = [r for r in results if r.outcome == Outcome.EXECUTED]
     assert len(executed) == 1, outcomes
     others = [r for r in results if r is not executed[0]]

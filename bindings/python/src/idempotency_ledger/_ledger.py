@@ -1,10 +1,11 @@
-"""`Ledger`: the SPEC flow over the component and sqlite3."""
+"""`Ledger`: the SPEC flow over the component and sqlite3 or PostgreSQL (psycopg 3)."""
 
 from __future__ import annotations
 
 import hashlib
 import logging
 import os
+import sys
 import threading
 import time
 import weakref
@@ -15,7 +16,7 @@ import wasmtime
 from wasmtime.component import Variant
 
 from ._runtime import Runtime, Slot, field, record, unwrap
-from ._sqlite import DEFAULT_BUSY_TIMEOUT_MS, SqliteBackend, connect
+from ._sqlite import DEFAULT_BUSY_TIMEOUT_MS, Backend, SqliteBackend, connect
 from ._types import (
     Admission,
     Completion,
@@ -92,6 +93,13 @@ def _after_fork_in_child() -> None:
             ledger._local = _PerThread()
             ledger._backends = weakref.WeakSet()
             ledger._backends_lock = threading.Lock()
+        elif ledger._dialect == "postgres" and ledger._shared_backend is not None:
+            # The parent's pool (threads, sockets) is not the child's: see
+            # PostgresBackend.after_fork_in_child.
+            ledger._local = _PerThread()
+            after_fork = getattr(ledger._shared_backend, "after_fork_in_child", None)
+            if after_fork is not None:
+                after_fork()
 
 
 if hasattr(os, "register_at_fork"):
@@ -99,7 +107,7 @@ if hasattr(os, "register_at_fork"):
 
 
 class Ledger:
-    """An Idempotency-Key ledger on one SQLite database.
+    """An Idempotency-Key ledger on one SQLite or PostgreSQL database.
 
     `Ledger(path, **settings)` is safe to share between threads: the compiled
     component, engine and linker are shared by the whole process; each thread
@@ -109,6 +117,13 @@ class Ledger:
     `Ledger(connection, **settings)` runs on that one connection (dedicated to
     the ledger, no transaction left open); calls are serialised with a lock
     and sqlite3's own thread checks apply.
+
+    `Ledger(pool, **settings)` runs on PostgreSQL through a
+    `psycopg_pool.ConnectionPool` the caller built (its TLS, auth and pool
+    settings apply; `close()` leaves it open); `Ledger.postgres(conninfo)`
+    builds one. Each thread gets its own Store + instance; every batch
+    borrows a pooled connection and runs as one READ COMMITTED transaction in
+    one network round trip, with `busy_timeout_ms` as its `lock_timeout`.
 
     Settings (WIT `config`, defaults from the core): protected_methods,
     fingerprint_headers, replay_headers, pending_ttl_ms, retention_ms,
@@ -137,10 +152,22 @@ class Ledger:
         # (servers that spawn a thread per request do not pile up files).
         self._backends: "weakref.WeakSet[SqliteBackend]" = weakref.WeakSet()
         self._backends_lock = threading.Lock()
+        self._dialect = "sqlite"
         if isinstance(database, (str, bytes, os.PathLike)):
             self._path: Any = os.fsdecode(database)
             self._lock: Optional[threading.RLock] = None
-            self._shared_backend: Optional[SqliteBackend] = None
+            self._shared_backend: Optional[Backend] = None
+        elif _is_postgres(database):
+            from ._postgres import PostgresBackend  # psycopg: the optional [postgres] extra
+
+            if not isinstance(database, PostgresBackend):
+                if not _is_sync_pool(database):
+                    raise TypeError("Ledger needs a psycopg_pool.ConnectionPool (the ledger is synchronous), not an AsyncConnectionPool")
+                database = PostgresBackend(database, busy_timeout_ms=self._busy_timeout_ms)
+            self._path = None
+            self._lock = None  # the backend is thread-safe: each batch borrows its own connection
+            self._shared_backend = database
+            self._dialect = "postgres"
         else:
             self._path = None
             self._lock = threading.RLock()
@@ -165,9 +192,61 @@ class Ledger:
             if not 0 <= values[name] < 1 << 32:
                 raise InvalidConfig(f"{name} out of range")
         self._settings = values
-        # sqlite3 speaks SQLite; the record carries the dialect the core plans in.
-        self._config = record(**values, dialect="sqlite")
+        # The record carries the dialect the core plans its SQL in.
+        self._config = record(**values, dialect=self._dialect)
         unwrap(self._call_raw("protocol", "validate-config", self._config))
+
+    @classmethod
+    def postgres(
+        cls,
+        conninfo: str = "",
+        *,
+        min_size: int = 1,
+        max_size: int = 10,
+        pool_timeout: float = 5.0,
+        connect_kwargs: Optional[Mapping[str, Any]] = None,
+        pool_options: Optional[Mapping[str, Any]] = None,
+        busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
+        clock: Optional[Callable[[], int]] = None,
+        runtime: Optional[Runtime] = None,
+        **settings: Any,
+    ) -> "Ledger":
+        """A ledger on PostgreSQL with a connection pool it owns (`close()`
+        closes it). Needs the `postgres` extra (psycopg 3 + psycopg-pool).
+
+        `conninfo`: a libpq URL or `key=value` string (libpq's PG*
+        environment variables fill the gaps). `min_size` / `max_size`: pool
+        size; `pool_timeout`: seconds a request waits for a free connection
+        before the ledger answers 503 (busy). `connect_kwargs`: extra
+        `psycopg.connect` arguments (e.g. `{"sslmode": "verify-full"}`,
+        `{"options": "-c search_path=ledger"}`); `pool_options`: extra
+        `psycopg_pool.ConnectionPool` arguments (max_idle, max_lifetime,
+        check, ...). `busy_timeout_ms` is each batch's `lock_timeout`. The
+        other settings are the ones `Ledger(...)` takes.
+
+        For TLS client certificates, IAM tokens or any connection set-up of
+        your own, build the `ConnectionPool` yourself and pass it to
+        `Ledger(pool)`.
+        """
+        from ._postgres import PostgresBackend, open_pool
+
+        if isinstance(min_size, bool) or not isinstance(min_size, int) or min_size < 0:
+            raise ValueError("min_size must be an int >= 0")
+        if isinstance(max_size, bool) or not isinstance(max_size, int) or max_size < max(min_size, 1):
+            raise ValueError("max_size must be an int >= max(min_size, 1)")
+        options = dict(pool_options or {})
+
+        def factory() -> Any:
+            return open_pool(conninfo, min_size=min_size, max_size=max_size, timeout=pool_timeout, kwargs=connect_kwargs, **options)
+
+        backend = PostgresBackend(pool_factory=factory, busy_timeout_ms=busy_timeout_ms)
+        try:
+            ledger = cls(backend, busy_timeout_ms=busy_timeout_ms, clock=clock, runtime=runtime, **settings)
+            backend.pool  # open now: connections warm up in the background
+        except BaseException:
+            backend.close()
+            raise
+        return ledger
 
     # ----------------------------------------------------------------- plumbing
 
@@ -182,13 +261,24 @@ class Ledger:
         return self._lock is not None
 
     @property
+    def dialect(self) -> str:
+        """The SQL dialect the core plans in: "sqlite" or "postgres"."""
+        return self._dialect
+
+    @property
+    def pool(self) -> Any:
+        """The `psycopg_pool.ConnectionPool` of a PostgreSQL ledger (None on SQLite)."""
+        backend = self._shared_backend
+        return getattr(backend, "pool", None) if self._dialect == "postgres" else None
+
+    @property
     def runtime(self) -> Runtime:
         return self._runtime
 
     def now_ms(self) -> int:
         return int(self._clock())
 
-    def _backend(self) -> SqliteBackend:
+    def _backend(self) -> Backend:
         if self._shared_backend is not None:
             return self._shared_backend
         backend = self._local.backend
@@ -240,12 +330,15 @@ class Ledger:
         return unwrap(self._call_raw(iface, name, *args))
 
     def close(self) -> None:
-        """Closes the connections this ledger opened (call at shutdown, when
-        no other thread is using the ledger)."""
+        """Closes the connections this ledger opened, and the pool that
+        `Ledger.postgres` built (call at shutdown, when no other thread is
+        using the ledger). A connection or pool you passed in stays open."""
         with self._backends_lock:
             backends, self._backends = list(self._backends), weakref.WeakSet()
         for backend in backends:
             backend.close()
+        if self._shared_backend is not None:
+            self._shared_backend.close()
         self._local = _PerThread()
         self._shared_slot = None
 
@@ -262,8 +355,9 @@ class Ledger:
         self._call("driven", "migrate", self._config)
 
     def schema(self) -> list[str]:
-        """The migration SQL, one statement per item."""
-        return list(self._call_raw("protocol", "schema", "sqlite"))
+        """The migration SQL of this ledger's dialect, one statement per item
+        (on PostgreSQL, run it once at deploy time: see the README)."""
+        return list(self._call_raw("protocol", "schema", self._dialect))
 
     def admit(self, method: Union[str, bytes], path_and_query: Union[str, bytes], headers: HeadersLike = None) -> Admission:
         """How the core classifies a request (pass-through, 400, protected);
@@ -464,6 +558,22 @@ class Ledger:
         log.error("[idempotency] request not executed: %s", error)
         response = self.error_response(error)
         return Result.of(response, Outcome.UNAVAILABLE, error=error)
+
+
+def _is_postgres(database: Any) -> bool:
+    """A psycopg_pool pool or a PostgresBackend, told apart without
+    importing psycopg when the caller never did."""
+    for name, attrs in (("psycopg_pool", ("ConnectionPool", "AsyncConnectionPool")), (f"{__package__}._postgres", ("PostgresBackend",))):
+        module = sys.modules.get(name)
+        if module is not None and isinstance(database, tuple(getattr(module, a) for a in attrs)):
+            return True
+    return False
+
+
+def _is_sync_pool(database: Any) -> bool:
+    from psycopg_pool import ConnectionPool
+
+    return isinstance(database, ConnectionPool)
 
 
 def _connect_any_thread(path: Any, busy_timeout_ms: int) -> Any:

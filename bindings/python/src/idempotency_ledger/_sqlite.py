@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from typing import Any, Callable, Sequence, Union
+from typing import Any, Callable, Protocol, Sequence, Union
 
 #: How long a writer waits for another writer's lock before `busy`.
 DEFAULT_BUSY_TIMEOUT_MS = 5000
@@ -30,6 +30,20 @@ _SQLITE_CANTOPEN = 14
 _SQLITE_CONSTRAINT = 19
 _SQLITE_NOTADB = 26
 _IO_CODES = {_SQLITE_PERM, _SQLITE_READONLY, _SQLITE_IOERR, _SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_CANTOPEN, _SQLITE_NOTADB}
+
+
+class Backend(Protocol):
+    """What a ledger backend provides: `SqliteBackend`, and `PostgresBackend`
+    in `_postgres` (psycopg 3)."""
+
+    def execute_batch(self, statements: Sequence[Statement]) -> list[StatementResult]:
+        """Runs `statements` as ONE atomic transaction, one result per
+        statement; raises `BatchError` (and nothing else) on failure."""
+        ...
+
+    def close(self) -> None:
+        """Releases what the backend opened itself."""
+        ...
 
 
 class BatchError(Exception):
