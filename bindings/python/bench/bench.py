@@ -13,6 +13,10 @@ goes to stderr.
    crosses as list<u8>).
 3. Cold start: compile, instantiate, a new Ledger; `handle()` against a bare
    sqlite3 insert (one transaction each).
+4. Only when IDEMPOTENCY_PG_URL names a PostgreSQL server: `handle()` on a
+   fresh key and on a replay, PostgreSQL (`Ledger.postgres`, in a throwaway
+   schema) against SQLite in the same rounds, with a bare one-statement
+   PostgreSQL insert for scale.
 
     make -C bindings/python bench        # or: .venv/bin/python bench/bench.py [--rounds R] [--per-round N]
 
@@ -26,6 +30,7 @@ from __future__ import annotations
 import argparse
 import gc
 import hashlib
+import os
 import platform
 import sqlite3
 import statistics
@@ -33,6 +38,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from importlib import metadata, resources
 from pathlib import Path
 from typing import Any, Callable
@@ -332,6 +338,65 @@ def cold_start(tmp: Path) -> dict[str, tuple[Any, ...]]:
     }
 
 
+def postgres_vs_sqlite(url: str, tmp: Path, rounds: int, per_round: int) -> dict[str, Any]:
+    """`handle()` on PostgreSQL vs SQLite, same process, interleaved blocks."""
+    import psycopg
+    from psycopg.conninfo import make_conninfo
+
+    schema = f"bench_{uuid.uuid4().hex[:12]}"
+    conninfo = make_conninfo(url, options=f"-c search_path={schema}")
+    admin = psycopg.connect(url, autocommit=True)
+    admin.execute(f'CREATE SCHEMA "{schema}"')
+    try:
+        ledgers = {"sqlite": Ledger(tmp / "pg-compare.sqlite"), "postgres": Ledger.postgres(conninfo, min_size=1, max_size=1)}
+        for ledger in ledgers.values():
+            ledger.migrate()
+            assert ledger.handle(PRINCIPAL, "POST", PATH, [*HEADERS, ("Idempotency-Key", "done")], BODY, mutation).status == 201
+        bare = psycopg.connect(conninfo, autocommit=True)
+        bare.execute("CREATE TABLE t (principal TEXT NOT NULL, key TEXT NOT NULL, fingerprint TEXT NOT NULL, created_at BIGINT, "
+                     "PRIMARY KEY (principal, key))")
+        fingerprint = ledgers["sqlite"].fingerprint("POST", PATH, HEADERS, BODY)
+        samples: dict[tuple[str, str], list[float]] = {}
+        clock = time.perf_counter_ns
+        for rnd in range(rounds + 1):
+            n = max(25, per_round // 8) if rnd == 0 else per_round
+            order = list(ledgers.items()) if rnd % 2 == 0 else list(ledgers.items())[::-1]
+            for name, ledger in order:
+                for path in ("fresh", "replay"):
+                    times = []
+                    gc.collect()
+                    for i in range(n):
+                        key = f"pg-{rnd}-{i}" if path == "fresh" else "done"
+                        t0 = clock()
+                        r = ledger.handle(PRINCIPAL, "POST", PATH, [*HEADERS, ("Idempotency-Key", key)], BODY, mutation)
+                        times.append((clock() - t0) / 1e3)
+                        if r.status != 201:
+                            raise SystemExit(f"{name} {path}: status {r.status} {r.body!r}")
+                    if rnd:
+                        samples.setdefault((name, path), []).extend(times)
+            times = []
+            gc.collect()
+            for i in range(n):
+                t0 = clock()
+                bare.execute("INSERT INTO t VALUES (%s, %s, %s, %s)", (PRINCIPAL, f"b-{rnd}-{i}", fingerprint, i))
+                times.append((clock() - t0) / 1e3)
+            if rnd:
+                samples.setdefault(("postgres", "bare"), []).extend(times)
+            log(f"postgres vs sqlite round {rnd}/{rounds} done" + (" (warm-up)" if rnd == 0 else ""))
+        version = admin.execute("SHOW server_version").fetchone()
+        bare.close()
+        for ledger in ledgers.values():
+            ledger.close()
+    finally:
+        admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        admin.close()
+    return {
+        "server": version[0] if version else "?",
+        "psycopg": metadata.version("psycopg"),
+        "stats": {k: (statistics.median(v), pct(v, 0.99), len(v)) for k, v in samples.items()},
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds of interleaved blocks (after one warm-up round)")
@@ -352,6 +417,11 @@ def main() -> None:
         fps = fingerprints(ledger)
         ledger.close()
         plain.close()
+        pg_url = os.environ.get("IDEMPOTENCY_PG_URL", "")
+        pg = None
+        if pg_url:
+            log("PostgreSQL vs SQLite: handle() fresh key and replay")
+            pg = postgres_vs_sqlite(pg_url, tmp, args.rounds, max(50, args.per_round // 2))
     elapsed = time.perf_counter() - started
 
     wasmtime_version = metadata.version("wasmtime")
@@ -462,6 +532,23 @@ def main() -> None:
     ]
     for label, (m, p, n) in rows:
         w(f"| {label} | {fmt_us(m)} | {fmt_us(p)} | {n} | {m / bm:.1f}x |")
+    if pg is not None:
+        st = pg["stats"]
+        w("")
+        w("### `handle()` on PostgreSQL vs SQLite (same run)")
+        w("")
+        w(f"PostgreSQL {pg['server']} at `IDEMPOTENCY_PG_URL` (loopback when `scripts/postgres.sh` started it), "
+          f"psycopg {pg['psycopg']} through `Ledger.postgres` (one pooled connection; each batch one READ COMMITTED "
+          "transaction in one pipelined round trip), against `Ledger(path)` on SQLite, blocks interleaved in the same rounds.")
+        w("")
+        w("| call | SQLite median (µs) | SQLite p99 (µs) | PostgreSQL median (µs) | PostgreSQL p99 (µs) | requests each | PostgreSQL / SQLite (median) |")
+        w("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for label, path in (("`handle()`, new key (decide batch + mutation + complete batch)", "fresh"), ("`handle()`, replay (decide batch)", "replay")):
+            sm, sp, n = st[("sqlite", path)]
+            pm, pp, _ = st[("postgres", path)]
+            w(f"| {label} | {fmt_us(sm)} | {fmt_us(sp)} | {fmt_us(pm)} | {fmt_us(pp)} | {n} | {pm / sm:.1f}x |")
+        bm2, bp2, bn = st[("postgres", "bare")]
+        w(f"| bare psycopg INSERT, autocommit (one statement, one round trip), for scale | | | {fmt_us(bm2)} | {fmt_us(bp2)} | {bn} | |")
     print("\n".join(out))
     log(f"done in {elapsed:.0f} s")
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from servers import uvicorn_server
 
@@ -63,3 +64,21 @@ def test_fastapi_example(tmp_path: Path, monkeypatch: Any) -> None:
     assert conn.execute("SELECT principal, status FROM idempotency_keys").fetchall() == [("account-42", "completed")]
     conn.close()
     namespace["ledger"].close()
+
+
+@pytest.mark.postgres
+def test_postgres_example(pg_store: Any, monkeypatch: Any, capsys: Any) -> None:
+    from idempotency_ledger import Ledger
+
+    with Ledger.postgres(pg_store.conninfo) as deploy:  # the deploy-time migration the README asks for
+        deploy.migrate()
+    monkeypatch.setenv("DATABASE_URL", pg_store.conninfo)
+    exec(compile(_blocks()[2], "README-postgres", "exec"), {})
+    assert capsys.readouterr().out == "executed replayed b'{\"order\":\"o_1\"}'\n"
+    assert [(r["principal"], r["status"]) for r in pg_store.rows()] == [("account-42", "completed")]
+
+
+def test_own_pool_example_compiles() -> None:
+    code = _blocks()[3]
+    assert "Ledger(pool" in code and "ConnectionPool(" in code
+    compile(code, "README-own-pool", "exec")
