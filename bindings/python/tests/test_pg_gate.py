@@ -1,5 +1,6 @@
 """The gate on tests marked `postgres`: skipped without a server, FAILED
-without one when IDEMPOTENCY_REQUIRE_PG=1 (so CI never skips them silently)."""
+without one when IDEMPOTENCY_REQUIRE_PG=1 (so CI never skips them silently).
+And psycopg stays optional: importing the package does not import it."""
 
 from __future__ import annotations
 
@@ -30,3 +31,10 @@ def test_postgres_tests_fail_without_a_server_when_required() -> None:
     assert result.returncode == 1, result.stdout + result.stderr
     assert "IDEMPOTENCY_REQUIRE_PG=1 but IDEMPOTENCY_PG_URL is not set" in result.stdout
     assert "skipped" not in result.stdout
+
+
+def test_importing_the_package_does_not_import_psycopg() -> None:
+    code = "import sys, idempotency_ledger; print(sorted(m for m in sys.modules if m.startswith('psycopg')))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

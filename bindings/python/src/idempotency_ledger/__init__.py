@@ -5,7 +5,9 @@ takeover, response lifecycle, sweep) runs in the shared idempotency core
 WebAssembly component under wasmtime-py; this package moves bytes, hashes
 bodies natively and runs the core's SQL on SQLite (`sqlite3`) or, with the
 `postgres` extra, on PostgreSQL (psycopg 3 with a `psycopg_pool` pool):
-`Ledger.postgres("postgresql://...")` or `Ledger(your_pool)`.
+`Ledger.postgres("postgresql://...")` or `Ledger(your_pool)`; the backend
+itself is `idempotency_ledger.postgres.PostgresBackend` (importing that
+module needs psycopg).
 
     from idempotency_ledger import Ledger, MutationResponse
 
@@ -17,8 +19,6 @@ bodies natively and runs the core's SQL on SQLite (`sqlite3`) or, with the
                            lambda: MutationResponse.json(201, {"order": "o_1"}))
     result.status, result.headers, result.body, result.outcome
 """
-
-from typing import Any
 
 from ._ledger import SETTINGS, Begun, Ledger, ticket_of
 from ._runtime import Runtime
@@ -57,7 +57,6 @@ __all__ = [
     "MalformedResult",
     "MutationResponse",
     "Outcome",
-    "PostgresBackend",
     "ProtocolError",
     "Response",
     "Result",
@@ -69,13 +68,4 @@ __all__ = [
     "ticket_of",
 ]
 __version__ = "0.1.0"
-
-
-def __getattr__(name: str) -> Any:
-    # PostgresBackend needs psycopg (the optional `postgres` extra): imported on first use.
-    if name == "PostgresBackend":
-        from ._postgres import PostgresBackend
-
-        return PostgresBackend
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

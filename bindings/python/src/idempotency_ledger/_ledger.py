@@ -158,7 +158,7 @@ class Ledger:
             self._lock: Optional[threading.RLock] = None
             self._shared_backend: Optional[Backend] = None
         elif _is_postgres(database):
-            from ._postgres import PostgresBackend  # psycopg: the optional [postgres] extra
+            from .postgres import PostgresBackend  # psycopg: the optional [postgres] extra
 
             if not isinstance(database, PostgresBackend):
                 if not _is_sync_pool(database):
@@ -228,7 +228,7 @@ class Ledger:
         your own, build the `ConnectionPool` yourself and pass it to
         `Ledger(pool)`.
         """
-        from ._postgres import PostgresBackend, open_pool
+        from .postgres import PostgresBackend, open_pool
 
         if isinstance(min_size, bool) or not isinstance(min_size, int) or min_size < 0:
             raise ValueError("min_size must be an int >= 0")
@@ -563,7 +563,7 @@ class Ledger:
 def _is_postgres(database: Any) -> bool:
     """A psycopg_pool pool or a PostgresBackend, told apart without
     importing psycopg when the caller never did."""
-    for name, attrs in (("psycopg_pool", ("ConnectionPool", "AsyncConnectionPool")), (f"{__package__}._postgres", ("PostgresBackend",))):
+    for name, attrs in (("psycopg_pool", ("ConnectionPool", "AsyncConnectionPool")), (f"{__package__}.postgres", ("PostgresBackend",))):
         module = sys.modules.get(name)
         if module is not None and isinstance(database, tuple(getattr(module, a) for a in attrs)):
             return True

@@ -34,7 +34,7 @@ _IO_CODES = {_SQLITE_PERM, _SQLITE_READONLY, _SQLITE_IOERR, _SQLITE_CORRUPT, _SQ
 
 class Backend(Protocol):
     """What a ledger backend provides: `SqliteBackend`, and `PostgresBackend`
-    in `_postgres` (psycopg 3)."""
+    in `idempotency_ledger.postgres` (psycopg 3)."""
 
     def execute_batch(self, statements: Sequence[Statement]) -> list[StatementResult]:
         """Runs `statements` as ONE atomic transaction, one result per

@@ -14,7 +14,8 @@ out of `execute_batch` otherwise. A connection is always handed back to the
 pool idle (rolled back) or closed, so the pool discards it.
 
 psycopg is an optional dependency (`pip install 'idempotency-ledger[postgres]'`):
-this module is imported only when a PostgreSQL ledger is built.
+`import idempotency_ledger` never imports it; this module is imported when a
+PostgreSQL ledger is built (or when you import it yourself).
 """
 
 from __future__ import annotations
