@@ -377,3 +377,9 @@ def test_clock_is_stored_as_bigint_milliseconds(pg: PostgresStore, clock: Manual
     post(ledger, "k", Mutation())
     assert [(r["created_at"], r["updated_at"]) for r in pg.rows()] == [(T0, T0)]
     assert pg.sql("SELECT pg_typeof(created_at)::text FROM idempotency_keys") == [("bigint",)]
+
+
+def test_busy_timeout_becomes_the_lock_timeout() -> None:
+    from idempotency_ledger.postgres import lock_timeout_literal
+
+    assert [lock_timeout_literal(ms) for ms in (5000, 250, 1500, 0)] == ["5s", "250ms", "1500ms", "1ms"]  # 0: never "wait forever"

@@ -97,10 +97,14 @@ def ledger_error(error: BaseException) -> BatchError:
 
 
 def lock_timeout_literal(ms: int) -> str:
-    """`SET LOCAL lock_timeout` value for `ms` milliseconds ('5s', '250ms')."""
+    """`SET LOCAL lock_timeout` value for `ms` milliseconds ('5s', '250ms').
+    0 means "do not wait" as it does for SQLite's busy timeout: '1ms', since
+    PostgreSQL reads a lock_timeout of 0 as "wait forever"."""
     if isinstance(ms, bool) or not isinstance(ms, int) or ms < 0:
         raise ValueError("busy_timeout_ms must be a non-negative int")
-    return f"{ms // 1000}s" if ms and ms % 1000 == 0 else f"{ms}ms"
+    if ms == 0:
+        return "1ms"
+    return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
 
 
 def _sql_value(v: Any) -> SqlValue:
