@@ -5,7 +5,7 @@ CORE_MODULE := target/wasm32-unknown-unknown/component/idempotency_ledger_guest.
 COMPONENTIZE := $(CARGO) run --quiet -p idempotency-ledger-componentize --
 GUEST_SOURCES := $(shell find wit guest -name '*.wit' -o -name '*.rs' -o -name 'Cargo.toml') Cargo.toml Cargo.lock
 
-.PHONY: help component wit demo test test-rust test-js test-python check-imports vectors simulate fuzz bench size-profile clean
+.PHONY: help component wit demo demo-postgres test test-rust test-js test-python test-postgres postgres-suites check-imports vectors simulate fuzz bench size-profile clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{ printf "  %-15s %s\n", $$1, $$2 }'
@@ -25,10 +25,15 @@ check-imports: $(COMPONENT_WASM) ## Fail unless the component imports only the l
 	@imports="$$($(COMPONENTIZE) imports $(COMPONENT_WASM))"; echo "component imports: $$imports"; \
 	  test "$$imports" = "idempotency:ledger/ledger@0.1.0" || { echo "error: unexpected imports" >&2; exit 1; }
 
-demo: $(COMPONENT_WASM) ## Run the demo against an embedded SQLite file
-	$(CARGO) run --locked --quiet -p idempotency-ledger --bin idempotency-ledger -- demo --db target/demo.sqlite
+PG_URL ?=
+demo: $(COMPONENT_WASM) ## Run the demo against an embedded SQLite file (PG_URL=postgresql://...: on that server)
+	$(CARGO) run --locked --quiet -p idempotency-ledger --bin idempotency-ledger -- demo $(if $(PG_URL),--postgres $(PG_URL),--db target/demo.sqlite)
 
-test: test-rust test-js test-python ## Run every suite (Rust, JavaScript, Python)
+demo-postgres: $(COMPONENT_WASM) ## Run the demo on a throwaway local PostgreSQL (installed with apt-get if missing)
+	$(CARGO) build --locked --quiet -p idempotency-ledger --bin idempotency-ledger
+	./scripts/postgres.sh run -- sh -c 'target/debug/idempotency-ledger demo --postgres "$$IDEMPOTENCY_PG_URL"'
+
+test: test-rust test-js test-python test-postgres ## Run every suite (Rust, JavaScript, Python, PostgreSQL)
 
 test-rust: check-imports ## Rust: native core tests, then the component under wasmtime over SQLite
 	$(CARGO) test --locked
@@ -59,6 +64,21 @@ test-js: $(COMPONENT_WASM) ## JavaScript: workerd + D1 via miniflare, Node + bet
 
 test-python: $(COMPONENT_WASM) ## Python: wasmtime-py + sqlite3, middleware, races, vectors
 	$(MAKE) -C bindings/python test
+
+RACE_KEYS ?= 200
+test-postgres: $(COMPONENT_WASM) ## PostgreSQL: a throwaway local server, the Rust and Python suites on it, a 4-process Rust+Python race
+	$(CARGO) build --locked -p idempotency-ledger-host-test --features postgres-tests --tests --bin pg-race-worker
+	$(MAKE) -C bindings/python venv
+	./scripts/postgres.sh run -- $(MAKE) --no-print-directory postgres-suites
+
+# Needs IDEMPOTENCY_PG_URL (test-postgres sets it): the same SPEC, vector,
+# concurrency, failure and hostile tests as over SQLite, in the postgres dialect.
+postgres-suites:
+	@test -n "$$IDEMPOTENCY_PG_URL" || { echo "error: IDEMPOTENCY_PG_URL is not set (use make test-postgres)" >&2; exit 1; }
+	IDEMPOTENCY_TEST_BACKEND=postgres $(CARGO) test --locked -p idempotency-ledger-host-test --features postgres-tests \
+	  --test spec --test vectors --test concurrency --test failures --test hostile --test postgres
+	$(MAKE) -C bindings/python test-postgres
+	bindings/python/.venv/bin/python host-test/pg_race.py --rust-worker target/debug/pg-race-worker --keys $(RACE_KEYS)
 
 clean: ## Remove build output
 	$(CARGO) clean

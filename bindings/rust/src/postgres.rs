@@ -38,7 +38,8 @@ pub struct PostgresPool {
 
 struct PoolInner {
     pool: Pool,
-    /// Drives the connections' I/O; the ledgers block on it.
+    /// One worker drives the connections' I/O and runs every batch; the
+    /// ledgers' threads block on it.
     runtime: tokio::runtime::Runtime,
 }
 
@@ -92,7 +93,12 @@ pub struct PostgresBackend {
 impl SqlBackend for PostgresBackend {
     fn execute_batch(&mut self, statements: &[Statement]) -> Result<Vec<StatementResult>, LedgerError> {
         let inner = &self.pool.inner;
-        inner.runtime.block_on(run_batch(&inner.pool, statements))
+        // Run on the runtime's single worker, the thread that also drives the
+        // connections: every request of the batch is queued before the
+        // connection task gets to write, so they leave in one write.
+        let (pool, statements) = (inner.pool.clone(), statements.to_vec());
+        let task = inner.runtime.spawn(async move { run_batch(&pool, &statements).await });
+        inner.runtime.block_on(task).unwrap_or_else(|e| Err(LedgerError::Other(format!("postgres batch task: {e}"))))
     }
 
     fn dialect(&self) -> Dialect {

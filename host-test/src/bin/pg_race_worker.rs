@@ -66,6 +66,8 @@ fn main() {
     mutations
         .execute_batch(&[Statement { sql: "SELECT 1".into(), params: vec![] }])
         .expect("warm-up query");
+    // Tell the driver this worker is ready, then wait for everyone's start.
+    std::fs::File::create(format!("{}.ready.{}", args.start_file.display(), args.name)).expect("ready file");
     while !args.start_file.exists() {
         std::thread::sleep(Duration::from_millis(1));
     }

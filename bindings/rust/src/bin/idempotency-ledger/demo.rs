@@ -1,30 +1,79 @@
-//! `make demo`: the protocol, step by step, against a real SQLite file.
+//! `make demo`: the protocol, step by step, against a real SQLite file, or
+//! (`--postgres URL`) in a fresh schema `idempotency_ledger_demo` on a
+//! PostgreSQL server.
 
 use std::cell::Cell;
 use std::time::Duration;
 
+use idempotency_ledger::wit::{Statement, Value};
 use idempotency_ledger::{
-    Config, Handled, HandleError, Ledger, ManualClock, MutationResponse, Outcome, Request, Runtime, SqliteBackend,
-    Stored,
+    Config, Handled, HandleError, Ledger, ManualClock, MutationResponse, Outcome, PostgresPool, Request, Runtime,
+    SqlBackend, SqliteBackend, Stored,
 };
+
+/// Where the demo's ledger lives.
+pub enum Target {
+    Sqlite(String),
+    Postgres(String),
+}
+
+const DEMO_SCHEMA: &str = "idempotency_ledger_demo";
+
+impl Target {
+    fn describe(&self) -> String {
+        match self {
+            Target::Sqlite(path) => format!("SQLite at {path}"),
+            Target::Postgres(_) => format!("PostgreSQL, schema {DEMO_SCHEMA}"),
+        }
+    }
+
+    /// A fresh, empty database; returns how to open backends on it.
+    fn reset(&self) -> Result<Box<dyn Fn() -> Result<Box<dyn SqlBackend>, String>>, String> {
+        match self {
+            Target::Sqlite(path) => {
+                for suffix in ["", "-wal", "-shm"] {
+                    let _ = std::fs::remove_file(format!("{path}{suffix}"));
+                }
+                if let Some(dir) = std::path::Path::new(path).parent() {
+                    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+                }
+                let path = path.clone();
+                Ok(Box::new(move || Ok(Box::new(SqliteBackend::open(&path).map_err(|e| e.to_string())?))))
+            }
+            Target::Postgres(url) => {
+                let sep = if url.contains('?') { '&' } else { '?' };
+                let url = format!("{url}{sep}options=-c%20search_path%3D{DEMO_SCHEMA}");
+                let pool = PostgresPool::connect(&url, 4).map_err(|e| e.to_string())?;
+                let reset = format!("DROP SCHEMA IF EXISTS {DEMO_SCHEMA} CASCADE; CREATE SCHEMA {DEMO_SCHEMA}");
+                for sql in reset.split("; ") {
+                    pool.backend()
+                        .execute_batch(&[Statement { sql: sql.into(), params: vec![] }])
+                        .map_err(|e| format!("{url}: {e:?}"))?;
+                }
+                Ok(Box::new(move || Ok(Box::new(pool.backend()))))
+            }
+        }
+    }
+}
 
 const PRINCIPAL: &str = "account-42";
 
-pub fn run(path: String) -> Result<(), String> {
-    for suffix in ["", "-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{path}{suffix}"));
-    }
-    if let Some(dir) = std::path::Path::new(&path).parent() {
-        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
-    }
+pub fn run(target: Target) -> Result<(), String> {
+    let new_backend = target.reset()?;
+    let count_rows = || -> Result<i64, String> {
+        let count = Statement { sql: "SELECT COUNT(*) FROM idempotency_keys".into(), params: vec![] };
+        match new_backend()?.execute_batch(&[count]).map_err(|e| format!("{e:?}"))?[0].rows.first().map(|r| &r[0]) {
+            Some(Value::Integer(n)) => Ok(*n),
+            other => Err(format!("row count: {other:?}")),
+        }
+    };
     let err = |e: idempotency_ledger::Error| e.to_string();
     let clock = ManualClock::new(1_767_225_600_000); // 2026-01-01T00:00:00Z
     let runtime = Runtime::shared().map_err(err)?;
     let open = || -> Result<Ledger, String> {
-        let backend = SqliteBackend::open(&path).map_err(|e| e.to_string())?;
-        Ledger::new(runtime.clone(), backend, Config::default(), clock.clone()).map_err(err)
+        Ledger::new(runtime.clone(), new_backend()?, Config::default(), clock.clone()).map_err(err)
     };
-    // Two ledgers on one file stand for two servers (or two threads).
+    // Two ledgers on one database stand for two servers (or two threads).
     let mut server_a = open()?;
     let mut server_b = open()?;
     server_a.migrate().map_err(err)?;
@@ -38,7 +87,7 @@ pub fn run(path: String) -> Result<(), String> {
             .header("X-Trace-Id", format!("trace-{n}")))
     };
 
-    println!("Idempotency-Key ledger demo: the core component under wasmtime, over SQLite at {path}");
+    println!("Idempotency-Key ledger demo: the core component under wasmtime, over {}", target.describe());
     println!("Each step sends a request as {PRINCIPAL}; the order endpoint counts how often it really runs.\n");
 
     let order = |key: &str, body: &str| {
@@ -105,11 +154,11 @@ pub fn run(path: String) -> Result<(), String> {
     show("", &read, &executions);
 
     step(7, "a day passes; the bounded sweep removes rows older than the 24 h retention");
-    println!("   rows before: {}", count_rows(&path)?);
+    println!("   rows before: {}", count_rows()?);
     clock.advance(Duration::from_secs(24 * 60 * 60 + 1));
     let swept = server_a.sweep().map_err(err)?;
     let batch = server_a.config().sweep_batch;
-    println!("   swept {swept} rows (batch limit {batch}); rows after: {}", count_rows(&path)?);
+    println!("   swept {swept} rows (batch limit {batch}); rows after: {}", count_rows()?);
     let fresh = handled(server_b.handle(PRINCIPAL, &order("order-1", r#"{"sku":"A-1","qty":2}"#), create_order))?;
         show("order-1 after retention is a new operation: ", &fresh, &executions);
 
@@ -121,11 +170,6 @@ pub fn run(path: String) -> Result<(), String> {
     println!("ledger), and order-1 again once its retention had passed. Retries, reuse and concurrent copies ran nothing.");
     expect(executions.get() == 5, "exactly 5 executions")?;
     Ok(())
-}
-
-fn count_rows(path: &str) -> Result<i64, String> {
-    let conn = rusqlite::Connection::open(path).map_err(|e| e.to_string())?;
-    conn.query_row("SELECT COUNT(*) FROM idempotency_keys", [], |r| r.get(0)).map_err(|e| e.to_string())
 }
 
 fn step(n: u32, what: &str) {

@@ -15,14 +15,15 @@ USAGE:
       Print the request's fingerprint (lowercase hex SHA-256). The body is read from
       stdin when no --body-file is given. --in-component hashes inside the component
       instead of with the native SHA-256 over the component's prefix (same digest).
-  idempotency-ledger schema
-      Print the migration SQL.
+  idempotency-ledger schema [--dialect sqlite|postgres]
+      Print the migration SQL (default sqlite, also right for D1).
   idempotency-ledger inspect --db FILE
       Rows by status, stale pending rows, expired rows awaiting the sweep, oldest row age.
   idempotency-ledger sweep --db FILE [--all]
       Delete one bounded batch of expired rows (--all: batches until none is left).
-  idempotency-ledger demo [--db FILE]
-      Walk through the protocol against a SQLite file (default target/demo.sqlite).
+  idempotency-ledger demo [--db FILE | --postgres URL]
+      Walk through the protocol against a SQLite file (default target/demo.sqlite),
+      or against a PostgreSQL server (in a fresh schema idempotency_ledger_demo).
 ";
 
 fn main() -> ExitCode {
@@ -30,11 +31,10 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("fingerprint") => fingerprint(&args[1..]),
-        Some("schema") => schema(),
+        Some("schema") => schema(&args[1..]),
         Some("inspect") => inspect(&args[1..]),
         Some("sweep") => sweep(&args[1..]),
-        Some("demo") => option(&args[1..], "--db")
-            .and_then(|db| demo::run(db.unwrap_or_else(|| "target/demo.sqlite".into()))),
+        Some("demo") => demo_target(&args[1..]).and_then(demo::run),
         Some("help" | "--help" | "-h") | None => {
             print!("{USAGE}");
             Ok(())
@@ -113,8 +113,23 @@ fn memory_ledger() -> Result<Ledger, String> {
     Ledger::new(runtime, backend, Config::default(), SystemClock).map_err(|e| e.to_string())
 }
 
-fn schema() -> Result<(), String> {
-    for statement in idempotency_ledger_core::sql::SQLITE.schema {
+fn demo_target(args: &[String]) -> Result<demo::Target, String> {
+    check_flags(args, &["--db", "--postgres"], &[])?;
+    match (option(args, "--db")?, option(args, "--postgres")?) {
+        (Some(_), Some(_)) => Err(format!("--db and --postgres exclude each other\n\n{USAGE}")),
+        (None, Some(url)) => Ok(demo::Target::Postgres(url)),
+        (db, None) => Ok(demo::Target::Sqlite(db.unwrap_or_else(|| "target/demo.sqlite".into()))),
+    }
+}
+
+fn schema(args: &[String]) -> Result<(), String> {
+    check_flags(args, &["--dialect"], &[])?;
+    let dialect = match option(args, "--dialect")?.as_deref() {
+        None | Some("sqlite") => idempotency_ledger::Dialect::Sqlite,
+        Some("postgres") => idempotency_ledger::Dialect::Postgres,
+        Some(other) => return Err(format!("--dialect {other:?}: expected sqlite or postgres")),
+    };
+    for statement in dialect.statements().schema {
         println!("{statement};");
     }
     Ok(())
