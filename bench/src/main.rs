@@ -10,7 +10,10 @@ use std::fmt::Write as _;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use idempotency_ledger::{Config, Ledger, ManualClock, MutationResponse, Request, Runtime, SqliteBackend, COMPONENT};
+use idempotency_ledger::wit::{Statement, Value};
+use idempotency_ledger::{
+    Config, Ledger, ManualClock, MutationResponse, PostgresPool, Request, Runtime, SqlBackend, SqliteBackend, COMPONENT,
+};
 use idempotency_ledger_core as core;
 
 const T0: i64 = 1_767_225_600_000;
@@ -155,6 +158,14 @@ fn main() {
     }
     let _ = writeln!(md, "\nRound trips are counted by `host-test/tests/failures.rs` (ours) and read off the recipe's code (claim, then SELECT, then takeover UPDATE, then completion; its sweep is one more per request).");
 
+    // ---- PostgreSQL vs SQLite ----
+    match std::env::var("IDEMPOTENCY_PG_URL") {
+        Ok(url) => postgres_vs_sqlite(&mut md, &runtime, &url, dir.path()),
+        Err(_) => {
+            let _ = writeln!(md, "\n### PostgreSQL vs SQLite\n\nSkipped: IDEMPOTENCY_PG_URL is not set (`make bench` sets it).");
+        }
+    }
+
     // ---- scale ----
     let _ = writeln!(md, "\n### Throughput on one SQLite file (WAL), fresh requests, one Ledger per thread\n");
     let _ = writeln!(md, "| threads | requests/s | per request |\n| --- | --- | --- |");
@@ -226,6 +237,104 @@ fn main() {
     print!("{md}");
     if let Some(path) = out {
         std::fs::write(&path, &md).expect("write results");
+    }
+}
+
+/// `url` with extra server settings (`-c name=value ...`) on every connection.
+fn with_options(url: &str, options: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}options={}", options.replace(' ', "%20").replace('=', "%3D"))
+}
+
+/// A fresh, migrated PostgreSQL ledger in its own schema (dropped first).
+fn pg_pool(url: &str, schema: &str, extra: &str) -> PostgresPool {
+    let admin = PostgresPool::connect(url, 1).expect("postgres");
+    for sql in [format!("DROP SCHEMA IF EXISTS {schema} CASCADE"), format!("CREATE SCHEMA {schema}")] {
+        admin.backend().execute_batch(&[Statement { sql, params: vec![] }]).expect("schema");
+    }
+    PostgresPool::connect(&with_options(url, &format!("-c search_path={schema} {extra}")), 16).expect("postgres pool")
+}
+
+/// The same component and requests on SQLite and on PostgreSQL (loopback).
+fn postgres_vs_sqlite(md: &mut String, runtime: &Runtime, url: &str, dir: &std::path::Path) {
+    let _ = writeln!(md, "\n### PostgreSQL vs SQLite: the same component, requests and settings, one process\n");
+    let _ = writeln!(md, "PostgreSQL {} on loopback (`scripts/postgres.sh`: Debian's package, default settings), reached through", pg_version(url));
+    let _ = writeln!(md, "`PostgresPool` (tokio-postgres + deadpool, one pipelined round trip per batch). SQLite: a WAL file with");
+    let _ = writeln!(md, "synchronous=NORMAL (no fsync per commit). PostgreSQL is measured durable (fsync at every commit, its default)");
+    let _ = writeln!(md, "and with `synchronous_commit=off` (like SQLite's NORMAL: a crash may lose the last commits, never corrupt).\n");
+    let _ = writeln!(md, "| path | SQLite median / p99 (us) | PostgreSQL durable median / p99 (us) | PostgreSQL synchronous_commit=off median / p99 (us) | PostgreSQL (off) / SQLite |");
+    let _ = writeln!(md, "| --- | --- | --- | --- | --- |");
+    let body = br#"{"sku":"A-1","qty":2}"#;
+    let iterations = 1000;
+    let durable = pg_pool(url, "bench_durable", "");
+    let relaxed = pg_pool(url, "bench_relaxed", "-c synchronous_commit=off");
+    let sqlite_path = dir.join("pg-compare.sqlite");
+    let clock = ManualClock::new(T0);
+    let mut ledgers: Vec<Ledger> = vec![
+        Ledger::new(runtime.clone(), SqliteBackend::open(&sqlite_path).expect("db"), Config::default(), clock.clone()).expect("ledger"),
+        Ledger::new(runtime.clone(), durable.backend(), Config::default(), clock.clone()).expect("ledger"),
+        Ledger::new(runtime.clone(), relaxed.backend(), Config::default(), clock.clone()).expect("ledger"),
+    ];
+    for ledger in &mut ledgers {
+        ledger.migrate().expect("migrate");
+        ledger.handle("acct", &order("done", body), created).expect("arrange replay");
+        let fp = ledger.fingerprint(&order("busy", body)).expect("fingerprint");
+        ledger.decide("acct", "busy", &fp).expect("arrange in progress");
+    }
+    for path in ["fresh", "replay", "in progress (409)"] {
+        let request_for = |i: usize| match path {
+            "fresh" => order(&format!("fresh-{i}"), body),
+            "replay" => order("done", body),
+            _ => order("busy", body),
+        };
+        let stats: Vec<Stats> = ledgers
+            .iter_mut()
+            .map(|l| measure(iterations, iterations / 10, |i| {
+                black_box(l.handle("acct", &request_for(i), created).expect("handled"));
+            }))
+            .collect();
+        let _ = writeln!(
+            md,
+            "| {path} | {} / {} | {} / {} | {} / {} | {:.2}x |",
+            us(stats[0].median), us(stats[0].p99), us(stats[1].median), us(stats[1].p99), us(stats[2].median), us(stats[2].p99),
+            stats[2].median.as_secs_f64() / stats[0].median.as_secs_f64()
+        );
+    }
+    let _ = writeln!(md, "\nThroughput, fresh requests, one Ledger per thread (SQLite: one writer at a time; PostgreSQL: row locks only):\n");
+    let _ = writeln!(md, "| threads | SQLite requests/s | PostgreSQL durable requests/s | PostgreSQL synchronous_commit=off requests/s |\n| --- | --- | --- | --- |");
+    for threads in [1usize, 4, 8] {
+        let per_thread = 1500 / threads;
+        let rate = |new_backend: &(dyn Fn() -> Box<dyn SqlBackend> + Sync), tag: &str| -> f64 {
+            let start = Instant::now();
+            std::thread::scope(|s| {
+                for t in 0..threads {
+                    let runtime = runtime.clone();
+                    s.spawn(move || {
+                        let mut l = Ledger::new(runtime, new_backend(), Config::default(), ManualClock::new(T0)).expect("ledger");
+                        for i in 0..per_thread {
+                            l.handle("acct", &order(&format!("{tag}-{threads}-{t}-{i}"), b"{}"), created).expect("handled");
+                        }
+                    });
+                }
+            });
+            (threads * per_thread) as f64 / start.elapsed().as_secs_f64()
+        };
+        let sqlite = rate(&|| Box::new(SqliteBackend::open(&sqlite_path).expect("db")), "s");
+        let pg_durable = rate(&|| Box::new(durable.backend()), "d");
+        let pg_relaxed = rate(&|| Box::new(relaxed.backend()), "r");
+        let _ = writeln!(md, "| {threads} | {sqlite:.0} | {pg_durable:.0} | {pg_relaxed:.0} |");
+    }
+    for schema in ["bench_durable", "bench_relaxed"] {
+        let _ = durable.backend().execute_batch(&[Statement { sql: format!("DROP SCHEMA {schema} CASCADE"), params: vec![] }]);
+    }
+}
+
+fn pg_version(url: &str) -> String {
+    let pool = PostgresPool::connect(url, 1).expect("postgres");
+    let show = Statement { sql: "SHOW server_version".into(), params: vec![] };
+    match pool.backend().execute_batch(&[show]).ok().and_then(|r| r[0].rows.first().and_then(|row| row.first().cloned())) {
+        Some(Value::Text(v)) => v,
+        _ => "(unknown version)".into(),
     }
 }
 
