@@ -18,7 +18,8 @@ fi
   echo
   echo "Produced by \`make bench\` on $(date -u +%Y-%m-%d) in $(( $(date +%s) - started )) s."
   echo "Machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), $(free -g | awk '/Mem:/ {print $2}') GiB;"
-  echo "PostgreSQL $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1 | xargs -I{} {}/postgres --version | awk '{print $3}') on loopback (scripts/postgres.sh);"
+  pg_bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
+  echo "PostgreSQL $("$pg_bin/postgres" --version | awk '{print $3}') on loopback (scripts/postgres.sh);"
   echo "rustc $(rustc --version | cut -d' ' -f2), node $(node --version 2>/dev/null || echo absent), $(python3 --version 2>&1)."
   echo "Timings are medians (with p99) over repeated runs after warm-up, both sides measured in the same process."
   echo

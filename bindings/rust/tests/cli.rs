@@ -78,8 +78,27 @@ fn schema_inspect_and_sweep_on_a_real_file() {
 }
 
 #[test]
+fn schema_per_dialect() {
+    let (ok, sqlite, _) = run(&["schema", "--dialect", "sqlite"], b"");
+    assert!(ok);
+    assert_eq!(sqlite, run(&["schema"], b"").1, "sqlite is the default");
+    let (ok, postgres, _) = run(&["schema", "--dialect", "postgres"], b"");
+    assert!(ok);
+    assert!(postgres.contains("generation BIGINT NOT NULL DEFAULT 1"), "{postgres}");
+    assert!(postgres.contains("created_at BIGINT NOT NULL, updated_at BIGINT NOT NULL"), "{postgres}");
+    assert!(sqlite.contains("created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL"), "{sqlite}");
+}
+
+#[test]
 fn bad_usage_is_a_clear_error() {
-    for args in [&["inspect"][..], &["inspect", "--db", "/nonexistent/x.sqlite"], &["frobnicate"], &["fingerprint", "--method", "POST"]] {
+    for args in [
+        &["inspect"][..],
+        &["inspect", "--db", "/nonexistent/x.sqlite"],
+        &["frobnicate"],
+        &["fingerprint", "--method", "POST"],
+        &["schema", "--dialect", "oracle"],
+        &["demo", "--db", "x.sqlite", "--postgres", "postgresql://localhost/x"],
+    ] {
         let (ok, _, err) = run(args, b"");
         assert!(!ok, "{args:?} must fail");
         assert!(err.starts_with("idempotency-ledger: "), "{args:?}: {err}");
