@@ -259,3 +259,53 @@ fn concurrent_takeovers_of_one_stale_row_have_one_winner() {
         assert_eq!(row["generation"], 2, "round {round}: generation advanced once");
     }
 }
+
+#[test]
+fn an_unreachable_server_fails_closed_and_a_saturated_pool_is_busy() {
+    // Nothing listens on this port (bound, then closed).
+    let port = TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+    let pool = PostgresPool::connect(&format!("postgresql://postgres@127.0.0.1:{port}/postgres"), 2).expect("lazy pool");
+    let mut ledger = Ledger::new(runtime(), pool.backend(), Config::default(), ManualClock::new(T0)).expect("ledger");
+    let runs = AtomicUsize::new(0);
+    let result = ledger.handle("acct", &order("k"), |r| {
+        runs.fetch_add(1, Ordering::SeqCst);
+        created(r)
+    });
+    match result {
+        Err(HandleError::Unavailable { error: Error::Protocol(ProtocolError::Ledger(LedgerError::Io(m))), response }) => {
+            assert_eq!(response.status, 500, "{m}");
+        }
+        other => panic!("expected an io error, got {other:?}"),
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "fail closed");
+
+    // A pool of one connection, held by a 7 s batch: another ledger on it
+    // waits 5 s for the connection, then answers busy.
+    let db = TestDb::postgres();
+    let schema = db.pg().expect("postgres").name.clone();
+    let one = PostgresPool::connect(&url_with_schema(&postgres_url(), &schema), 1).expect("pool");
+    let held = {
+        let one = one.clone();
+        thread::spawn(move || {
+            let mut backend = one.backend();
+            let sleep = Statement { sql: "SELECT 1 FROM pg_sleep(7)".into(), params: vec![] };
+            backend.execute_batch(&[sleep]).expect("sleep")
+        })
+    };
+    thread::sleep(Duration::from_millis(500));
+    let mut ledger = Ledger::new(runtime(), one.backend(), Config::default(), ManualClock::new(T0)).expect("ledger");
+    let runs = AtomicUsize::new(0);
+    let result = ledger.handle("acct", &order("k"), |r| {
+        runs.fetch_add(1, Ordering::SeqCst);
+        created(r)
+    });
+    match result {
+        Err(HandleError::Unavailable { error: Error::Protocol(ProtocolError::Ledger(LedgerError::Busy)), response }) => {
+            assert_eq!(response.status, 503);
+        }
+        other => panic!("expected busy, got {other:?}"),
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "fail closed");
+    held.join().expect("sleeper");
+}
+

@@ -15,7 +15,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime as PoolRuntime};
+use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime as PoolRuntime, TimeoutType};
 use futures_util::future::{join, join_all};
 use futures_util::{pin_mut, TryStreamExt};
 use tokio_postgres::error::SqlState;
@@ -205,7 +205,9 @@ impl ToSql for Value {
 fn pool_error(e: PoolError) -> LedgerError {
     match e {
         // Every connection is busy: the client retries (503 + Retry-After).
-        PoolError::Timeout(_) => LedgerError::Busy,
+        PoolError::Timeout(TimeoutType::Wait) => LedgerError::Busy,
+        // No new connection within the timeout: the server is unreachable.
+        PoolError::Timeout(kind) => LedgerError::Io(format!("postgres pool: {kind:?} timed out")),
         PoolError::Backend(e) => database_error(&e),
         other => LedgerError::Io(format!("postgres pool: {other}")),
     }
