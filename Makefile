@@ -41,8 +41,10 @@ test-rust: check-imports ## Rust: native core tests, then the component under wa
 SEEDS ?= 0..1000
 STEPS ?= 2000
 COMPONENT ?=
-simulate: $(COMPONENT_WASM) ## Deterministic simulation: make simulate SEEDS=0..1000 [STEPS=2000] [COMPONENT=1]
-	$(CARGO) run --locked --quiet -p idempotency-ledger-host-test --bin simulate -- --seeds $(SEEDS) --steps $(STEPS) $(if $(COMPONENT),--component)
+POSTGRES ?=
+simulate: $(COMPONENT_WASM) ## Deterministic simulation: make simulate SEEDS=0..1000 [STEPS=2000] [COMPONENT=1] [POSTGRES=1]
+	$(CARGO) build --locked --quiet -p idempotency-ledger-host-test --bin simulate
+	$(if $(POSTGRES),./scripts/postgres.sh run --) target/debug/simulate --seeds $(SEEDS) --steps $(STEPS) $(if $(COMPONENT),--component) $(if $(POSTGRES),--postgres)
 
 bench: $(COMPONENT_WASM) ## Benchmarks side by side (Rust, JS, Python); writes bench/RESULTS.md
 	./scripts/bench.sh

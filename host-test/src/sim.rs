@@ -6,13 +6,14 @@
 //!
 //! Reproduce a seed: `make simulate SEEDS=N` (or `cargo run -p idempotency-ledger-host-test --bin simulate -- --seeds N`);
 //! add `COMPONENT=1` (`--component`) to drive the WebAssembly
-//! component instead of the native core.
+//! component instead of the native core, and `POSTGRES=1` (`--postgres`, with
+//! `IDEMPOTENCY_PG_URL`) to run the `postgres` dialect on a PostgreSQL server.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use idempotency_ledger::wit;
-use idempotency_ledger::{Ledger, ManualClock, SqlBackend, SqliteBackend};
+use idempotency_ledger::{Ledger, ManualClock, PostgresPool, SqlBackend, SqliteBackend};
 use idempotency_ledger_core::{self as core, Config, Decision, RejectionReason};
 
 use crate::convert::*;
@@ -188,7 +189,7 @@ struct Sim<'a> {
     now: i64,
     config: Config,
     protocol: &'a mut dyn Protocol,
-    backend: SqliteBackend,
+    backend: Box<dyn SqlBackend>,
     workers: Vec<Worker>,
     incarnations: HashMap<IncarnationId, Incarnation>,
     /// The latest incarnation per (principal, key).
@@ -199,16 +200,27 @@ struct Sim<'a> {
 }
 
 /// Runs one seed; Err carries the violated invariant and the trace.
-pub fn run_seed(seed: u64, steps: u64, protocol: &mut dyn Protocol, db: &std::path::Path) -> Result<Report, String> {
-    let backend = SqliteBackend::open(db).map_err(|e| e.to_string())?;
-    for statement in core::sql::SQLITE.schema {
-        backend.connection().execute_batch(statement).map_err(|e| e.to_string())?;
-    }
-    backend.connection().execute_batch("DELETE FROM idempotency_keys").map_err(|e| e.to_string())?;
+pub fn run_seed(seed: u64, steps: u64, protocol: &mut dyn Protocol, mut backend: Box<dyn SqlBackend>) -> Result<Report, String> {
+    let dialect = backend.dialect();
+    let setup: Vec<wit::Statement> = dialect
+        .statements()
+        .schema
+        .iter()
+        .chain(&["DELETE FROM idempotency_keys"])
+        .map(|sql| wit::Statement { sql: sql.to_string(), params: vec![] })
+        .collect();
+    backend.execute_batch(&setup).map_err(|e| format!("setup: {e:?}"))?;
     let mut sim = Sim {
         rng: Rng::new(seed),
         now: 1_767_225_600_000,
-        config: Config { pending_ttl_ms: TTL as u64, retention_ms: RETENTION as u64, sweep_batch: 2, body_cap_bytes: 200, ..Config::default() },
+        config: Config {
+            pending_ttl_ms: TTL as u64,
+            retention_ms: RETENTION as u64,
+            sweep_batch: 2,
+            body_cap_bytes: 200,
+            dialect,
+            ..Config::default()
+        },
         protocol,
         backend,
         workers: (0..4).map(|_| Worker::Idle).collect(),
@@ -509,26 +521,38 @@ impl Sim<'_> {
         Ok(())
     }
 
-    fn rows(&self) -> Result<Vec<Row>, String> {
-        let conn = self.backend.connection();
-        let mut statement = conn
-            .prepare_cached("SELECT principal, key, fingerprint, status, generation, response_status, response_body, created_at, updated_at FROM idempotency_keys")
-            .map_err(|e| e.to_string())?;
-        let rows = statement
-            .query_map([], |r| {
+    fn rows(&mut self) -> Result<Vec<Row>, String> {
+        let select = wit::Statement {
+            sql: "SELECT principal, key, fingerprint, status, generation, response_status, response_body, created_at FROM idempotency_keys"
+                .into(),
+            params: vec![],
+        };
+        let results = self.backend.execute_batch(&[select]).map_err(|e| format!("rows: {e:?}"))?;
+        let text = |v: &wit::Value| match v {
+            wit::Value::Text(t) => Ok(t.clone()),
+            other => Err(format!("expected text, got {other:?}")),
+        };
+        let int = |v: &wit::Value| match v {
+            wit::Value::Integer(i) => Ok(*i),
+            other => Err(format!("expected an integer, got {other:?}")),
+        };
+        let opt = |v: &wit::Value| !matches!(v, wit::Value::Null);
+        results[0]
+            .rows
+            .iter()
+            .map(|r| {
                 Ok(Row {
-                    principal: r.get(0)?,
-                    key: r.get(1)?,
-                    fingerprint: r.get(2)?,
-                    status: r.get(3)?,
-                    generation: r.get(4)?,
-                    response_status: r.get(5)?,
-                    response_body: r.get(6)?,
-                    created_at: r.get(7)?,
+                    principal: text(&r[0])?,
+                    key: text(&r[1])?,
+                    fingerprint: text(&r[2])?,
+                    status: text(&r[3])?,
+                    generation: int(&r[4])?,
+                    response_status: if opt(&r[5]) { Some(int(&r[5])?) } else { None },
+                    response_body: if opt(&r[6]) { Some(text(&r[6])?) } else { None },
+                    created_at: int(&r[7])?,
                 })
             })
-            .map_err(|e| e.to_string())?;
-        rows.collect::<Result<_, _>>().map_err(|e| e.to_string())
+            .collect()
     }
 
     /// The database agrees with the model after every step.
@@ -565,10 +589,23 @@ struct Row {
     created_at: i64,
 }
 
+/// Where the simulation's ledger lives.
+pub enum SimDb<'a> {
+    /// A SQLite file in this directory.
+    Sqlite(&'a std::path::Path),
+    /// A PostgreSQL pool (each seed empties the table first).
+    Postgres(&'a PostgresPool),
+}
+
 /// Runs `seeds` and returns the summed report, or the first failure.
-pub fn run_seeds(seeds: impl Iterator<Item = u64>, steps: u64, component: bool, dir: &std::path::Path) -> Result<Report, String> {
+pub fn run_seeds(seeds: impl Iterator<Item = u64>, steps: u64, component: bool, db: SimDb<'_>) -> Result<Report, String> {
     let mut total = Report { steps: 0, checks: 0, executions: 0, takeovers: 0, replays: 0, fenced_out: 0, crashes: 0, ledger_errors: 0, sweeps_deleted: 0 };
-    let db = dir.join("sim.sqlite");
+    let new_backend = || -> Result<Box<dyn SqlBackend>, String> {
+        Ok(match &db {
+            SimDb::Sqlite(dir) => Box::new(SqliteBackend::open(dir.join("sim.sqlite")).map_err(|e| e.to_string())?),
+            SimDb::Postgres(pool) => Box::new(pool.backend()),
+        })
+    };
     let mut component_protocol = if component {
         let backend = SqliteBackend::from_connection(rusqlite::Connection::open_in_memory().map_err(|e| e.to_string())?);
         Some(Component(Ledger::new(crate::runtime(), backend, Config::default(), ManualClock::new(0)).map_err(|e| e.to_string())?))
@@ -580,7 +617,7 @@ pub fn run_seeds(seeds: impl Iterator<Item = u64>, steps: u64, component: bool, 
             Some(c) => c,
             None => &mut Native,
         };
-        let r = run_seed(seed, steps, protocol, &db)?;
+        let r = run_seed(seed, steps, protocol, new_backend()?)?;
         total.steps += r.steps;
         total.checks += r.checks;
         total.executions += r.executions;

@@ -309,3 +309,24 @@ fn an_unreachable_server_fails_closed_and_a_saturated_pool_is_busy() {
     held.join().expect("sleeper");
 }
 
+/// The deterministic simulation (crashes, stalls, clock jumps, racing sweeps,
+/// injected errors; invariants and rows checked after every step) with the
+/// `postgres` dialect on the server. `make simulate POSTGRES=1` runs more.
+#[test]
+fn simulation_on_postgres() {
+    use idempotency_ledger_host_test::sim::{run_seeds, SimDb};
+    let db = TestDb::postgres();
+    let pool = &db.pg().expect("postgres").pool;
+    for (seeds, component) in [(0..6, false), (1_000..1_002, true)] {
+        let what = if component { "component" } else { "native core" };
+        match run_seeds(seeds.clone(), 2_000, component, SimDb::Postgres(pool)) {
+            Ok(report) => {
+                println!("simulation on PostgreSQL ({what}): seeds {seeds:?}: {report}");
+                assert_eq!(report.steps, 2_000 * (seeds.end - seeds.start));
+                assert!(report.takeovers > 0 && report.replays > 0 && report.sweeps_deleted > 0, "{report}");
+            }
+            Err(failure) => panic!("{failure}\nreproduce: make simulate SEEDS=<seed> POSTGRES=1{}", if component { " COMPONENT=1" } else { "" }),
+        }
+    }
+}
+

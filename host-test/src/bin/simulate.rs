@@ -15,13 +15,21 @@ fn main() -> std::process::ExitCode {
     };
     let steps: u64 = value("--steps").map(|s| s.parse().expect("--steps S")).unwrap_or(2_000);
     let component = args.iter().any(|a| a == "--component");
+    let postgres = args.iter().any(|a| a == "--postgres");
     let dir = tempfile::tempdir().expect("temp dir");
+    // PostgreSQL: a schema of its own on the server at IDEMPOTENCY_PG_URL.
+    let pg = postgres.then(idempotency_ledger_host_test::TestDb::postgres);
+    let db = match &pg {
+        Some(pg) => idempotency_ledger_host_test::sim::SimDb::Postgres(&pg.pg().expect("postgres").pool),
+        None => idempotency_ledger_host_test::sim::SimDb::Sqlite(dir.path()),
+    };
     let started = std::time::Instant::now();
-    match idempotency_ledger_host_test::sim::run_seeds(start..end, steps, component, dir.path()) {
+    match idempotency_ledger_host_test::sim::run_seeds(start..end, steps, component, db) {
         Ok(report) => {
             println!(
-                "simulation ({}): seeds {start}..{end}, {report} in {:.1} s",
+                "simulation ({}, {}): seeds {start}..{end}, {report} in {:.1} s",
                 if component { "component" } else { "native core" },
+                if postgres { "PostgreSQL" } else { "SQLite" },
                 started.elapsed().as_secs_f64()
             );
             std::process::ExitCode::SUCCESS
@@ -29,7 +37,11 @@ fn main() -> std::process::ExitCode {
         Err(failure) => {
             eprintln!("{failure}");
             let seed = failure.split_whitespace().nth(1).unwrap_or("?").trim_end_matches(':');
-            eprintln!("reproduce: make simulate SEEDS={seed} STEPS={steps}{}", if component { " COMPONENT=1" } else { "" });
+            eprintln!(
+                "reproduce: make simulate SEEDS={seed} STEPS={steps}{}{}",
+                if component { " COMPONENT=1" } else { "" },
+                if postgres { " POSTGRES=1" } else { "" }
+            );
             std::process::ExitCode::FAILURE
         }
     }
