@@ -240,19 +240,13 @@ fn main() {
     }
 }
 
-/// `url` with extra server settings (`-c name=value ...`) on every connection.
-fn with_options(url: &str, options: &str) -> String {
-    let sep = if url.contains('?') { '&' } else { '?' };
-    format!("{url}{sep}options={}", options.replace(' ', "%20").replace('=', "%3D"))
-}
-
 /// A fresh, migrated PostgreSQL ledger in its own schema (dropped first).
 fn pg_pool(url: &str, schema: &str, extra: &str) -> PostgresPool {
     let admin = PostgresPool::connect(url, 1).expect("postgres");
     for sql in [format!("DROP SCHEMA IF EXISTS {schema} CASCADE"), format!("CREATE SCHEMA {schema}")] {
         admin.backend().execute_batch(&[Statement { sql, params: vec![] }]).expect("schema");
     }
-    PostgresPool::connect(&with_options(url, &format!("-c search_path={schema} {extra}")), 16).expect("postgres pool")
+    PostgresPool::connect(&idempotency_ledger::url_with_options(url, &format!("-c search_path={schema} {extra}")), 16).expect("postgres pool")
 }
 
 /// The same component and requests on SQLite and on PostgreSQL (loopback).

@@ -69,8 +69,7 @@ pub fn postgres_url() -> String {
 
 /// `url` with `search_path` set to `schema` on every connection.
 pub fn url_with_schema(url: &str, schema: &str) -> String {
-    let sep = if url.contains('?') { '&' } else { '?' };
-    format!("{url}{sep}options=-c%20search_path%3D{schema}")
+    idempotency_ledger::url_with_options(url, &format!("-c search_path={schema}"))
 }
 
 static SCHEMAS: AtomicUsize = AtomicUsize::new(0);
@@ -147,10 +146,7 @@ impl TestDb {
 
     /// A new backend on this database.
     pub fn backend(&self) -> Box<dyn SqlBackend> {
-        match &self.postgres {
-            Some(pg) => Box::new(pg.pool.backend()),
-            None => Box::new(SqliteBackend::open(&self.path).expect("open backend")),
-        }
+        self.opener().backend()
     }
 
     pub fn ledger(&self, clock: &ManualClock) -> Ledger {
@@ -242,12 +238,15 @@ pub enum Opener {
 }
 
 impl Opener {
-    pub fn ledger(&self, clock: ManualClock) -> Ledger {
-        let backend: Box<dyn SqlBackend> = match self {
+    pub fn backend(&self) -> Box<dyn SqlBackend> {
+        match self {
             Opener::Sqlite(path) => Box::new(SqliteBackend::open(path).expect("open backend")),
             Opener::Postgres(pool) => Box::new(pool.backend()),
-        };
-        Ledger::new(runtime(), backend, Config::default(), clock).expect("ledger")
+        }
+    }
+
+    pub fn ledger(&self, clock: ManualClock) -> Ledger {
+        Ledger::new(runtime(), self.backend(), Config::default(), clock).expect("ledger")
     }
 
     /// A [`LedgerPool`] on this database (migrating it again, harmlessly).

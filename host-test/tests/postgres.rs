@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use idempotency_ledger::wit::{Decision, LedgerError, Statement};
 use idempotency_ledger::{
-    Config, Error, HandleError, Ledger, ManualClock, MutationResponse, Outcome, PostgresPool, ProtocolError, Request,
+    Config, Error, HandleError, Handled, Ledger, ManualClock, MutationResponse, Outcome, PostgresPool, ProtocolError, Request,
     SqlBackend,
 };
 use idempotency_ledger_host_test::{postgres_url, runtime, url_with_schema, TestDb, T0};
@@ -27,6 +27,16 @@ fn order(key: &str) -> Request {
 
 fn created(_: &Request) -> Result<MutationResponse, String> {
     Ok(MutationResponse::json(201, r#"{"order":"o_1"}"#))
+}
+
+/// Handles `req` as `acct`; also returns how many times the mutation ran.
+fn handle_counted(ledger: &mut Ledger, req: &Request) -> (Result<Handled, HandleError<String>>, usize) {
+    let mut runs = 0;
+    let result = ledger.handle("acct", req, |r| {
+        runs += 1;
+        created(r)
+    });
+    (result, runs)
 }
 
 /// A TCP proxy in front of the server that counts flights: runs of bytes
@@ -167,12 +177,8 @@ fn a_row_locked_by_another_transaction_is_busy_after_the_lock_timeout_and_nothin
         });
     });
     locked_rx.recv().expect("the row is locked");
-    let runs = AtomicUsize::new(0);
     let started = Instant::now();
-    let result = ledger.handle("acct", &req, |_| {
-        runs.fetch_add(1, Ordering::SeqCst);
-        Ok::<_, String>(MutationResponse::json(201, "{}"))
-    });
+    let (result, runs) = handle_counted(&mut ledger, &req);
     let waited = started.elapsed();
     match result {
         Err(HandleError::Unavailable { error: Error::Protocol(ProtocolError::Ledger(LedgerError::Busy)), response }) => {
@@ -181,7 +187,7 @@ fn a_row_locked_by_another_transaction_is_busy_after_the_lock_timeout_and_nothin
         }
         other => panic!("expected busy, got {other:?}"),
     }
-    assert_eq!(runs.load(Ordering::SeqCst), 0, "fail closed: nothing ran");
+    assert_eq!(runs, 0, "fail closed: nothing ran");
     assert!(waited >= Duration::from_secs(4), "waited {waited:?} for the 5 s lock_timeout");
     release_tx.send(()).expect("release");
     holder.join().expect("holder");
@@ -209,16 +215,12 @@ fn killed_connections_fail_closed_and_the_pool_reconnects() {
     assert!(!killed[0].rows.is_empty(), "the ledger's connection was found and killed");
     let mut failures = 0;
     for k in 0..3 {
-        let runs = AtomicUsize::new(0);
-        let result = ledger.handle("acct", &order(&format!("after-{k}")), |r| {
-            runs.fetch_add(1, Ordering::SeqCst);
-            created(r)
-        });
+        let (result, runs) = handle_counted(&mut ledger, &order(&format!("after-{k}")));
         match result {
             Ok(h) => assert!(matches!(h.outcome, Outcome::Executed { .. }), "{:?}", h.outcome),
             Err(HandleError::Unavailable { response, .. }) => {
                 failures += 1;
-                assert_eq!(runs.load(Ordering::SeqCst), 0, "fail closed: nothing ran on a dead connection");
+                assert_eq!(runs, 0, "fail closed: nothing ran on a dead connection");
                 assert!(response.status >= 500);
             }
             Err(other) => panic!("unexpected {other}"),
@@ -266,18 +268,14 @@ fn an_unreachable_server_fails_closed_and_a_saturated_pool_is_busy() {
     let port = TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
     let pool = PostgresPool::connect(&format!("postgresql://postgres@127.0.0.1:{port}/postgres"), 2).expect("lazy pool");
     let mut ledger = Ledger::new(runtime(), pool.backend(), Config::default(), ManualClock::new(T0)).expect("ledger");
-    let runs = AtomicUsize::new(0);
-    let result = ledger.handle("acct", &order("k"), |r| {
-        runs.fetch_add(1, Ordering::SeqCst);
-        created(r)
-    });
+    let (result, runs) = handle_counted(&mut ledger, &order("k"));
     match result {
         Err(HandleError::Unavailable { error: Error::Protocol(ProtocolError::Ledger(LedgerError::Io(m))), response }) => {
             assert_eq!(response.status, 500, "{m}");
         }
         other => panic!("expected an io error, got {other:?}"),
     }
-    assert_eq!(runs.load(Ordering::SeqCst), 0, "fail closed");
+    assert_eq!(runs, 0, "fail closed");
 
     // A pool of one connection, held by a 7 s batch: another ledger on it
     // waits 5 s for the connection, then answers busy.
@@ -294,18 +292,14 @@ fn an_unreachable_server_fails_closed_and_a_saturated_pool_is_busy() {
     };
     thread::sleep(Duration::from_millis(500));
     let mut ledger = Ledger::new(runtime(), one.backend(), Config::default(), ManualClock::new(T0)).expect("ledger");
-    let runs = AtomicUsize::new(0);
-    let result = ledger.handle("acct", &order("k"), |r| {
-        runs.fetch_add(1, Ordering::SeqCst);
-        created(r)
-    });
+    let (result, runs) = handle_counted(&mut ledger, &order("k"));
     match result {
         Err(HandleError::Unavailable { error: Error::Protocol(ProtocolError::Ledger(LedgerError::Busy)), response }) => {
             assert_eq!(response.status, 503);
         }
         other => panic!("expected busy, got {other:?}"),
     }
-    assert_eq!(runs.load(Ordering::SeqCst), 0, "fail closed");
+    assert_eq!(runs, 0, "fail closed");
     held.join().expect("sleeper");
 }
 

@@ -43,7 +43,7 @@ mod sqlite;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use pool::LedgerPool;
 #[cfg(feature = "postgres")]
-pub use postgres::{PostgresBackend, PostgresPool};
+pub use postgres::{url_with_options, PostgresBackend, PostgresPool};
 pub use idempotency_ledger_core::{Config, Dialect};
 pub use sqlite::{ledger_error, SqliteBackend, DEFAULT_BUSY_TIMEOUT};
 

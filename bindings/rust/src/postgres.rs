@@ -29,6 +29,23 @@ use crate::{Dialect, SqlBackend};
 /// fails as `busy` (the SQLite backend's 5 s busy timeout plays that role).
 const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = '5s'";
 
+/// `url` (a `postgresql://` URL) with server settings for every connection,
+/// as libpq's `options` parameter: `-c search_path=ledger` keeps the ledger's
+/// table in its own schema, `-c synchronous_commit=off` trades the last
+/// commits on a crash for latency.
+pub fn url_with_options(url: &str, options: &str) -> String {
+    let mut encoded = String::with_capacity(options.len() * 3);
+    for b in options.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.,".contains(&b) {
+            encoded.push(b as char);
+        } else {
+            encoded.push_str(&format!("%{b:02X}"));
+        }
+    }
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}options={encoded}")
+}
+
 /// A pool of PostgreSQL connections that many ledgers (one per thread, or a
 /// [`crate::LedgerPool`]) share. Cheap to clone.
 #[derive(Clone)]

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use idempotency_ledger::wit::{Statement, Value};
 use idempotency_ledger::{
-    Config, Handled, HandleError, Ledger, ManualClock, MutationResponse, Outcome, PostgresPool, Request, Runtime,
-    SqlBackend, SqliteBackend, Stored,
+    url_with_options, Config, Handled, HandleError, Ledger, ManualClock, MutationResponse, Outcome, PostgresPool,
+    Request, Runtime, SqlBackend, SqliteBackend, Stored,
 };
 
 /// Where the demo's ledger lives.
@@ -41,15 +41,11 @@ impl Target {
                 Ok(Box::new(move || Ok(Box::new(SqliteBackend::open(&path).map_err(|e| e.to_string())?))))
             }
             Target::Postgres(url) => {
-                let sep = if url.contains('?') { '&' } else { '?' };
-                let url = format!("{url}{sep}options=-c%20search_path%3D{DEMO_SCHEMA}");
+                let url = url_with_options(url, &format!("-c search_path={DEMO_SCHEMA}"));
                 let pool = PostgresPool::connect(&url, 4).map_err(|e| e.to_string())?;
-                let reset = format!("DROP SCHEMA IF EXISTS {DEMO_SCHEMA} CASCADE; CREATE SCHEMA {DEMO_SCHEMA}");
-                for sql in reset.split("; ") {
-                    pool.backend()
-                        .execute_batch(&[Statement { sql: sql.into(), params: vec![] }])
-                        .map_err(|e| format!("{url}: {e:?}"))?;
-                }
+                let reset = [format!("DROP SCHEMA IF EXISTS {DEMO_SCHEMA} CASCADE"), format!("CREATE SCHEMA {DEMO_SCHEMA}")]
+                    .map(|sql| Statement { sql, params: vec![] });
+                pool.backend().execute_batch(&reset).map_err(|e| format!("{url}: {e:?}"))?;
                 Ok(Box::new(move || Ok(Box::new(pool.backend()))))
             }
         }
