@@ -1,18 +1,17 @@
 //! The component shell: converts between the wit-bindgen types and the core's
-//! and forwards every export. No protocol logic lives here.
-
+//! and forwards every export to a `core::Session`. No protocol logic lives here.
 
 use idempotency_ledger_core as core;
-use idempotency_ledger_core::{driven, machine};
+use idempotency_ledger_core::driven;
 
 wit_bindgen::generate!({
     path: "../../wit",
     world: "core",
 });
 
-use exports::idempotency::ledger::{driven as wit_driven, protocol as wit_protocol, steps as wit_steps};
-use idempotency::ledger::ledger as wit_ledger;
+use exports::idempotency::ledger::session as wit_session;
 use exports::idempotency::ledger::types as wit;
+use idempotency::ledger::ledger as wit_ledger;
 
 struct Component;
 
@@ -22,151 +21,184 @@ export!(Component);
 struct ImportedLedger;
 
 impl driven::Ledger for ImportedLedger {
-    fn execute_batch(
-        &mut self,
-        statements: &[core::Statement],
-    ) -> Result<Vec<core::StatementResult>, core::LedgerError> {
+    fn execute_batch(&mut self, statements: &[core::Statement]) -> Result<Vec<core::StatementResult>, core::BatchError> {
         let statements: Vec<wit_ledger::Statement> = statements.iter().map(statement_out).collect();
-        wit_ledger::execute_batch(&statements)
-            .map(|results| results.into_iter().map(result_in).collect())
-            .map_err(ledger_error_in)
+        wit_ledger::execute_batch(&statements).map(|results| results.into_iter().map(result_in).collect()).map_err(batch_error_in)
     }
 }
 
-impl wit_protocol::Guest for Component {
-    fn default_config() -> wit::Config {
-        config_out(core::Config::default())
-    }
+impl wit_session::Guest for Component {
+    type Session = Session;
 
-    fn validate_config(config: wit::Config) -> Result<(), wit::ProtocolError> {
-        config_in(config).validate().map_err(error_out)
+    fn default_config(profile: wit::Profile) -> wit::Config {
+        config_out(core::Config::for_profile(profile_in(profile)))
     }
 
     fn schema(dialect: wit::Dialect) -> Vec<String> {
         dialect_in(dialect).statements().schema.iter().map(|s| s.to_string()).collect()
     }
-
-    fn admit(config: wit::Config, head: wit::RequestHead) -> Result<wit::Admission, wit::ProtocolError> {
-        machine::admit(&config_in(config), &head_in(head)).map(admission_out).map_err(error_out)
-    }
-
-    fn fingerprint_prefix(config: wit::Config, head: wit::RequestHead) -> Result<String, wit::ProtocolError> {
-        let config = config_in(config);
-        config.validate().map_err(error_out)?;
-        Ok(core::fingerprint::prefix(&config, &head_in(head)))
-    }
-
-    fn fingerprint(config: wit::Config, head: wit::RequestHead, body: Vec<u8>) -> Result<String, wit::ProtocolError> {
-        let config = config_in(config);
-        config.validate().map_err(error_out)?;
-        Ok(core::fingerprint::fingerprint(&config, &head_in(head), &body))
-    }
-
-    fn error_response(error: wit::ProtocolError) -> wit::Response {
-        response_out(core::responses::error_response(&error_in(error)))
-    }
-
-    fn fenced_out_message(ticket: wit::Ticket) -> String {
-        core::fenced_out_message(&ticket_in(ticket))
-    }
 }
 
-impl wit_steps::Guest for Component {
+/// The `session` resource: one validated core session.
+struct Session(core::Session);
+
+impl wit_session::GuestSession for Session {
+    fn open(config: wit::Config) -> Result<wit_session::Session, wit::ProtocolError> {
+        let session = core::Session::open(config_in(config)).map_err(error_out)?;
+        Ok(wit_session::Session::new(Session(session)))
+    }
+
+    fn config(&self) -> wit::Config {
+        config_out(self.0.config().clone())
+    }
+
+    fn policy(&self) -> wit::RequestPolicy {
+        let p = self.0.policy();
+        wit::RequestPolicy {
+            protected_methods: p.protected_methods.clone(),
+            request_body_cap_bytes: p.request_body_cap_bytes,
+            null_body_statuses: p.null_body_statuses.clone(),
+        }
+    }
+
+    fn admit(&self, head: wit::RequestHead, principal: Option<String>) -> Result<wit::Admission, wit::ProtocolError> {
+        self.0.admit(&head_in(head), principal.as_deref()).map(admission_out).map_err(error_out)
+    }
+
+    fn body_too_large(&self) -> wit::Rejection {
+        rejection_out(self.0.body_too_large())
+    }
+
+    fn fingerprint_prefix(&self, head: wit::RequestHead) -> String {
+        self.0.fingerprint_prefix(&head_in(head))
+    }
+
+    fn fingerprint(&self, head: wit::RequestHead, body: Vec<u8>) -> String {
+        self.0.fingerprint(&head_in(head), &body)
+    }
+
+    fn error_response(&self, error: wit::ProtocolError) -> wit::Response {
+        response_out(self.0.error_response(&error_in(error)))
+    }
+
+    fn classify(&self, error: wit_ledger::BatchError) -> wit::LedgerError {
+        ledger_error_out(self.0.classify(&batch_error_in(error)))
+    }
+
+    fn log_line(&self, event: wit::LogEvent) -> wit::LogLine {
+        log_line_out(self.0.log_line(&log_event_in(event)))
+    }
+
     fn plan_decision(
-        config: wit::Config,
+        &self,
         principal: String,
         key: String,
         fingerprint: String,
         now: i64,
     ) -> Result<Vec<wit_ledger::Statement>, wit::ProtocolError> {
-        machine::plan_decision(&config_in(config), &principal, &key, &fingerprint, now)
-            .map(statements_out)
-            .map_err(error_out)
+        self.0.plan_decision(&principal, &key, &fingerprint, now).map(statements_out).map_err(error_out)
     }
 
     fn decide(
-        config: wit::Config,
+        &self,
         principal: String,
         key: String,
         fingerprint: String,
         now: i64,
+        waiting_since: i64,
         results: Vec<wit_ledger::StatementResult>,
     ) -> Result<wit::Decision, wit::ProtocolError> {
-        let results: Vec<core::StatementResult> = results.into_iter().map(result_in).collect();
-        machine::decide(&config_in(config), &principal, &key, &fingerprint, now, &results)
+        self.0
+            .decide(&principal, &key, &fingerprint, now, waiting_since, &results_in(results))
             .map(decision_out)
             .map_err(error_out)
     }
 
     fn plan_completion(
-        config: wit::Config,
+        &self,
         ticket: wit::Ticket,
         response: wit::MutationResponse,
         now: i64,
-    ) -> Result<wit_steps::CompletionPlan, wit::ProtocolError> {
-        machine::plan_completion(&config_in(config), &ticket_in(ticket), mutation_in(response), now)
-            .map(|plan| wit_steps::CompletionPlan {
-                statements: statements_out(plan.statements),
-                response: response_out(plan.response),
-            })
-            .map_err(error_out)
+    ) -> Result<wit::CompletionPlan, wit::ProtocolError> {
+        let plan = self.0.plan_completion(&ticket_in(ticket), mutation_in(response), now).map_err(error_out)?;
+        Ok(wit::CompletionPlan {
+            statements: statements_out(plan.statements),
+            action: action_out(plan.action),
+            response: response_out(plan.response),
+            send_mutation_body: plan.send_mutation_body,
+            sweep_due: plan.sweep_due,
+            log: plan.log.map(log_line_out),
+        })
     }
 
-    fn finish_completion(results: Vec<wit_ledger::StatementResult>) -> Result<bool, wit::ProtocolError> {
-        machine::finish_completion(&results_in(results)).map_err(error_out)
+    fn finish_completion(
+        &self,
+        action: wit::CompletionAction,
+        results: Vec<wit_ledger::StatementResult>,
+    ) -> Result<wit::CompletionOutcome, wit::ProtocolError> {
+        self.0.finish_completion(action_in(action), &results_in(results)).map(outcome_out).map_err(error_out)
     }
 
-    fn plan_release(config: wit::Config, ticket: wit::Ticket) -> Result<Vec<wit_ledger::Statement>, wit::ProtocolError> {
-        machine::plan_release(&config_in(config), &ticket_in(ticket)).map(statements_out).map_err(error_out)
+    fn plan_abandon(
+        &self,
+        ticket: wit::Ticket,
+        reason: wit::AbandonReason,
+    ) -> Result<Option<Vec<wit_ledger::Statement>>, wit::ProtocolError> {
+        self.0.plan_abandon(&ticket_in(ticket), abandon_in(reason)).map(|p| p.map(statements_out)).map_err(error_out)
     }
 
-    fn finish_release(results: Vec<wit_ledger::StatementResult>) -> Result<bool, wit::ProtocolError> {
-        machine::finish_release(&results_in(results)).map_err(error_out)
+    fn finish_release(&self, results: Vec<wit_ledger::StatementResult>) -> Result<bool, wit::ProtocolError> {
+        self.0.finish_release(&results_in(results)).map_err(error_out)
     }
 
-    fn plan_sweep(config: wit::Config, now: i64) -> Result<Vec<wit_ledger::Statement>, wit::ProtocolError> {
-        machine::plan_sweep(&config_in(config), now).map(statements_out).map_err(error_out)
+    fn plan_sweep(&self, now: i64) -> Vec<wit_ledger::Statement> {
+        statements_out(self.0.plan_sweep(now))
     }
 
-    fn finish_sweep(results: Vec<wit_ledger::StatementResult>) -> Result<u64, wit::ProtocolError> {
-        machine::finish_sweep(&results_in(results)).map_err(error_out)
-    }
-}
-
-impl wit_driven::Guest for Component {
-    fn migrate(config: wit::Config) -> Result<(), wit::ProtocolError> {
-        driven::migrate(&mut ImportedLedger, &config_in(config)).map_err(error_out)
+    fn finish_sweep(&self, results: Vec<wit_ledger::StatementResult>) -> Result<wit::SweepResult, wit::ProtocolError> {
+        self.0.finish_sweep(&results_in(results)).map(sweep_out).map_err(error_out)
     }
 
-    fn decide(
-        config: wit::Config,
+    fn migrate(&self) -> Result<(), wit::ProtocolError> {
+        self.0.migrate(&mut ImportedLedger).map_err(error_out)
+    }
+
+    fn run_decision(
+        &self,
         principal: String,
         key: String,
         fingerprint: String,
         now: i64,
+        waiting_since: i64,
     ) -> Result<wit::Decision, wit::ProtocolError> {
-        driven::decide(&mut ImportedLedger, &config_in(config), &principal, &key, &fingerprint, now)
+        self.0
+            .run_decision(&mut ImportedLedger, &principal, &key, &fingerprint, now, waiting_since)
             .map(decision_out)
             .map_err(error_out)
     }
 
-    fn complete(
-        config: wit::Config,
+    fn run_completion(
+        &self,
         ticket: wit::Ticket,
         response: wit::MutationResponse,
         now: i64,
     ) -> Result<wit::Completion, wit::ProtocolError> {
-        driven::complete(&mut ImportedLedger, &config_in(config), &ticket_in(ticket), mutation_in(response), now)
-            .map(|c| wit::Completion { response: response_out(c.response), fenced_out: c.fenced_out })
-            .map_err(error_out)
+        let c = self.0.run_completion(&mut ImportedLedger, &ticket_in(ticket), mutation_in(response), now).map_err(error_out)?;
+        Ok(wit::Completion {
+            response: response_out(c.response),
+            send_mutation_body: c.send_mutation_body,
+            outcome: outcome_out(c.outcome),
+            sweep_due: c.sweep_due,
+            log: c.log.into_iter().map(log_line_out).collect(),
+        })
     }
 
-    fn release(config: wit::Config, ticket: wit::Ticket) -> Result<bool, wit::ProtocolError> {
-        driven::release(&mut ImportedLedger, &config_in(config), &ticket_in(ticket)).map_err(error_out)
+    fn run_abandon(&self, ticket: wit::Ticket, reason: wit::AbandonReason) -> Result<bool, wit::ProtocolError> {
+        self.0.run_abandon(&mut ImportedLedger, &ticket_in(ticket), abandon_in(reason)).map_err(error_out)
     }
 
-    fn sweep(config: wit::Config, now: i64) -> Result<u64, wit::ProtocolError> {
-        driven::sweep(&mut ImportedLedger, &config_in(config), now).map_err(error_out)
+    fn run_sweep(&self, now: i64) -> Result<wit::SweepResult, wit::ProtocolError> {
+        self.0.run_sweep(&mut ImportedLedger, now).map(sweep_out).map_err(error_out)
     }
 }
 
@@ -180,15 +212,19 @@ fn config_in(c: wit::Config) -> core::Config {
         pending_ttl_ms: c.pending_ttl_ms,
         retention_ms: c.retention_ms,
         body_cap_bytes: c.body_cap_bytes,
+        request_body_cap_bytes: c.request_body_cap_bytes,
         sweep_batch: c.sweep_batch,
+        sweep_every: c.sweep_every,
         dialect: dialect_in(c.dialect),
-    }
-}
-
-fn dialect_in(d: wit::Dialect) -> core::Dialect {
-    match d {
-        wit::Dialect::Sqlite => core::Dialect::Sqlite,
-        wit::Dialect::Postgres => core::Dialect::Postgres,
+        profile: profile_in(c.profile),
+        key_required: c.key_required,
+        replay_header: c.replay_header,
+        in_progress_retry_ms: c.in_progress_retry_ms,
+        wait_ms: c.wait_ms,
+        on_server_error: match c.on_server_error {
+            wit::OnServerError::Store => core::OnServerError::Store,
+            wit::OnServerError::Release => core::OnServerError::Release,
+        },
     }
 }
 
@@ -200,11 +236,39 @@ fn config_out(c: core::Config) -> wit::Config {
         pending_ttl_ms: c.pending_ttl_ms,
         retention_ms: c.retention_ms,
         body_cap_bytes: c.body_cap_bytes,
+        request_body_cap_bytes: c.request_body_cap_bytes,
         sweep_batch: c.sweep_batch,
+        sweep_every: c.sweep_every,
         dialect: match c.dialect {
             core::Dialect::Sqlite => wit::Dialect::Sqlite,
             core::Dialect::Postgres => wit::Dialect::Postgres,
         },
+        profile: match c.profile {
+            core::Profile::Recipe => wit::Profile::Recipe,
+            core::Profile::Ietf => wit::Profile::Ietf,
+        },
+        key_required: c.key_required,
+        replay_header: c.replay_header,
+        in_progress_retry_ms: c.in_progress_retry_ms,
+        wait_ms: c.wait_ms,
+        on_server_error: match c.on_server_error {
+            core::OnServerError::Store => wit::OnServerError::Store,
+            core::OnServerError::Release => wit::OnServerError::Release,
+        },
+    }
+}
+
+fn dialect_in(d: wit::Dialect) -> core::Dialect {
+    match d {
+        wit::Dialect::Sqlite => core::Dialect::Sqlite,
+        wit::Dialect::Postgres => core::Dialect::Postgres,
+    }
+}
+
+fn profile_in(p: wit::Profile) -> core::Profile {
+    match p {
+        wit::Profile::Recipe => core::Profile::Recipe,
+        wit::Profile::Ietf => core::Profile::Ietf,
     }
 }
 
@@ -236,23 +300,11 @@ fn mutation_in(r: wit::MutationResponse) -> core::MutationResponse {
 }
 
 fn ticket_in(t: wit::Ticket) -> core::Ticket {
-    core::Ticket {
-        principal: t.principal,
-        key: t.key,
-        fingerprint: t.fingerprint,
-        generation: t.generation,
-        created_at: t.created_at,
-    }
+    core::Ticket { principal: t.principal, key: t.key, fingerprint: t.fingerprint, generation: t.generation, created_at: t.created_at }
 }
 
 fn ticket_out(t: core::Ticket) -> wit::Ticket {
-    wit::Ticket {
-        principal: t.principal,
-        key: t.key,
-        fingerprint: t.fingerprint,
-        generation: t.generation,
-        created_at: t.created_at,
-    }
+    wit::Ticket { principal: t.principal, key: t.key, fingerprint: t.fingerprint, generation: t.generation, created_at: t.created_at }
 }
 
 fn decision_out(d: core::Decision) -> wit::Decision {
@@ -260,17 +312,21 @@ fn decision_out(d: core::Decision) -> wit::Decision {
         core::Decision::Execute(t) => wit::Decision::Execute(ticket_out(t)),
         core::Decision::Replay(r) => wit::Decision::Replay(response_out(r)),
         core::Decision::Reject(r) => wit::Decision::Reject(rejection_out(r)),
+        core::Decision::Wait(ms) => wit::Decision::Wait(ms),
     }
 }
 
 fn rejection_out(r: core::Rejection) -> wit::Rejection {
+    use core::RejectionReason as R;
     let reason = match r.reason {
-        core::RejectionReason::KeyRequired => wit::RejectionReason::KeyRequired,
-        core::RejectionReason::KeyInvalid => wit::RejectionReason::KeyInvalid,
-        core::RejectionReason::KeyReused => wit::RejectionReason::KeyReused,
-        core::RejectionReason::InProgress => wit::RejectionReason::InProgress,
-        core::RejectionReason::Retry => wit::RejectionReason::Retry,
-        core::RejectionReason::RecordCorrupt => wit::RejectionReason::RecordCorrupt,
+        R::PrincipalRequired => wit::RejectionReason::PrincipalRequired,
+        R::KeyRequired => wit::RejectionReason::KeyRequired,
+        R::KeyInvalid => wit::RejectionReason::KeyInvalid,
+        R::BodyTooLarge => wit::RejectionReason::BodyTooLarge,
+        R::KeyReused => wit::RejectionReason::KeyReused,
+        R::InProgress => wit::RejectionReason::InProgress,
+        R::Retry => wit::RejectionReason::Retry,
+        R::RecordCorrupt => wit::RejectionReason::RecordCorrupt,
     };
     wit::Rejection { reason, response: response_out(r.response) }
 }
@@ -279,10 +335,69 @@ fn admission_out(a: core::Admission) -> wit::Admission {
     match a {
         core::Admission::PassThrough => wit::Admission::PassThrough,
         core::Admission::Reject(r) => wit::Admission::Reject(rejection_out(r)),
-        core::Admission::Protected(p) => wit::Admission::Protected(wit::ProtectedRequest {
-            key: p.key,
-            fingerprint_prefix: p.fingerprint_prefix,
-        }),
+        core::Admission::Protected(p) => {
+            wit::Admission::Protected(wit::ProtectedRequest { key: p.key, fingerprint_prefix: p.fingerprint_prefix })
+        }
+    }
+}
+
+fn action_in(a: wit::CompletionAction) -> core::CompletionAction {
+    match a {
+        wit::CompletionAction::Store => core::CompletionAction::Store,
+        wit::CompletionAction::Release => core::CompletionAction::Release,
+    }
+}
+
+fn action_out(a: core::CompletionAction) -> wit::CompletionAction {
+    match a {
+        core::CompletionAction::Store => wit::CompletionAction::Store,
+        core::CompletionAction::Release => wit::CompletionAction::Release,
+    }
+}
+
+fn outcome_out(o: core::CompletionOutcome) -> wit::CompletionOutcome {
+    match o {
+        core::CompletionOutcome::Stored => wit::CompletionOutcome::Stored,
+        core::CompletionOutcome::Released => wit::CompletionOutcome::Released,
+        core::CompletionOutcome::FencedOut => wit::CompletionOutcome::FencedOut,
+    }
+}
+
+fn abandon_in(r: wit::AbandonReason) -> core::AbandonReason {
+    match r {
+        wit::AbandonReason::Raised => core::AbandonReason::Raised,
+        wit::AbandonReason::NothingChanged => core::AbandonReason::NothingChanged,
+    }
+}
+
+fn sweep_out(s: core::SweepResult) -> wit::SweepResult {
+    wit::SweepResult { deleted: s.deleted, more: s.more }
+}
+
+fn log_line_out(l: core::LogLine) -> wit::LogLine {
+    let level = match l.level {
+        core::LogLevel::Error => wit::LogLevel::Error,
+        core::LogLevel::Warn => wit::LogLevel::Warn,
+        core::LogLevel::Info => wit::LogLevel::Info,
+    };
+    wit::LogLine { level, message: l.message }
+}
+
+fn log_event_in(e: wit::LogEvent) -> core::LogEvent {
+    match e {
+        wit::LogEvent::DecisionFailed(f) => {
+            core::LogEvent::DecisionFailed { principal: f.principal, key: f.key, error: error_in(f.error) }
+        }
+        wit::LogEvent::CompletionFailed(f) => core::LogEvent::CompletionFailed { ticket: ticket_in(f.ticket), error: error_in(f.error) },
+        wit::LogEvent::FencedOut(t) => core::LogEvent::FencedOut(ticket_in(t)),
+        wit::LogEvent::Abandoned(a) => core::LogEvent::Abandoned {
+            ticket: ticket_in(a.ticket),
+            reason: abandon_in(a.reason),
+            released: a.released,
+            detail: a.detail,
+        },
+        wit::LogEvent::ReleaseFailed(f) => core::LogEvent::ReleaseFailed { ticket: ticket_in(f.ticket), error: error_in(f.error) },
+        wit::LogEvent::SweepFailed(e) => core::LogEvent::SweepFailed(error_in(e)),
     }
 }
 
@@ -325,23 +440,35 @@ fn results_in(results: Vec<wit_ledger::StatementResult>) -> Vec<core::StatementR
     results.into_iter().map(result_in).collect()
 }
 
-fn ledger_error_in(e: wit_ledger::LedgerError) -> core::LedgerError {
+fn batch_error_in(e: wit_ledger::BatchError) -> core::BatchError {
     match e {
-        wit_ledger::LedgerError::Busy => core::LedgerError::Busy,
-        wit_ledger::LedgerError::Constraint(m) => core::LedgerError::Constraint(m),
-        wit_ledger::LedgerError::Schema(m) => core::LedgerError::Schema(m),
-        wit_ledger::LedgerError::Io(m) => core::LedgerError::Io(m),
-        wit_ledger::LedgerError::Other(m) => core::LedgerError::Other(m),
+        wit_ledger::BatchError::Database(d) => core::BatchError::Database(core::DatabaseError { code: d.code, message: d.message }),
+        wit_ledger::BatchError::PoolExhausted(m) => core::BatchError::PoolExhausted(m),
+        wit_ledger::BatchError::Unreachable(m) => core::BatchError::Unreachable(m),
+        wit_ledger::BatchError::OutcomeUnknown(m) => core::BatchError::OutcomeUnknown(m),
+        wit_ledger::BatchError::Host(m) => core::BatchError::Host(m),
     }
 }
 
-fn ledger_error_out(e: core::LedgerError) -> wit_ledger::LedgerError {
+fn ledger_error_in(e: wit::LedgerError) -> core::LedgerError {
     match e {
-        core::LedgerError::Busy => wit_ledger::LedgerError::Busy,
-        core::LedgerError::Constraint(m) => wit_ledger::LedgerError::Constraint(m),
-        core::LedgerError::Schema(m) => wit_ledger::LedgerError::Schema(m),
-        core::LedgerError::Io(m) => wit_ledger::LedgerError::Io(m),
-        core::LedgerError::Other(m) => wit_ledger::LedgerError::Other(m),
+        wit::LedgerError::Busy => core::LedgerError::Busy,
+        wit::LedgerError::Constraint(m) => core::LedgerError::Constraint(m),
+        wit::LedgerError::Schema(m) => core::LedgerError::Schema(m),
+        wit::LedgerError::Io(m) => core::LedgerError::Io(m),
+        wit::LedgerError::OutcomeUnknown(m) => core::LedgerError::OutcomeUnknown(m),
+        wit::LedgerError::Other(m) => core::LedgerError::Other(m),
+    }
+}
+
+fn ledger_error_out(e: core::LedgerError) -> wit::LedgerError {
+    match e {
+        core::LedgerError::Busy => wit::LedgerError::Busy,
+        core::LedgerError::Constraint(m) => wit::LedgerError::Constraint(m),
+        core::LedgerError::Schema(m) => wit::LedgerError::Schema(m),
+        core::LedgerError::Io(m) => wit::LedgerError::Io(m),
+        core::LedgerError::OutcomeUnknown(m) => wit::LedgerError::OutcomeUnknown(m),
+        core::LedgerError::Other(m) => wit::LedgerError::Other(m),
     }
 }
 

@@ -6,11 +6,28 @@
 use alloc::string::String;
 use alloc::vec::Vec;
 
-use crate::config::Config;
-use crate::headers::{is_storable_value, is_valid_key, normalize_value};
-use crate::machine;
+use crate::config::{Config, OnServerError, Profile};
+use crate::headers::{is_storable_value, is_valid_key, normalize_value, parse_sf_string_item};
+use crate::machine::Session;
 use crate::types::*;
 use crate::{fingerprint, responses};
+
+fn session(config: Config) -> Session {
+    Session::open(config).expect("fuzz configs are valid")
+}
+
+/// A config varied by one byte: profile, key policy, release policy, caps.
+fn config_from(b: &mut Bytes) -> Config {
+    let flags = b.byte();
+    let profile = if flags & 1 == 0 { Profile::Recipe } else { Profile::Ietf };
+    Config {
+        key_required: flags & 2 == 0,
+        on_server_error: if flags & 4 == 0 { OnServerError::Store } else { OnServerError::Release },
+        request_body_cap_bytes: u64::from(b.byte()) * 64,
+        wait_ms: u64::from(flags >> 4) * 100,
+        ..Config::for_profile(profile)
+    }
+}
 
 /// Reads structured values out of fuzz bytes; runs dry by returning zeros.
 pub struct Bytes<'a>(&'a [u8]);
@@ -74,7 +91,12 @@ const NAMES: [&str; 6] = ["content-type", "Content-Type", "x-api-version", "idem
 /// SPEC 1 and 4: admission and fingerprints of arbitrary request heads.
 pub fn request_head(data: &[u8]) {
     let mut b = Bytes::new(data);
-    let config = Config::default();
+    let config = config_from(&mut b);
+    let principal = match b.byte() % 4 {
+        0 => None,
+        1 => Some(String::new()),
+        _ => Some(b.text()),
+    };
     let method = ["POST", "post", "GET", "PATCH", "DELETE", "PUT"][b.byte() as usize % 6];
     let mut headers = b.headers();
     for _ in 0..b.byte() % 4 {
@@ -88,14 +110,35 @@ pub fn request_head(data: &[u8]) {
     let digest = fingerprint::fingerprint(&config, &head, body);
     assert!(fingerprint::is_fingerprint(&digest));
     assert_eq!(digest, fingerprint::digest(&prefix, body));
-    match machine::admit(&config, &head).expect("default config is valid") {
-        Admission::PassThrough => assert!(!config.is_protected(method)),
-        Admission::Reject(r) => assert_eq!(r.response.status, 400),
-        Admission::Protected(p) => {
+    let session = session(config.clone());
+    let protected = session.policy().protected_methods.iter().any(|m| m == &method.to_ascii_uppercase());
+    match session.admit(&head, principal.as_deref()) {
+        Err(ProtocolError::InvalidArgument(_)) => {
+            let p = principal.unwrap_or_default();
+            assert!(p.len() > machine_principal_cap() || p.contains('\0'));
+        }
+        Err(e) => panic!("admit failed: {e}"),
+        Ok(Admission::PassThrough) => assert!(!protected || !config.key_required),
+        Ok(Admission::Reject(r)) => {
+            assert!(protected);
+            let status = match r.reason {
+                RejectionReason::PrincipalRequired => 401,
+                RejectionReason::BodyTooLarge => 413,
+                RejectionReason::KeyRequired | RejectionReason::KeyInvalid => 400,
+                other => panic!("admission never answers {other:?}"),
+            };
+            assert_eq!(r.response.status, status);
+        }
+        Ok(Admission::Protected(p)) => {
+            assert!(protected && principal.is_some_and(|p| !p.is_empty()));
             assert!(is_valid_key(&p.key));
             assert_eq!(p.fingerprint_prefix, prefix);
         }
     }
+}
+
+fn machine_principal_cap() -> usize {
+    crate::machine::MAX_PRINCIPAL_LEN
 }
 
 /// SPEC 1: the key format, against its definition.
@@ -108,7 +151,7 @@ pub fn key(data: &[u8]) {
     };
     let trimmed = normalize_value(&value);
     let expected = !trimmed.is_empty() && trimmed.len() <= 255 && trimmed.bytes().all(|c| (0x20..=0x7e).contains(&c));
-    match machine::admit(&Config::default(), &head).expect("valid config") {
+    match session(Config::default()).admit(&head, Some("p")).expect("valid principal") {
         Admission::Protected(p) => {
             assert!(expected);
             assert_eq!(p.key, trimmed);
@@ -120,13 +163,33 @@ pub fn key(data: &[u8]) {
         }
         Admission::PassThrough => panic!("POST is protected"),
     }
+    // The ietf profile: a quoted value is an sf-string, a bare one is as above.
+    match session(Config::for_profile(Profile::Ietf)).admit(&head, Some("p")).expect("valid principal") {
+        Admission::Protected(p) if trimmed.starts_with('"') => {
+            assert_eq!(Ok(p.key.clone()), parse_sf_string_item(trimmed));
+            assert!(is_valid_key(&p.key));
+            // Re-encoding the decoded key parses back to itself.
+            let quoted = alloc::format!("\"{}\"", p.key.replace('\\', "\\\\").replace('"', "\\\""));
+            assert_eq!(parse_sf_string_item(&quoted), Ok(p.key));
+        }
+        Admission::Protected(p) => {
+            assert!(expected);
+            assert_eq!(p.key, trimmed);
+        }
+        Admission::Reject(r) if trimmed.starts_with('"') => {
+            assert_eq!(r.reason, RejectionReason::KeyInvalid);
+            assert!(parse_sf_string_item(trimmed).is_err() || !expected);
+        }
+        Admission::Reject(_) => assert!(!expected),
+        Admission::PassThrough => panic!("POST is protected"),
+    }
 }
 
 /// SPEC 5, 7, 9: a completed row with arbitrary stored response columns
 /// replays a sendable response or answers record-corrupt; it never executes.
 pub fn stored_row(data: &[u8]) {
     let mut b = Bytes::new(data);
-    let config = Config::default();
+    let config = config_from(&mut b);
     let fp = fingerprint::digest("x", b"");
     let status = ["completed", "pending", "", "COMPLETED"][b.byte() as usize % 4];
     let response_status = match b.byte() % 3 {
@@ -146,8 +209,9 @@ pub fn stored_row(data: &[u8]) {
         Value::Integer(0),
     ];
     let results = [StatementResult::default(), StatementResult::default(), StatementResult { rows: alloc::vec![row], changes: 0 }];
-    match machine::decide(&config, "p", "k", &fp, 0, &results).expect("well-formed results") {
+    match session(config).decide("p", "k", &fp, 0, 0, &results).expect("well-formed results") {
         Decision::Execute(_) => panic!("an existing row never executes"),
+        Decision::Wait(ms) => assert!((1..=crate::machine::MAX_POLL_MS as u32).contains(&ms)),
         Decision::Replay(r) => {
             assert!(responses::is_sendable_status(i64::from(r.status)));
             assert!(r.headers.iter().all(|h| crate::headers::is_token(&h.name) && is_storable_value(&h.value)));
@@ -162,7 +226,7 @@ pub fn stored_row(data: &[u8]) {
 /// The step API fed arbitrary SQL results: an answer or an error, never a panic.
 pub fn step_results(data: &[u8]) {
     let mut b = Bytes::new(data);
-    let config = Config::default();
+    let session = session(config_from(&mut b));
     let fp = fingerprint::digest("x", b"");
     let results: Vec<StatementResult> = (0..b.byte() % 5)
         .map(|_| StatementResult {
@@ -170,20 +234,25 @@ pub fn step_results(data: &[u8]) {
             changes: b.int() as u64 % 4,
         })
         .collect();
-    if let Ok(Decision::Execute(ticket)) = machine::decide(&config, "p", "k", &fp, b.int(), &results) {
+    let now = b.int();
+    if let Ok(Decision::Execute(ticket)) = session.decide("p", "k", &fp, now, b.int(), &results) {
         assert!(ticket.generation >= 1);
         assert_eq!(ticket.fingerprint, fp);
     }
-    let _ = machine::finish_completion(&results);
-    let _ = machine::finish_release(&results);
-    let _ = machine::finish_sweep(&results);
+    let _ = session.finish_completion(CompletionAction::Store, &results);
+    let _ = session.finish_completion(CompletionAction::Release, &results);
+    let _ = session.finish_release(&results);
+    if let Ok(sweep) = session.finish_sweep(&results) {
+        assert_eq!(sweep.more, sweep.deleted >= u64::from(session.config().sweep_batch));
+    }
 }
 
 /// SPEC 7: whatever a mutation returns, the stored row replays exactly what
 /// the first caller got.
 pub fn completion_roundtrip(data: &[u8]) {
     let mut b = Bytes::new(data);
-    let config = Config { body_cap_bytes: u32::from(b.byte()), ..Config::default() };
+    let config = Config { body_cap_bytes: u32::from(b.byte()), ..config_from(&mut b) };
+    let session = session(config.clone());
     let fp = fingerprint::digest("x", b"");
     let status = u16::from_le_bytes([b.byte(), b.byte() % 3]);
     let mut headers = b.headers();
@@ -192,18 +261,46 @@ pub fn completion_roundtrip(data: &[u8]) {
     }
     let body = if b.byte() % 2 == 0 { ResponseBody::Text(b.text()) } else { ResponseBody::Bytes(b.rest().to_vec()) };
     let ticket = Ticket { principal: "p".into(), key: "k".into(), fingerprint: fp.clone(), generation: 1, created_at: 0 };
-    let plan = machine::plan_completion(&config, &ticket, MutationResponse { status, headers, body }, 5).expect("valid");
+    let plan = session.plan_completion(&ticket, MutationResponse { status, headers, body }, 5).expect("valid");
     let fresh = plan.response;
     assert!(responses::is_sendable_status(i64::from(fresh.status)));
     if let Some(body) = &fresh.body {
         assert!(body.len() <= config.body_cap_bytes as usize);
     }
+    assert!(!plan.send_mutation_body || (config.profile == Profile::Ietf && fresh.body.is_none() && plan.log.is_some()));
+    if plan.action == CompletionAction::Release {
+        assert!(config.on_server_error == OnServerError::Release && status >= 500);
+        return;
+    }
     // The row the completion writes, read back by a later decision.
     let params = &plan.statements[0].params;
     let row = alloc::vec![Value::Text(fp.clone()), Value::Text("completed".into()), Value::Integer(1), params[0].clone(), params[1].clone(), params[2].clone(), Value::Integer(5)];
     let results = [StatementResult::default(), StatementResult::default(), StatementResult { rows: alloc::vec![row], changes: 0 }];
-    match machine::decide(&config, "p", "k", &fp, 6, &results).expect("decides") {
-        Decision::Replay(replayed) => assert_eq!(replayed, fresh),
+    match session.decide("p", "k", &fp, 6, 6, &results).expect("decides") {
+        Decision::Replay(mut replayed) => {
+            if let Some(name) = &config.replay_header {
+                let marker = replayed.headers.pop().expect("the replay marker is last");
+                assert!(marker.name.eq_ignore_ascii_case(name) && marker.value == "true");
+            }
+            if plan.send_mutation_body {
+                // The body was left out: the same status and headers, plus the marker.
+                let omitted = replayed.headers.pop().expect("the omitted marker");
+                assert_eq!(omitted.name, responses::BODY_OMITTED_HEADER);
+                assert_eq!((replayed.status, &replayed.headers, replayed.body), (fresh.status, &fresh.headers, None));
+            } else {
+                assert_eq!(replayed, fresh);
+            }
+        }
         other => panic!("a stored completion must replay, got {other:?}"),
+    }
+}
+
+/// The ietf key parser on arbitrary bytes: a decoded key is always a valid
+/// key, and parsing never panics.
+pub fn sf_string(data: &[u8]) {
+    let value: String = core::iter::once('"').chain(data.iter().map(|&b| b as char)).collect();
+    if let Ok(key) = parse_sf_string_item(&value) {
+        assert!(is_valid_key(&key));
+        assert!(value.len() >= key.len() + 2);
     }
 }

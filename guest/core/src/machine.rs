@@ -1,4 +1,5 @@
-//! Every state transition of the protocol, in one place.
+//! Every state transition of the protocol, in one place: a [`Session`] is
+//! a validated config, and its methods are the protocol.
 //!
 //! Each ledger round trip is a `plan_*` (the statements to run as one atomic
 //! batch) and a `decide` / `finish_*` (reading that batch's results). No
@@ -9,137 +10,375 @@ use alloc::string::String;
 use alloc::vec;
 use alloc::vec::Vec;
 
-use crate::config::Config;
+use crate::classify;
+use crate::config::{Config, OnServerError, Profile};
 use crate::fingerprint::{self, is_fingerprint};
-use crate::headers::{get_combined, is_valid_key};
-use crate::responses::{self, body_for_status, decode_headers, is_sendable_status};
+use crate::headers::{content_length, get_combined, is_valid_key, parse_sf_string_item};
+use crate::log;
+use crate::responses::{self, body_for_status, decode_headers, is_sendable_status, NULL_BODY_STATUSES};
 use crate::types::{
-    Admission, CompletionPlan, Decision, MutationResponse, ProtectedRequest, ProtocolError, RequestHead, Response,
-    Statement, StatementResult, Ticket, Value,
+    AbandonReason, Admission, BatchError, CompletionAction, CompletionOutcome, CompletionPlan, Decision, Header,
+    LedgerError, LogEvent, LogLine, MutationResponse, ProtectedRequest, ProtocolError, Rejection, RequestHead,
+    RequestPolicy, Response, Statement, StatementResult, SweepResult, Ticket, Value,
 };
 
 /// Principals are server-derived; the bound keeps a host bug from bloating rows.
 pub const MAX_PRINCIPAL_LEN: usize = 4096;
 
+/// A waiting duplicate polls first after this long, then after as long as it
+/// has waited so far (so polls double), never more than `MAX_POLL_MS` apart.
+pub const MIN_POLL_MS: u64 = 10;
+pub const MAX_POLL_MS: u64 = 200;
+
 const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
-/// SPEC 1: pass-through, 400, or protected with the key and fingerprint prefix.
-pub fn admit(config: &Config, head: &RequestHead) -> Result<Admission, ProtocolError> {
-    config.validate()?;
-    if !config.is_protected(&head.method) {
-        return Ok(Admission::PassThrough);
-    }
-    let key = match get_combined(&head.headers, IDEMPOTENCY_KEY) {
-        None => return Ok(Admission::Reject(responses::key_required())),
-        Some(key) if key.is_empty() => return Ok(Admission::Reject(responses::key_required())),
-        Some(key) => key,
-    };
-    if !is_valid_key(&key) {
-        return Ok(Admission::Reject(responses::key_invalid()));
-    }
-    Ok(Admission::Protected(ProtectedRequest { key, fingerprint_prefix: fingerprint::prefix(config, head) }))
+/// The protocol on one validated config.
+#[derive(Clone, Debug)]
+pub struct Session {
+    config: Config,
+    policy: RequestPolicy,
+    /// `config.replay_header`, lower-cased as every header the core builds.
+    replay_header: Option<String>,
 }
 
-/// The decision batch (SPEC 3, 5, 6): claim, fingerprint-guarded takeover,
-/// lookup. Atomic, so the lookup sees the row as the first two left it.
-pub fn plan_decision(
-    config: &Config,
-    principal: &str,
-    key: &str,
-    fingerprint: &str,
-    now: i64,
-) -> Result<Vec<Statement>, ProtocolError> {
-    config.validate()?;
-    check_request(principal, key, fingerprint)?;
-    let sql = config.dialect.statements();
-    let (p, k, f) = (text(principal), text(key), text(fingerprint));
-    Ok(vec![
-        Statement { sql: sql.claim, params: vec![p.clone(), k.clone(), f.clone(), Value::Integer(now), Value::Integer(now)] },
-        Statement {
-            sql: sql.takeover,
-            params: vec![Value::Integer(now), p.clone(), k.clone(), f, Value::Integer(now.saturating_sub(config.ttl()))],
-        },
-        Statement { sql: sql.lookup, params: vec![p, k] },
-    ])
-}
+impl Session {
+    /// Validates `config` once; every method relies on it.
+    pub fn open(config: Config) -> Result<Session, ProtocolError> {
+        config.validate()?;
+        let policy = RequestPolicy {
+            protected_methods: config.protected_methods.iter().map(|m| m.to_ascii_uppercase()).collect(),
+            request_body_cap_bytes: config.request_body_cap_bytes,
+            null_body_statuses: NULL_BODY_STATUSES.to_vec(),
+        };
+        let replay_header = config.replay_header.as_ref().map(|h| h.to_ascii_lowercase());
+        Ok(Session { config, policy, replay_header })
+    }
 
-/// Reads the decision batch's results (SPEC 5). Takes the same arguments as
-/// `plan_decision`; `now` already went into the batch's SQL.
-pub fn decide(
-    config: &Config,
-    principal: &str,
-    key: &str,
-    fingerprint: &str,
-    _now: i64,
-    results: &[StatementResult],
-) -> Result<Decision, ProtocolError> {
-    config.validate()?;
-    check_request(principal, key, fingerprint)?;
-    let [claim, takeover, lookup] = results else {
-        return Err(malformed(format!("decision batch: expected 3 results, got {}", results.len())));
-    };
-    let claimed = single_row(claim, 2, "claim")?;
-    let taken_over = single_row(takeover, 2, "takeover")?;
-    let ticket = |row: &[Value], what: &str| -> Result<Ticket, ProtocolError> {
-        let generation = integer(&row[0], what, "generation")?;
-        let created_at = integer(&row[1], what, "created_at")?;
-        Ok(Ticket {
-            principal: principal.into(),
-            key: key.into(),
-            fingerprint: fingerprint.into(),
-            generation,
-            created_at,
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn policy(&self) -> &RequestPolicy {
+        &self.policy
+    }
+
+    fn is_protected(&self, method: &str) -> bool {
+        self.policy.protected_methods.iter().any(|m| m.eq_ignore_ascii_case(method))
+    }
+
+    /// SPEC 1: pass-through, a 401/400/413, or protected with the key and the
+    /// fingerprint prefix.
+    pub fn admit(&self, head: &RequestHead, principal: Option<&str>) -> Result<Admission, ProtocolError> {
+        if !self.is_protected(&head.method) {
+            return Ok(Admission::PassThrough);
+        }
+        let profile = self.config.profile;
+        let key = get_combined(&head.headers, IDEMPOTENCY_KEY).filter(|k| !k.is_empty());
+        if key.is_none() && !self.config.key_required {
+            return Ok(Admission::PassThrough);
+        }
+        let principal = principal.filter(|p| !p.is_empty());
+        let Some(principal) = principal else {
+            return Ok(Admission::Reject(responses::principal_required(profile)));
+        };
+        check_principal(principal)?;
+        let Some(key) = key else {
+            return Ok(Admission::Reject(responses::key_required(profile)));
+        };
+        let key = match self.read_key(key) {
+            Ok(key) => key,
+            Err(rejection) => return Ok(Admission::Reject(rejection)),
+        };
+        if content_length(&head.headers).is_some_and(|n| n > self.config.request_body_cap_bytes) {
+            return Ok(Admission::Reject(self.body_too_large()));
+        }
+        Ok(Admission::Protected(ProtectedRequest { key, fingerprint_prefix: fingerprint::prefix(&self.config, head) }))
+    }
+
+    /// The key as stored: the raw value, or under `ietf` a quoted sf-string decoded.
+    fn read_key(&self, raw: String) -> Result<String, Rejection> {
+        let profile = self.config.profile;
+        let key = if profile == Profile::Ietf && raw.starts_with('"') {
+            parse_sf_string_item(&raw).map_err(|why| responses::key_invalid(profile, Some(why)))?
+        } else {
+            raw
+        };
+        if is_valid_key(&key) {
+            Ok(key)
+        } else {
+            Err(responses::key_invalid(profile, None))
+        }
+    }
+
+    /// The 413 for a body found over the cap while reading it.
+    pub fn body_too_large(&self) -> Rejection {
+        responses::body_too_large(&self.config)
+    }
+
+    pub fn fingerprint_prefix(&self, head: &RequestHead) -> String {
+        fingerprint::prefix(&self.config, head)
+    }
+
+    pub fn fingerprint(&self, head: &RequestHead, body: &[u8]) -> String {
+        fingerprint::fingerprint(&self.config, head, body)
+    }
+
+    /// SPEC 9: what a host answers when a call failed before anything ran.
+    pub fn error_response(&self, error: &ProtocolError) -> Response {
+        responses::error_response(&self.config, error)
+    }
+
+    /// What a host's batch failure means, by this session's dialect.
+    pub fn classify(&self, error: &BatchError) -> LedgerError {
+        classify::classify(self.config.dialect, error)
+    }
+
+    pub fn log_line(&self, event: &LogEvent) -> LogLine {
+        log::event(&self.config, event)
+    }
+
+    /// The decision batch (SPEC 3, 5, 6): claim, fingerprint-guarded takeover,
+    /// lookup. Atomic, so the lookup sees the row as the first two left it.
+    pub fn plan_decision(&self, principal: &str, key: &str, fingerprint: &str, now: i64) -> Result<Vec<Statement>, ProtocolError> {
+        check_request(principal, key, fingerprint)?;
+        let sql = self.config.dialect.statements();
+        let (p, k, f) = (text(principal), text(key), text(fingerprint));
+        Ok(vec![
+            Statement { sql: sql.claim, params: vec![p.clone(), k.clone(), f.clone(), Value::Integer(now), Value::Integer(now)] },
+            Statement {
+                sql: sql.takeover,
+                params: vec![Value::Integer(now), p.clone(), k.clone(), f, Value::Integer(now.saturating_sub(self.config.ttl()))],
+            },
+            Statement { sql: sql.lookup, params: vec![p, k] },
+        ])
+    }
+
+    /// Reads the decision batch's results (SPEC 5). Takes the same arguments
+    /// as `plan_decision`, plus when this request started waiting.
+    pub fn decide(
+        &self,
+        principal: &str,
+        key: &str,
+        fingerprint: &str,
+        now: i64,
+        waiting_since: i64,
+        results: &[StatementResult],
+    ) -> Result<Decision, ProtocolError> {
+        check_request(principal, key, fingerprint)?;
+        let [claim, takeover, lookup] = results else {
+            return Err(malformed(format!("decision batch: expected 3 results, got {}", results.len())));
+        };
+        let claimed = single_row(claim, 2, "claim")?;
+        let taken_over = single_row(takeover, 2, "takeover")?;
+        let ticket = |row: &[Value], what: &str| -> Result<Ticket, ProtocolError> {
+            let generation = integer(&row[0], what, "generation")?;
+            let created_at = integer(&row[1], what, "created_at")?;
+            Ok(Ticket { principal: principal.into(), key: key.into(), fingerprint: fingerprint.into(), generation, created_at })
+        };
+        match (claimed, taken_over) {
+            (Some(_), Some(_)) => Err(malformed("decision batch: both the claim and the takeover returned a row".into())),
+            // Won the claim: generation 1 by construction.
+            (Some(row), None) => {
+                let ticket = ticket(row, "claim")?;
+                if ticket.generation != 1 {
+                    return Err(malformed(format!("claim: generation {} instead of 1", ticket.generation)));
+                }
+                Ok(Decision::Execute(ticket))
+            }
+            // Won the takeover of a stale pending row with our fingerprint.
+            (None, Some(row)) => {
+                let ticket = ticket(row, "takeover")?;
+                if ticket.generation < 2 {
+                    return Err(malformed(format!("takeover: generation {} below 2", ticket.generation)));
+                }
+                Ok(Decision::Execute(ticket))
+            }
+            (None, None) => self.respond_to_existing(fingerprint, now, waiting_since, lookup),
+        }
+    }
+
+    /// The key already existed and this request neither claimed nor took it over.
+    fn respond_to_existing(
+        &self,
+        fingerprint: &str,
+        now: i64,
+        waiting_since: i64,
+        lookup: &StatementResult,
+    ) -> Result<Decision, ProtocolError> {
+        let profile = self.config.profile;
+        let Some(row) = single_row(lookup, 7, "lookup")? else {
+            // Swept between another request's claim and ours: ask for a retry.
+            return Ok(Decision::Reject(responses::key_retry(profile)));
+        };
+        let stored_fingerprint = text_column(&row[0], "lookup", "fingerprint")?;
+        let status = text_column(&row[1], "lookup", "status")?;
+        integer(&row[2], "lookup", "generation")?;
+        let updated_at = integer(&row[6], "lookup", "updated_at")?;
+        if stored_fingerprint != fingerprint {
+            return Ok(Decision::Reject(responses::key_reused(profile)));
+        }
+        Ok(match status {
+            "completed" => match replay(&row[3], &row[4], &row[5]) {
+                Some(mut response) => {
+                    if let Some(name) = &self.replay_header {
+                        response.headers.push(Header::new(name.clone(), "true"));
+                    }
+                    Decision::Replay(response)
+                }
+                None => Decision::Reject(responses::record_corrupt(profile)),
+            },
+            // Fresh: the atomic takeover above would have won a stale row. (A
+            // host that broke atomicity gets the same safe answer.)
+            "pending" => self.in_progress(now, waiting_since, updated_at),
+            _ => Decision::Reject(responses::record_corrupt(profile)),
         })
-    };
-    match (claimed, taken_over) {
-        (Some(_), Some(_)) => Err(malformed("decision batch: both the claim and the takeover returned a row".into())),
-        // Won the claim: generation 1 by construction.
-        (Some(row), None) => {
-            let ticket = ticket(row, "claim")?;
-            if ticket.generation != 1 {
-                return Err(malformed(format!("claim: generation {} instead of 1", ticket.generation)));
-            }
-            Ok(Decision::Execute(ticket))
-        }
-        // Won the takeover of a stale pending row with our fingerprint.
-        (None, Some(row)) => {
-            let ticket = ticket(row, "takeover")?;
-            if ticket.generation < 2 {
-                return Err(malformed(format!("takeover: generation {} below 2", ticket.generation)));
-            }
-            Ok(Decision::Execute(ticket))
-        }
-        (None, None) => respond_to_existing(config, fingerprint, lookup),
     }
-}
 
-/// The key already existed and this request neither claimed nor took it over.
-fn respond_to_existing(
-    config: &Config,
-    fingerprint: &str,
-    lookup: &StatementResult,
-) -> Result<Decision, ProtocolError> {
-    let Some(row) = single_row(lookup, 7, "lookup")? else {
-        // Swept between another request's claim and ours: ask for a retry.
-        return Ok(Decision::Reject(responses::key_retry()));
-    };
-    let stored_fingerprint = text_column(&row[0], "lookup", "fingerprint")?;
-    let status = text_column(&row[1], "lookup", "status")?;
-    integer(&row[2], "lookup", "generation")?;
-    integer(&row[6], "lookup", "updated_at")?;
-    if stored_fingerprint != fingerprint {
-        return Ok(Decision::Reject(responses::key_reused()));
+    /// A fresh pending row with our fingerprint: wait (when allowed) or 409.
+    fn in_progress(&self, now: i64, waiting_since: i64, updated_at: i64) -> Decision {
+        let ttl = self.config.pending_ttl_ms;
+        // Until `updated_at + ttl` the row is fresh; a millisecond later a
+        // retry takes it over. A clock behind the row's is capped at the TTL.
+        let fresh_for = (updated_at as i128 + ttl as i128 - now as i128).clamp(0, ttl as i128) as u64;
+        let waited = (now as i128 - waiting_since as i128).clamp(0, u64::MAX as i128) as u64;
+        if waited < self.config.wait_ms {
+            let poll = waited.clamp(MIN_POLL_MS, MAX_POLL_MS).min(self.config.wait_ms - waited).min(fresh_for + 1);
+            return Decision::Wait(poll as u32);
+        }
+        let retry_after_ms = self.config.in_progress_retry_ms.map_or(fresh_for, |hint| hint.min(fresh_for));
+        Decision::Reject(responses::in_progress(self.config.profile, retry_after_ms))
     }
-    Ok(match status {
-        "completed" => match replay(&row[3], &row[4], &row[5]) {
-            Some(response) => Decision::Replay(response),
-            None => Decision::Reject(responses::record_corrupt()),
-        },
-        // Fresh: the atomic takeover above would have won a stale row. (A
-        // host that broke atomicity gets the same safe answer.)
-        "pending" => Decision::Reject(responses::in_progress(config)),
-        _ => Decision::Reject(responses::record_corrupt()),
-    })
+
+    /// SPEC 6-7: shapes the response and plans the fenced completion write
+    /// (or, under `on-server-error: release`, the fenced release of a 5xx).
+    pub fn plan_completion(&self, ticket: &Ticket, response: MutationResponse, now: i64) -> Result<CompletionPlan, ProtocolError> {
+        check_ticket(ticket)?;
+        let status = response.status;
+        let shaped = responses::shape(&self.config, response);
+        let log = shaped.unstorable.map(|why| log::unstorable(&self.config, ticket, status, why));
+        let release = self.config.on_server_error == OnServerError::Release && status >= 500;
+        let (action, statements) = if release {
+            (CompletionAction::Release, self.release_statements(ticket))
+        } else {
+            let statement = Statement {
+                sql: self.config.dialect.statements().complete,
+                params: vec![
+                    Value::Integer(i64::from(shaped.status)),
+                    shaped.body.map_or(Value::Null, Value::Text),
+                    Value::Text(shaped.headers_json),
+                    Value::Integer(now),
+                    text(&ticket.principal),
+                    text(&ticket.key),
+                    Value::Integer(ticket.generation),
+                    Value::Integer(ticket.created_at),
+                    text(&ticket.fingerprint),
+                ],
+            };
+            (CompletionAction::Store, vec![statement])
+        };
+        Ok(CompletionPlan {
+            statements,
+            action,
+            response: shaped.caller,
+            send_mutation_body: shaped.send_mutation_body,
+            sweep_due: self.sweep_due(ticket),
+            log,
+        })
+    }
+
+    /// Reads the completion batch: stored (or released), or fenced out.
+    pub fn finish_completion(&self, action: CompletionAction, results: &[StatementResult]) -> Result<CompletionOutcome, ProtocolError> {
+        Ok(match action {
+            CompletionAction::Store => {
+                let [completion] = results else {
+                    return Err(malformed(format!("completion batch: expected 1 result, got {}", results.len())));
+                };
+                match single_row(completion, 1, "completion")? {
+                    Some(_) => CompletionOutcome::Stored,
+                    None => CompletionOutcome::FencedOut,
+                }
+            }
+            CompletionAction::Release => match self.finish_release(results)? {
+                true => CompletionOutcome::Released,
+                false => CompletionOutcome::FencedOut,
+            },
+        })
+    }
+
+    /// SPEC 9: what a mutation without a response leaves. `None`: the row
+    /// stays pending until the TTL.
+    pub fn plan_abandon(&self, ticket: &Ticket, reason: AbandonReason) -> Result<Option<Vec<Statement>>, ProtocolError> {
+        check_ticket(ticket)?;
+        let release = match reason {
+            AbandonReason::NothingChanged => true,
+            AbandonReason::Raised => self.config.on_server_error == OnServerError::Release,
+        };
+        Ok(release.then(|| self.release_statements(ticket)))
+    }
+
+    fn release_statements(&self, ticket: &Ticket) -> Vec<Statement> {
+        vec![Statement {
+            sql: self.config.dialect.statements().release,
+            params: vec![
+                text(&ticket.principal),
+                text(&ticket.key),
+                Value::Integer(ticket.generation),
+                Value::Integer(ticket.created_at),
+                text(&ticket.fingerprint),
+            ],
+        }]
+    }
+
+    /// True when the row was released, false when the ticket no longer owned it.
+    pub fn finish_release(&self, results: &[StatementResult]) -> Result<bool, ProtocolError> {
+        match results {
+            [r] if r.changes <= 1 => Ok(r.changes == 1),
+            [r] => Err(malformed(format!("release: {} rows deleted for one key", r.changes))),
+            _ => Err(malformed(format!("release batch: expected 1 result, got {}", results.len()))),
+        }
+    }
+
+    /// SPEC 8: one execution in `sweep-every` asks for a sweep, chosen by a
+    /// hash of its reservation so every host picks the same ones without
+    /// sharing a counter.
+    pub fn sweep_due(&self, ticket: &Ticket) -> bool {
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        let fields: [&[u8]; 4] = [
+            ticket.principal.as_bytes(),
+            ticket.key.as_bytes(),
+            &ticket.created_at.to_le_bytes(),
+            &ticket.generation.to_le_bytes(),
+        ];
+        for field in fields {
+            for &b in field.iter().chain(&[0xff]) {
+                hash = (hash ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+            }
+        }
+        hash % u64::from(self.config.sweep_every) == 0
+    }
+
+    /// SPEC 8: the bounded sweep, with the retention the header contract promises.
+    pub fn plan_sweep(&self, now: i64) -> Vec<Statement> {
+        vec![Statement {
+            sql: self.config.dialect.statements().sweep,
+            params: vec![
+                Value::Integer(now.saturating_sub(self.config.retention())),
+                Value::Integer(i64::from(self.config.sweep_batch)),
+            ],
+        }]
+    }
+
+    /// Rows the sweep deleted; a full batch means more may remain.
+    pub fn finish_sweep(&self, results: &[StatementResult]) -> Result<SweepResult, ProtocolError> {
+        match results {
+            [r] => Ok(SweepResult { deleted: r.changes, more: r.changes >= u64::from(self.config.sweep_batch) }),
+            _ => Err(malformed(format!("sweep batch: expected 1 result, got {}", results.len()))),
+        }
+    }
+
+    pub fn fenced_out_log(&self, ticket: &Ticket) -> LogLine {
+        log::fenced_out(ticket)
+    }
 }
 
 /// Rebuilds a stored response; `None` when the row cannot be replayed exactly.
@@ -158,84 +397,7 @@ fn replay(status: &Value, body: &Value, headers: &Value) -> Option<Response> {
     Some(Response { status, headers, body: body_for_status(status, body) })
 }
 
-/// SPEC 6-7: shapes the response and plans the fenced completion write.
-pub fn plan_completion(
-    config: &Config,
-    ticket: &Ticket,
-    response: MutationResponse,
-    now: i64,
-) -> Result<CompletionPlan, ProtocolError> {
-    config.validate()?;
-    check_ticket(ticket)?;
-    let shaped = responses::shape(config, response);
-    let statement = Statement {
-        sql: config.dialect.statements().complete,
-        params: vec![
-            Value::Integer(i64::from(shaped.status)),
-            shaped.body.clone().map_or(Value::Null, Value::Text),
-            text(&shaped.headers_json),
-            Value::Integer(now),
-            text(&ticket.principal),
-            text(&ticket.key),
-            Value::Integer(ticket.generation),
-            Value::Integer(ticket.created_at),
-            text(&ticket.fingerprint),
-        ],
-    };
-    Ok(CompletionPlan { statements: vec![statement], response: shaped.response() })
-}
-
-/// True when the completion was stored, false when this ticket was fenced out.
-pub fn finish_completion(results: &[StatementResult]) -> Result<bool, ProtocolError> {
-    let [completion] = results else {
-        return Err(malformed(format!("completion batch: expected 1 result, got {}", results.len())));
-    };
-    Ok(single_row(completion, 1, "completion")?.is_some())
-}
-
-/// SPEC 9: deletes this ticket's pending row; only when nothing ran.
-pub fn plan_release(config: &Config, ticket: &Ticket) -> Result<Vec<Statement>, ProtocolError> {
-    config.validate()?;
-    check_ticket(ticket)?;
-    Ok(vec![Statement {
-        sql: config.dialect.statements().release,
-        params: vec![
-            text(&ticket.principal),
-            text(&ticket.key),
-            Value::Integer(ticket.generation),
-            Value::Integer(ticket.created_at),
-            text(&ticket.fingerprint),
-        ],
-    }])
-}
-
-/// True when the row was released.
-pub fn finish_release(results: &[StatementResult]) -> Result<bool, ProtocolError> {
-    match results {
-        [r] if r.changes <= 1 => Ok(r.changes == 1),
-        [r] => Err(malformed(format!("release: {} rows deleted for one key", r.changes))),
-        _ => Err(malformed(format!("release batch: expected 1 result, got {}", results.len()))),
-    }
-}
-
-/// SPEC 8: the bounded sweep, with the retention the header contract promises.
-pub fn plan_sweep(config: &Config, now: i64) -> Result<Vec<Statement>, ProtocolError> {
-    config.validate()?;
-    Ok(vec![Statement {
-        sql: config.dialect.statements().sweep,
-        params: vec![Value::Integer(now.saturating_sub(config.retention())), Value::Integer(i64::from(config.sweep_batch))],
-    }])
-}
-
-/// Rows the sweep deleted.
-pub fn finish_sweep(results: &[StatementResult]) -> Result<u64, ProtocolError> {
-    match results {
-        [r] => Ok(r.changes),
-        _ => Err(malformed(format!("sweep batch: expected 1 result, got {}", results.len()))),
-    }
-}
-
-fn check_request(principal: &str, key: &str, fingerprint: &str) -> Result<(), ProtocolError> {
+fn check_principal(principal: &str) -> Result<(), ProtocolError> {
     if principal.len() > MAX_PRINCIPAL_LEN {
         return Err(ProtocolError::InvalidArgument(format!("principal longer than {MAX_PRINCIPAL_LEN} bytes")));
     }
@@ -243,6 +405,11 @@ fn check_request(principal: &str, key: &str, fingerprint: &str) -> Result<(), Pr
         // PostgreSQL text cannot hold NUL; refusing it everywhere keeps hosts alike.
         return Err(ProtocolError::InvalidArgument("principal contains a NUL character".into()));
     }
+    Ok(())
+}
+
+fn check_request(principal: &str, key: &str, fingerprint: &str) -> Result<(), ProtocolError> {
+    check_principal(principal)?;
     if !is_valid_key(key) {
         return Err(ProtocolError::InvalidArgument("key is not 1-255 printable ASCII characters".into()));
     }

@@ -1,86 +1,276 @@
-//! Every response the core builds: the SPEC's JSON errors, replays of stored
-//! rows, and the shaping of a mutation's response before it is stored.
+//! Every response the core builds: the errors in each profile's format,
+//! replays of stored rows, and the shaping of a mutation's response before
+//! it is stored.
 
 use alloc::format;
 use alloc::string::{String, ToString};
 use alloc::vec;
 use alloc::vec::Vec;
 
-use crate::config::Config;
+use crate::config::{Config, Profile};
 use crate::headers::{get_combined, is_storable_value, is_token};
 use crate::types::{Header, LedgerError, MutationResponse, ProtocolError, Rejection, RejectionReason, Response, ResponseBody};
 
-/// Statuses that never carry a body (SPEC 7).
+/// Statuses that never carry a body (SPEC 7.3).
+pub const NULL_BODY_STATUSES: [u16; 3] = [204, 205, 304];
+
+/// The header a replay of a body the ledger could not store carries (`ietf`).
+pub const BODY_OMITTED_HEADER: &str = "idempotency-body-omitted";
+
 pub fn is_null_body_status(status: u16) -> bool {
-    matches!(status, 204 | 205 | 304)
+    NULL_BODY_STATUSES.contains(&status)
 }
 
-/// The status range every host's HTTP stack can send.
+/// The final statuses a mutation may answer and a replay may carry.
 pub fn is_sendable_status(status: i64) -> bool {
-    (100..=599).contains(&status)
+    (200..=599).contains(&status)
 }
 
-fn json(status: u16, body: &str, extra: Vec<Header>) -> Response {
-    let mut headers = vec![Header::new("content-type", "application/json")];
-    headers.extend(extra);
-    Response { status, headers, body: Some(body.to_string()) }
+/// One error answer: its stable code and its wording in both formats.
+struct Problem<'a> {
+    status: u16,
+    /// The stable code: `error` in the recipe's JSON, `code` in problem details.
+    code: &'a str,
+    /// The recipe's `message` member, when it has one.
+    message: Option<&'a str>,
+    title: &'a str,
+    detail: &'a str,
+    /// Extra members (already JSON) appended to both bodies, e.g. `"retry_after_ms":30000`.
+    extra: Option<String>,
+    headers: Vec<Header>,
 }
 
-fn reject(reason: RejectionReason, status: u16, body: &str, extra: Vec<Header>) -> Rejection {
-    Rejection { reason, response: json(status, body, extra) }
+impl Problem<'_> {
+    fn response(self, profile: Profile) -> Response {
+        let (content_type, body) = match profile {
+            Profile::Recipe => {
+                let mut body = format!(r#"{{"error":{}"#, json_string(self.code));
+                if let Some(message) = self.message {
+                    body.push_str(&format!(r#","message":{}"#, json_string(message)));
+                }
+                ("application/json", body)
+            }
+            Profile::Ietf => (
+                "application/problem+json",
+                format!(
+                    r#"{{"type":{},"title":{},"status":{},"detail":{},"code":{}"#,
+                    json_string(&format!("urn:idempotency-ledger:problem:{}", problem_slug(self.code))),
+                    json_string(self.title),
+                    self.status,
+                    json_string(self.detail),
+                    json_string(self.code),
+                ),
+            ),
+        };
+        let mut body = body;
+        if let Some(extra) = self.extra {
+            body.push(',');
+            body.push_str(&extra);
+        }
+        body.push('}');
+        let mut headers = vec![Header::new("content-type", content_type)];
+        headers.extend(self.headers);
+        Response { status: self.status, headers, body: Some(body) }
+    }
 }
 
-pub fn key_required() -> Rejection {
-    reject(RejectionReason::KeyRequired, 400, r#"{"error":"idempotency_key_required"}"#, vec![])
+/// `idempotency_key_reused` -> `key-reused`.
+fn problem_slug(code: &str) -> String {
+    code.trim_start_matches("idempotency_").replace('_', "-")
 }
 
-pub fn key_invalid() -> Rejection {
-    reject(RejectionReason::KeyInvalid, 
-        400,
-        r#"{"error":"idempotency_key_invalid","message":"Idempotency-Key must be 1-255 printable ASCII characters."}"#,
-        vec![],
+fn rejection(reason: RejectionReason, problem: Problem<'_>, profile: Profile) -> Rejection {
+    Rejection { reason, response: problem.response(profile) }
+}
+
+pub fn principal_required(profile: Profile) -> Rejection {
+    let message = "An authenticated principal is required for requests with an Idempotency-Key.";
+    rejection(
+        RejectionReason::PrincipalRequired,
+        Problem {
+            status: 401,
+            code: "idempotency_principal_required",
+            message: Some(message),
+            title: "Authentication required",
+            detail: message,
+            extra: None,
+            headers: vec![],
+        },
+        profile,
     )
 }
 
-pub fn key_retry() -> Rejection {
-    reject(RejectionReason::Retry, 409, r#"{"error":"idempotency_key_retry","message":"Retry the request."}"#, vec![])
+pub fn key_required(profile: Profile) -> Rejection {
+    rejection(
+        RejectionReason::KeyRequired,
+        Problem {
+            status: 400,
+            code: "idempotency_key_required",
+            message: None,
+            title: "Idempotency-Key is missing",
+            detail: "This operation is idempotent and requires an Idempotency-Key header.",
+            extra: None,
+            headers: vec![],
+        },
+        profile,
+    )
 }
 
-pub fn key_reused() -> Rejection {
-    reject(RejectionReason::KeyReused, 409, r#"{"error":"idempotency_key_reused"}"#, vec![])
+/// `why`: the sf-string parser's reason (`ietf` only).
+pub fn key_invalid(profile: Profile, why: Option<&str>) -> Rejection {
+    let message = "Idempotency-Key must be 1-255 printable ASCII characters.";
+    rejection(
+        RejectionReason::KeyInvalid,
+        Problem {
+            status: 400,
+            code: "idempotency_key_invalid",
+            message: Some(message),
+            title: "Idempotency-Key is invalid",
+            detail: why.unwrap_or(message),
+            extra: None,
+            headers: vec![],
+        },
+        profile,
+    )
 }
 
-pub fn in_progress(config: &Config) -> Rejection {
-    reject(RejectionReason::InProgress, 
-        409,
-        &format!(r#"{{"error":"idempotency_key_in_progress","retry_after_ms":{}}}"#, config.pending_ttl_ms),
-        vec![Header::new("retry-after", config.retry_after_seconds())],
+pub fn body_too_large(config: &Config) -> Rejection {
+    let message = format!("The request body exceeds {} bytes.", config.request_body_cap_bytes);
+    rejection(
+        RejectionReason::BodyTooLarge,
+        Problem {
+            status: 413,
+            code: "idempotency_request_too_large",
+            message: Some(&message),
+            title: "Request body too large",
+            detail: &message,
+            extra: None,
+            headers: vec![],
+        },
+        config.profile,
+    )
+}
+
+pub fn key_retry(profile: Profile) -> Rejection {
+    rejection(
+        RejectionReason::Retry,
+        Problem {
+            status: 409,
+            code: "idempotency_key_retry",
+            message: Some("Retry the request."),
+            title: "Retry the request",
+            detail: "The record of this Idempotency-Key changed while the request was decided; retry the request.",
+            extra: None,
+            headers: vec![],
+        },
+        profile,
+    )
+}
+
+pub fn key_reused(profile: Profile) -> Rejection {
+    rejection(
+        RejectionReason::KeyReused,
+        Problem {
+            status: match profile {
+                Profile::Recipe => 409,
+                Profile::Ietf => 422,
+            },
+            code: "idempotency_key_reused",
+            message: None,
+            title: "Idempotency-Key is already used",
+            detail: "This Idempotency-Key was already used with a different request payload.",
+            extra: None,
+            headers: vec![],
+        },
+        profile,
+    )
+}
+
+/// `retry_after_ms`: what the 409 suggests (see `Session::decide`).
+pub fn in_progress(profile: Profile, retry_after_ms: u64) -> Rejection {
+    let detail = format!(
+        "A request with this Idempotency-Key is still being processed; retry in {retry_after_ms} ms."
+    );
+    rejection(
+        RejectionReason::InProgress,
+        Problem {
+            status: 409,
+            code: "idempotency_key_in_progress",
+            message: None,
+            title: "A request is outstanding for this Idempotency-Key",
+            detail: &detail,
+            extra: Some(format!(r#""retry_after_ms":{retry_after_ms}"#)),
+            headers: vec![Header::new("retry-after", retry_after_ms.div_ceil(1000).to_string())],
+        },
+        profile,
     )
 }
 
 /// A completed row whose stored response cannot be sent back exactly.
-pub fn record_corrupt() -> Rejection {
-    reject(RejectionReason::RecordCorrupt, 
-        500,
-        r#"{"error":"idempotency_record_corrupt","message":"The stored response for this Idempotency-Key cannot be replayed."}"#,
-        vec![],
+pub fn record_corrupt(profile: Profile) -> Rejection {
+    let message = "The stored response for this Idempotency-Key cannot be replayed.";
+    rejection(
+        RejectionReason::RecordCorrupt,
+        Problem {
+            status: 500,
+            code: "idempotency_record_corrupt",
+            message: Some(message),
+            title: "Stored response cannot be replayed",
+            detail: message,
+            extra: None,
+            headers: vec![],
+        },
+        profile,
     )
 }
 
 /// What a host answers when a protocol call failed (nothing ran).
-pub fn error_response(error: &ProtocolError) -> Response {
-    match error {
-        ProtocolError::Ledger(LedgerError::Busy) => json(
-            503,
-            r#"{"error":"idempotency_ledger_unavailable","message":"The idempotency ledger is busy; retry the request."}"#,
-            vec![Header::new("retry-after", "1")],
-        ),
-        _ => json(
-            500,
-            r#"{"error":"idempotency_ledger_unavailable","message":"The idempotency ledger failed; the request was not executed."}"#,
-            vec![],
-        ),
+pub fn error_response(config: &Config, error: &ProtocolError) -> Response {
+    let problem = match error {
+        ProtocolError::Ledger(LedgerError::Busy) => Problem {
+            status: 503,
+            code: "idempotency_ledger_unavailable",
+            message: Some("The idempotency ledger is busy; retry the request."),
+            title: "Idempotency ledger busy",
+            detail: "The idempotency ledger is busy; retry the request.",
+            extra: None,
+            headers: vec![Header::new("retry-after", "1")],
+        },
+        ProtocolError::Ledger(LedgerError::OutcomeUnknown(_)) => {
+            return outcome_unknown(config);
+        }
+        _ => Problem {
+            status: 500,
+            code: "idempotency_ledger_unavailable",
+            message: Some("The idempotency ledger failed; the request was not executed."),
+            title: "Idempotency ledger unavailable",
+            detail: "The idempotency ledger failed; the request was not executed.",
+            extra: None,
+            headers: vec![],
+        },
+    };
+    problem.response(config.profile)
+}
+
+/// The decision batch was sent and its commit is unknown: the mutation did
+/// not run, but the claim may have committed, so the key may stay reserved
+/// until the TTL lets a retry take it over.
+fn outcome_unknown(config: &Config) -> Response {
+    let message = format!(
+        "The connection to the idempotency ledger broke while deciding; the request was not executed, \
+but its Idempotency-Key may stay reserved for up to {} ms.",
+        config.pending_ttl_ms
+    );
+    Problem {
+        status: 503,
+        code: "idempotency_ledger_outcome_unknown",
+        message: Some(&message),
+        title: "Idempotency ledger outcome unknown",
+        detail: &message,
+        extra: None,
+        headers: vec![Header::new("retry-after", config.pending_ttl_ms.div_ceil(1000).to_string())],
     }
+    .response(config.profile)
 }
 
 /// Applies the null-body rule to a body about to be sent.
@@ -92,58 +282,95 @@ pub fn body_for_status(status: u16, body: Option<String>) -> Option<String> {
     }
 }
 
-/// A mutation response reduced to what is stored and replayed.
+/// Why a mutation's response cannot be stored exactly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unstorable {
+    Status,
+    HeaderValue,
+    BodyTooLarge { size: usize },
+    BodyNotUtf8 { size: usize },
+    BodyHasNul { size: usize },
+}
+
+/// A mutation response reduced to what is stored and what the caller gets.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Shaped {
     pub status: u16,
+    /// `response_body` column.
     pub body: Option<String>,
-    pub headers: Vec<Header>,
     /// `response_headers` column: a JSON object in allowlist order.
     pub headers_json: String,
+    /// What this caller gets.
+    pub caller: Response,
+    /// The caller gets the mutation's own body bytes (`caller.body` is none).
+    pub send_mutation_body: bool,
+    pub unstorable: Option<Unstorable>,
 }
 
-impl Shaped {
-    pub fn response(&self) -> Response {
-        Response { status: self.status, headers: self.headers.clone(), body: self.body.clone() }
-    }
-}
-
-/// SPEC 7. A response that cannot be stored exactly (body over the cap, body
-/// not UTF-8, status outside 100-599, an allowlisted header value a host
-/// could not send back) becomes a 500 with no body and no headers: what this
-/// caller and every replay get. Null-body statuses store no body.
+/// SPEC 7. A response that cannot be stored exactly becomes, under
+/// `recipe`, a 500 with no body and no headers for this caller and every
+/// replay. Under `ietf`, a body that cannot be stored (over the cap, not
+/// UTF-8, with NUL) is left out instead: this caller gets the real response,
+/// replays get its status and headers with `idempotency-body-omitted: true`.
 pub fn shape(config: &Config, response: MutationResponse) -> Shaped {
-    let unstorable = Shaped { status: 500, body: None, headers: Vec::new(), headers_json: "{}".into() };
-    if !is_sendable_status(i64::from(response.status)) {
-        return unstorable;
-    }
-    let body = if is_null_body_status(response.status) {
-        None
-    } else {
-        let text = match response.body {
-            ResponseBody::Text(text) => text,
-            ResponseBody::Bytes(bytes) => match String::from_utf8(bytes) {
-                Ok(text) => text,
-                Err(_) => return unstorable,
-            },
-        };
-        // NUL: PostgreSQL text cannot store it; refused in every dialect alike.
-        if text.len() > config.body_cap_bytes as usize || text.contains('\0') {
-            return unstorable;
-        }
-        Some(text)
+    let unstorable = |why| {
+        let caller = Response { status: 500, headers: Vec::new(), body: None };
+        Shaped { status: 500, body: None, headers_json: "{}".into(), caller, send_mutation_body: false, unstorable: Some(why) }
     };
+    if !is_sendable_status(i64::from(response.status)) {
+        return unstorable(Unstorable::Status);
+    }
     let mut headers = Vec::new();
     for name in &config.replay_headers {
         if let Some(value) = get_combined(&response.headers, name) {
             if !is_storable_value(&value) {
-                return unstorable;
+                return unstorable(Unstorable::HeaderValue);
             }
             headers.push(Header::new(name.to_ascii_lowercase(), value));
         }
     }
-    let headers_json = encode_headers(&headers);
-    Shaped { status: response.status, body, headers, headers_json }
+    let body = if is_null_body_status(response.status) {
+        Ok(None)
+    } else {
+        let text = match response.body {
+            ResponseBody::Text(text) => Ok(text),
+            ResponseBody::Bytes(bytes) => {
+                let size = bytes.len();
+                String::from_utf8(bytes).map_err(|_| Unstorable::BodyNotUtf8 { size })
+            }
+        };
+        // NUL: PostgreSQL text cannot store it; refused in every dialect alike.
+        text.and_then(|text| {
+            if text.len() > config.body_cap_bytes as usize {
+                Err(Unstorable::BodyTooLarge { size: text.len() })
+            } else if text.contains('\0') {
+                Err(Unstorable::BodyHasNul { size: text.len() })
+            } else {
+                Ok(Some(text))
+            }
+        })
+    };
+    match body {
+        Ok(body) => {
+            let headers_json = encode_headers(&headers);
+            let caller = Response { status: response.status, headers, body: body.clone() };
+            Shaped { status: response.status, body, headers_json, caller, send_mutation_body: false, unstorable: None }
+        }
+        Err(why) if config.profile == Profile::Recipe => unstorable(why),
+        Err(why) => {
+            let mut stored = headers.clone();
+            stored.push(Header::new(BODY_OMITTED_HEADER, "true"));
+            let caller = Response { status: response.status, headers, body: None };
+            Shaped {
+                status: response.status,
+                body: None,
+                headers_json: encode_headers(&stored),
+                caller,
+                send_mutation_body: true,
+                unstorable: Some(why),
+            }
+        }
+    }
 }
 
 /// `{"name":"value",...}` in the given order (serde_json escaping matches
@@ -162,7 +389,7 @@ pub fn encode_headers(headers: &[Header]) -> String {
     out
 }
 
-fn json_string(s: &str) -> String {
+pub(crate) fn json_string(s: &str) -> String {
     // Serialising a &str cannot fail.
     serde_json::to_string(s).unwrap_or_else(|_| String::from("\"\""))
 }

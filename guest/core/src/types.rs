@@ -71,13 +71,40 @@ pub struct StatementResult {
     pub changes: u64,
 }
 
-/// Why the ledger could not run a batch (nothing in it took effect).
+/// An error the database itself answered with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DatabaseError {
+    /// SQLite result code (name or number) or PostgreSQL SQLSTATE.
+    pub code: Option<String>,
+    pub message: String,
+}
+
+/// How a batch failed, as the host's driver saw it (classified by
+/// [`crate::classify::classify`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BatchError {
+    Database(DatabaseError),
+    PoolExhausted(String),
+    Unreachable(String),
+    OutcomeUnknown(String),
+    Host(String),
+}
+
+impl BatchError {
+    /// A database error with a code.
+    pub fn database(code: impl Into<String>, message: impl Into<String>) -> BatchError {
+        BatchError::Database(DatabaseError { code: Some(code.into()), message: message.into() })
+    }
+}
+
+/// What a batch failure means (the core's classification).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LedgerError {
     Busy,
     Constraint(String),
     Schema(String),
     Io(String),
+    OutcomeUnknown(String),
     Other(String),
 }
 
@@ -97,6 +124,7 @@ impl core::fmt::Display for ProtocolError {
             ProtocolError::Ledger(LedgerError::Constraint(m)) => write!(f, "ledger constraint failed: {m}"),
             ProtocolError::Ledger(LedgerError::Schema(m)) => write!(f, "ledger schema error: {m}"),
             ProtocolError::Ledger(LedgerError::Io(m)) => write!(f, "ledger i/o error: {m}"),
+            ProtocolError::Ledger(LedgerError::OutcomeUnknown(m)) => write!(f, "ledger connection lost after the batch was sent (it may have committed): {m}"),
             ProtocolError::Ledger(LedgerError::Other(m)) => write!(f, "ledger error: {m}"),
             ProtocolError::MalformedResult(m) => write!(f, "malformed ledger result: {m}"),
             ProtocolError::InvalidConfig(m) => write!(f, "invalid config: {m}"),
@@ -118,8 +146,10 @@ pub struct Ticket {
 /// Why the core answered a protected request instead of executing it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RejectionReason {
+    PrincipalRequired,
     KeyRequired,
     KeyInvalid,
+    BodyTooLarge,
     KeyReused,
     InProgress,
     Retry,
@@ -139,6 +169,8 @@ pub enum Decision {
     Execute(Ticket),
     Replay(Response),
     Reject(Rejection),
+    /// Poll again after this many milliseconds (`wait-ms`).
+    Wait(u32),
 }
 
 /// A protected request with its validated key and fingerprint prefix.
@@ -156,16 +188,85 @@ pub enum Admission {
     Protected(ProtectedRequest),
 }
 
+/// What the completion batch does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompletionAction {
+    Store,
+    Release,
+}
+
+/// How a completion batch ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompletionOutcome {
+    Stored,
+    Released,
+    FencedOut,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LogLevel {
+    Error,
+    Warn,
+    Info,
+}
+
+/// A log line worded by the core.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogLine {
+    pub level: LogLevel,
+    pub message: String,
+}
+
 /// The completion batch with the response to send.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CompletionPlan {
     pub statements: Vec<Statement>,
+    pub action: CompletionAction,
     pub response: Response,
+    pub send_mutation_body: bool,
+    pub sweep_due: bool,
+    pub log: Option<LogLine>,
 }
 
-/// The finished completion.
+/// The finished completion (driven).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Completion {
     pub response: Response,
-    pub fenced_out: bool,
+    pub send_mutation_body: bool,
+    pub outcome: CompletionOutcome,
+    pub sweep_due: bool,
+    pub log: Vec<LogLine>,
+}
+
+/// Why a mutation produced no response to complete with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AbandonReason {
+    Raised,
+    NothingChanged,
+}
+
+/// A finished sweep batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SweepResult {
+    pub deleted: u64,
+    pub more: bool,
+}
+
+/// What the host checks itself before calling `admit`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestPolicy {
+    pub protected_methods: Vec<String>,
+    pub request_body_cap_bytes: u64,
+    pub null_body_statuses: Vec<u16>,
+}
+
+/// Host-side events the core words for the log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LogEvent {
+    DecisionFailed { principal: String, key: String, error: ProtocolError },
+    CompletionFailed { ticket: Ticket, error: ProtocolError },
+    FencedOut(Ticket),
+    Abandoned { ticket: Ticket, reason: AbandonReason, released: bool, detail: String },
+    ReleaseFailed { ticket: Ticket, error: ProtocolError },
+    SweepFailed(ProtocolError),
 }

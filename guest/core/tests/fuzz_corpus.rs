@@ -7,12 +7,13 @@ use idempotency_ledger_core::fuzzing;
 
 type Target = fn(&[u8]);
 
-const TARGETS: [(&str, Target); 5] = [
+const TARGETS: [(&str, Target); 6] = [
     ("request_head", fuzzing::request_head),
     ("key", fuzzing::key),
     ("stored_row", fuzzing::stored_row),
     ("step_results", fuzzing::step_results),
     ("completion_roundtrip", fuzzing::completion_roundtrip),
+    ("sf_string", fuzzing::sf_string),
 ];
 
 #[test]

@@ -2,7 +2,7 @@
 //! cannot cover the space.
 
 use idempotency_ledger_core::fingerprint::{fingerprint, prefix};
-use idempotency_ledger_core::{fuzzing, machine, Config, Decision, Header, RejectionReason, RequestHead, StatementResult, Value};
+use idempotency_ledger_core::{fuzzing, Config, Decision, Header, RejectionReason, RequestHead, Session, StatementResult, Value};
 use proptest::prelude::*;
 
 fn header_value() -> impl Strategy<Value = String> {
@@ -91,7 +91,7 @@ proptest! {
         let asked = "b".repeat(64);
         let row = vec![Value::Text(stored), Value::Text(status), Value::Integer(generation), Value::Null, Value::Null, Value::Null, Value::Integer(updated)];
         let results = [StatementResult::default(), StatementResult::default(), StatementResult { rows: vec![row], changes: 0 }];
-        match machine::decide(&config, "p", "k", &asked, now, &results) {
+        match Session::open(config).expect("defaults are valid").decide("p", "k", &asked, now, now, &results) {
             Ok(Decision::Reject(r)) => prop_assert_eq!(r.reason, RejectionReason::KeyReused),
             other => prop_assert!(false, "expected reuse, got {:?}", other),
         }
@@ -103,5 +103,6 @@ proptest! {
         fuzzing::stored_row(&data);
         fuzzing::request_head(&data);
         fuzzing::key(&data);
+        fuzzing::sf_string(&data);
     }
 }
