@@ -1,6 +1,7 @@
 # Idempotency-Key ledger: one WebAssembly core, every host.
 CARGO ?= cargo
 COMPONENT_WASM := target/component/idempotency_ledger.wasm
+COMPONENT_CWASM := target/component/idempotency_ledger.cwasm
 CORE_MODULE := target/wasm32-unknown-unknown/component/idempotency_ledger_guest.wasm
 COMPONENTIZE := $(CARGO) run --quiet -p idempotency-ledger-componentize --
 GUEST_SOURCES := $(shell find wit guest -name '*.wit' -o -name '*.rs' -o -name 'Cargo.toml') Cargo.toml Cargo.lock
@@ -17,6 +18,7 @@ $(COMPONENT_WASM): $(GUEST_SOURCES)
 	$(CARGO) build --locked -p idempotency-ledger-guest --target wasm32-unknown-unknown --profile component
 	@mkdir -p $(dir $@)
 	$(COMPONENTIZE) new $(CORE_MODULE) -o $@
+	$(COMPONENTIZE) precompile $@ -o $(COMPONENT_CWASM)
 
 wit: $(COMPONENT_WASM) ## Print the component's WIT world (what wasm-tools component wit prints)
 	$(COMPONENTIZE) wit $(COMPONENT_WASM)

@@ -2,9 +2,10 @@
 //! instance and needs `&mut`, so a multi-threaded server keeps a pool.
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-use crate::{Clock, Config, Error, Ledger, Runtime, SqlBackend, SqliteBackend, SystemClock};
+use crate::{wit, Clock, Config, Error, HandleError, Handled, Ledger, MutationResponse, Request, Runtime, SqlBackend, SqliteBackend, SystemClock};
 
 type BackendFactory = dyn Fn() -> Result<Box<dyn SqlBackend>, Error> + Send + Sync;
 
@@ -12,6 +13,8 @@ type BackendFactory = dyn Fn() -> Result<Box<dyn SqlBackend>, Error> + Send + Sy
 /// thread (creating a backend and instance when all are busy) and takes it
 /// back. Cheap to clone; clones share the pool. On SQLite each ledger holds
 /// a connection; on PostgreSQL the ledgers share a [`crate::PostgresPool`].
+/// [`LedgerPool::handle`] runs the sweeps the core asks for on a background
+/// thread.
 #[derive(Clone)]
 pub struct LedgerPool {
     inner: Arc<PoolInner>,
@@ -23,6 +26,8 @@ struct PoolInner {
     config: Config,
     clock: Arc<dyn Clock>,
     idle: Mutex<Vec<Ledger>>,
+    /// Wakes the sweeper thread (started on the first due sweep).
+    sweeper: OnceLock<SyncSender<()>>,
 }
 
 /// Forwards to the pool's shared clock.
@@ -35,8 +40,8 @@ impl Clock for SharedClock {
 }
 
 impl LedgerPool {
-    /// A pool on `path` with the SPEC defaults and the system clock; creates
-    /// and migrates the database.
+    /// A pool on `path` with the default settings and the system clock;
+    /// creates and migrates the database.
     pub fn open(path: impl AsRef<Path>) -> Result<LedgerPool, Error> {
         LedgerPool::with_settings(path, Config::default(), SystemClock)
     }
@@ -70,6 +75,7 @@ impl LedgerPool {
                 config,
                 clock: Arc::new(clock),
                 idle: Mutex::new(Vec::new()),
+                sweeper: OnceLock::new(),
             }),
         };
         pool.with(|ledger| ledger.migrate())??;
@@ -89,10 +95,40 @@ impl LedgerPool {
         Ok(result)
     }
 
-    /// One bounded sweep batch; call it off the request path (a timer, or
-    /// after a response was sent).
+    /// [`Ledger::handle`] on a pooled ledger; a sweep the core asks for runs
+    /// on the pool's background thread, after this call returns.
+    pub fn handle<'p, E: std::fmt::Display>(
+        &self,
+        principal: impl Into<Option<&'p str>>,
+        request: &Request,
+        mutation: impl FnOnce(&Request) -> Result<MutationResponse, E>,
+    ) -> Result<Handled, HandleError<E>> {
+        let principal = principal.into();
+        let handled = match self.with(|ledger| ledger.handle(principal, request, mutation)) {
+            Ok(handled) => handled?,
+            Err(error) => {
+                let response = crate::fallback_error_response(&self.inner.config, &error);
+                return Err(HandleError::Unavailable { error, response });
+            }
+        };
+        if handled.sweep_due {
+            self.sweep_in_background();
+        }
+        Ok(handled)
+    }
+
+    /// Sweep batches until one is not full; call it off the request path.
     pub fn sweep(&self) -> Result<u64, Error> {
-        self.with(|ledger| ledger.sweep())?
+        self.with(|ledger| ledger.sweep_all())?
+    }
+
+    /// Wakes the sweeper thread (a sweep already queued absorbs this one).
+    pub fn sweep_in_background(&self) {
+        let sender = self.inner.sweeper.get_or_init(|| spawn_sweeper(Arc::downgrade(&self.inner)));
+        match sender.try_send(()) {
+            Ok(()) | Err(TrySendError::Full(())) => {}
+            Err(TrySendError::Disconnected(())) => log::warn!(target: "idempotency_ledger", "[idempotency] the sweeper thread is gone"),
+        }
     }
 
     /// Connections opened so far that are idle now.
@@ -101,7 +137,33 @@ impl LedgerPool {
     }
 
     fn connect(&self) -> Result<Ledger, Error> {
-        let backend = (self.inner.new_backend)()?;
-        Ledger::new(self.inner.runtime.clone(), backend, self.inner.config.clone(), SharedClock(self.inner.clock.clone()))
+        connect(&self.inner)
     }
+}
+
+fn connect(inner: &PoolInner) -> Result<Ledger, Error> {
+    let backend = (inner.new_backend)()?;
+    Ledger::new(inner.runtime.clone(), backend, inner.config.clone(), SharedClock(inner.clock.clone()))
+}
+
+/// One thread per pool, holding only a weak reference: it ends with the pool.
+fn spawn_sweeper(pool: Weak<PoolInner>) -> SyncSender<()> {
+    let (sender, wake) = sync_channel::<()>(1);
+    let spawned = std::thread::Builder::new().name("idempotency-sweeper".into()).spawn(move || {
+        while wake.recv().is_ok() {
+            let Some(inner) = pool.upgrade() else { return };
+            let pool = LedgerPool { inner };
+            let swept = pool.with(|ledger| match ledger.sweep_all() {
+                Ok(_) => {}
+                Err(error) => ledger.log(&wit::LogEvent::SweepFailed(error.protocol_error())),
+            });
+            if let Err(error) = swept {
+                log::warn!(target: "idempotency_ledger", "[idempotency] sweep failed: {error}");
+            }
+        }
+    });
+    if let Err(e) = spawned {
+        log::error!(target: "idempotency_ledger", "[idempotency] cannot start the sweeper thread: {e}");
+    }
+    sender
 }

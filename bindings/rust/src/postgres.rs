@@ -1,5 +1,7 @@
-//! The PostgreSQL backend: tokio-postgres connections pooled by
-//! deadpool-postgres, driven from the synchronous ledger API.
+//! PostgreSQL: tokio-postgres connections pooled by deadpool-postgres, TLS by
+//! rustls. [`AsyncPostgres`] runs on the caller's tokio runtime;
+//! [`PostgresPool`] serves the blocking [`crate::Ledger`] from a runtime of
+//! its own (it never calls `block_on`: a blocking caller waits on a channel).
 //!
 //! Each batch is one transaction at READ COMMITTED, sent in one network round
 //! trip: `BEGIN`, the statements (prepared once per connection and cached) and
@@ -7,26 +9,29 @@
 //! READ COMMITTED because the takeover and the completion are conditional
 //! UPDATEs: PostgreSQL locks the row and re-checks the WHERE clause against
 //! the newest committed version, so of two racing takeovers one matches and
-//! the other updates nothing. Stricter levels (CockroachDB's default
-//! SERIALIZABLE) stay correct; their aborts come back as `busy`.
+//! the other updates nothing.
+//!
+//! Failures are reported as the driver saw them (the core classifies): a
+//! database error (the transaction rolled back), an exhausted pool, a server
+//! that could not be reached before anything was sent, or a connection lost
+//! after the batch was sent, whose commit is then unknown.
 
 use std::error::Error as StdError;
-use std::str::FromStr;
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime as PoolRuntime, TimeoutType};
 use futures_util::future::{join, join_all};
 use futures_util::{pin_mut, TryStreamExt};
-use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{to_sql_checked, IsNull, ToSql, Type};
-use tokio_postgres::{NoTls, Row};
+use tokio_postgres::Row;
 
-use crate::wit::{LedgerError, Statement, StatementResult, Value};
-use crate::{Dialect, SqlBackend};
+use crate::nonblocking::{AsyncBackend, BoxFuture};
+use crate::wit::{BatchError, DatabaseError, Statement, StatementResult, Value};
+use crate::{Dialect, Error, SqlBackend};
 
 /// `lock_timeout`: how long a statement waits for a row lock before the batch
-/// fails as `busy` (the SQLite backend's 5 s busy timeout plays that role).
+/// fails (SQLSTATE 55P03, busy). The SQLite backend's busy timeout plays that role.
 const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = '5s'";
 
 /// `url` (a `postgresql://` URL) with server settings for every connection,
@@ -46,8 +51,61 @@ pub fn url_with_options(url: &str, options: &str) -> String {
     format!("{url}{sep}options={encoded}")
 }
 
-/// A pool of PostgreSQL connections that many ledgers (one per thread, or a
-/// [`crate::LedgerPool`]) share. Cheap to clone.
+/// A deadpool pool for `url` (`postgresql://user@host:port/db?...`, or
+/// `host=... user=...`) with TLS as its `sslmode` says (`disable`, `prefer`
+/// (the default), `require`, `verify-ca`, `verify-full`; `sslrootcert=FILE`
+/// or `system` for the roots): at most `max_size` connections, a request
+/// waits up to 5 s for one. Builds no connection yet.
+fn build_pool(url: &str, max_size: usize) -> Result<Pool, Error> {
+    let (config, tls) = crate::tls::connect_settings(url)?;
+    let manager = Manager::from_config(config, tls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+    Pool::builder(manager)
+        .max_size(max_size.max(1))
+        .wait_timeout(Some(Duration::from_secs(5)))
+        .create_timeout(Some(Duration::from_secs(10)))
+        .runtime(PoolRuntime::Tokio1)
+        .build()
+        .map_err(|e| Error::Setup(format!("postgres pool: {e}")))
+}
+
+/// PostgreSQL for async servers, on the caller's tokio runtime. Cheap to clone.
+#[derive(Clone)]
+pub struct AsyncPostgres {
+    pool: Pool,
+}
+
+impl AsyncPostgres {
+    /// Connects lazily to `url` with TLS from its `sslmode` (see the module
+    /// docs) and at most `max_size` connections. Call it inside the runtime
+    /// that will use it.
+    pub fn connect(url: &str, max_size: usize) -> Result<AsyncPostgres, Error> {
+        Ok(AsyncPostgres { pool: build_pool(url, max_size)? })
+    }
+
+    /// Wraps a pool you built (your own TLS connector, say). Build it with
+    /// `.runtime(deadpool_postgres::Runtime::Tokio1)` for its timeouts.
+    pub fn from_pool(pool: Pool) -> AsyncPostgres {
+        AsyncPostgres { pool }
+    }
+
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+}
+
+impl AsyncBackend for AsyncPostgres {
+    fn execute_batch(&self, statements: Vec<Statement>) -> BoxFuture<'_, Result<Vec<StatementResult>, BatchError>> {
+        Box::pin(async move { run_batch(&self.pool, &statements).await })
+    }
+
+    fn dialect(&self) -> Dialect {
+        Dialect::Postgres
+    }
+}
+
+/// A pool of PostgreSQL connections that blocking ledgers (one per thread,
+/// or a [`crate::LedgerPool`]) share, driven by a runtime of its own. Cheap
+/// to clone. Async servers use [`AsyncPostgres`] instead.
 #[derive(Clone)]
 pub struct PostgresPool {
     inner: Arc<PoolInner>,
@@ -56,38 +114,35 @@ pub struct PostgresPool {
 struct PoolInner {
     pool: Pool,
     /// One worker drives the connections' I/O and runs every batch; the
-    /// ledgers' threads block on it.
-    runtime: tokio::runtime::Runtime,
+    /// ledgers' threads wait on a channel.
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl Drop for PoolInner {
+    fn drop(&mut self) {
+        // Dropping a runtime inside an async context would panic; this never blocks.
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
 }
 
 impl PostgresPool {
-    /// Connects lazily to `url` (`postgresql://user@host:port/db?...`, or
-    /// `host=... user=...`), without TLS, with at most `max_size`
-    /// connections. A request waits up to 5 s for a free connection.
-    pub fn connect(url: &str, max_size: usize) -> Result<PostgresPool, crate::Error> {
-        let config = tokio_postgres::Config::from_str(url).map_err(|e| crate::Error::Setup(format!("postgres url: {e}")))?;
-        let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
-        let pool = Pool::builder(manager)
-            .max_size(max_size.max(1))
-            .wait_timeout(Some(Duration::from_secs(5)))
-            .create_timeout(Some(Duration::from_secs(10)))
-            .runtime(PoolRuntime::Tokio1)
-            .build()
-            .map_err(|e| crate::Error::Setup(format!("postgres pool: {e}")))?;
-        PostgresPool::from_pool(pool)
+    /// Connects lazily to `url` with TLS from its `sslmode` (see the module
+    /// docs), with at most `max_size` connections.
+    pub fn connect(url: &str, max_size: usize) -> Result<PostgresPool, Error> {
+        let runtime = pool_runtime()?;
+        let pool = {
+            let _entered = runtime.enter();
+            build_pool(url, max_size)?
+        };
+        Ok(PostgresPool { inner: Arc::new(PoolInner { pool, runtime: Some(runtime) }) })
     }
 
-    /// Wraps a pool you built (for TLS, say: `Manager::from_config(config,
-    /// your_tls_connector, ...)`). It must be built with
+    /// Wraps a pool you built. It must be built with
     /// `.runtime(deadpool_postgres::Runtime::Tokio1)` for its timeouts.
-    pub fn from_pool(pool: Pool) -> Result<PostgresPool, crate::Error> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("idempotency-ledger-pg")
-            .enable_all()
-            .build()
-            .map_err(|e| crate::Error::Setup(format!("tokio runtime: {e}")))?;
-        Ok(PostgresPool { inner: Arc::new(PoolInner { pool, runtime }) })
+    pub fn from_pool(pool: Pool) -> Result<PostgresPool, Error> {
+        Ok(PostgresPool { inner: Arc::new(PoolInner { pool, runtime: Some(pool_runtime()?) }) })
     }
 
     /// A backend for one [`crate::Ledger`]; it borrows a pooled connection
@@ -102,20 +157,44 @@ impl PostgresPool {
     }
 }
 
+fn pool_runtime() -> Result<tokio::runtime::Runtime, Error> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("idempotency-ledger-pg")
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Setup(format!("tokio runtime: {e}")))
+}
+
 /// A [`SqlBackend`] over a [`PostgresPool`].
 pub struct PostgresBackend {
     pool: PostgresPool,
 }
 
 impl SqlBackend for PostgresBackend {
-    fn execute_batch(&mut self, statements: &[Statement]) -> Result<Vec<StatementResult>, LedgerError> {
+    fn execute_batch(&mut self, statements: &[Statement]) -> Result<Vec<StatementResult>, BatchError> {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            // Waiting here would stall a runtime thread (and all its tasks).
+            return Err(BatchError::Host(
+                "the blocking PostgreSQL ledger was called on a tokio runtime thread; use AsyncLedger with \
+AsyncPostgres there (or call it from a thread outside the runtime)"
+                    .into(),
+            ));
+        }
         let inner = &self.pool.inner;
+        let Some(runtime) = inner.runtime.as_ref() else {
+            return Err(BatchError::Unreachable("the PostgreSQL pool is shut down".into()));
+        };
         // Run on the runtime's single worker, the thread that also drives the
         // connections: every request of the batch is queued before the
         // connection task gets to write, so they leave in one write.
         let (pool, statements) = (inner.pool.clone(), statements.to_vec());
-        let task = inner.runtime.spawn(async move { run_batch(&pool, &statements).await });
-        inner.runtime.block_on(task).unwrap_or_else(|e| Err(LedgerError::Other(format!("postgres batch task: {e}"))))
+        let (reply, answer) = mpsc::sync_channel(1);
+        runtime.spawn(async move {
+            let _ = reply.send(run_batch(&pool, &statements).await);
+        });
+        // A dropped task (runtime shut down mid-batch) may have sent the batch.
+        answer.recv().unwrap_or_else(|_| Err(BatchError::OutcomeUnknown("the PostgreSQL batch task stopped".into())))
     }
 
     fn dialect(&self) -> Dialect {
@@ -123,13 +202,14 @@ impl SqlBackend for PostgresBackend {
     }
 }
 
-async fn run_batch(pool: &Pool, statements: &[Statement]) -> Result<Vec<StatementResult>, LedgerError> {
+async fn run_batch(pool: &Pool, statements: &[Statement]) -> Result<Vec<StatementResult>, BatchError> {
     let client = pool.get().await.map_err(pool_error)?;
-    // Prepared once per connection; pipelined when several are new.
+    // Prepared once per connection, before anything of the batch is sent: a
+    // connection lost here sent nothing.
     let prepared = join_all(statements.iter().map(|s| client.prepare_cached(&s.sql))).await;
     let prepared: Vec<_> = match prepared.into_iter().collect::<Result<Vec<_>, _>>() {
         Ok(p) => p,
-        Err(e) => return Err(database_error(&e)),
+        Err(e) => return Err(failure(&e, false)),
     };
     // BEGIN, every statement and COMMIT leave in one flight: tokio-postgres
     // writes each request when its future is first polled, and `join` polls
@@ -146,33 +226,44 @@ async fn run_batch(pool: &Pool, statements: &[Statement]) -> Result<Vec<Statemen
     }));
     let commit = client.batch_execute("COMMIT");
     let ((began, ran), committed) = join(join(begin, run), commit).await;
-    // A failed statement aborts the transaction; COMMIT then rolls back.
-    began.map_err(|e| database_error(&e))?;
+    // An error the server answered rolled the transaction back (COMMIT of an
+    // aborted transaction is a ROLLBACK): the batch did not commit. A lost
+    // connection after the flight left is another matter: it may have.
+    let answered = std::iter::once(&began)
+        .map(|r| r.as_ref().err())
+        .chain(ran.iter().map(|r| r.as_ref().err()))
+        .chain(std::iter::once(committed.as_ref().err()))
+        .flatten()
+        .find(|e| e.as_db_error().is_some());
+    if let Some(e) = answered {
+        return Err(failure(e, true));
+    }
+    began.map_err(|e| failure(&e, true))?;
     let mut results = Vec::with_capacity(statements.len());
     for (statement, outcome) in statements.iter().zip(ran) {
-        let (rows, affected) = outcome.map_err(|e| database_error(&e))?;
+        let (rows, affected) = outcome.map_err(|e| failure(&e, true))?;
         results.push(statement_result(statement, rows, affected)?);
     }
-    committed.map_err(|e| database_error(&e))?;
+    committed.map_err(|e| failure(&e, true))?;
     Ok(results)
 }
 
 /// `changes` counts rows written (as SQLite's does): the command tag's count
 /// for INSERT/UPDATE/DELETE, 0 for a SELECT.
-fn statement_result(statement: &Statement, rows: Vec<Row>, affected: u64) -> Result<StatementResult, LedgerError> {
+fn statement_result(statement: &Statement, rows: Vec<Row>, affected: u64) -> Result<StatementResult, BatchError> {
     let is_select = statement.sql.trim_start().get(..6).is_some_and(|w| w.eq_ignore_ascii_case("select"));
     let changes = if is_select { 0 } else { affected };
     let rows = rows.iter().map(row_values).collect::<Result<Vec<_>, _>>()?;
     Ok(StatementResult { rows, changes })
 }
 
-fn row_values(row: &Row) -> Result<Vec<Value>, LedgerError> {
+fn row_values(row: &Row) -> Result<Vec<Value>, BatchError> {
     (0..row.len()).map(|i| column_value(row, i)).collect()
 }
 
-fn column_value(row: &Row, i: usize) -> Result<Value, LedgerError> {
+fn column_value(row: &Row, i: usize) -> Result<Value, BatchError> {
     let ty = row.columns()[i].type_();
-    let bad = |e: tokio_postgres::Error| LedgerError::Other(format!("column {i}: {e}"));
+    let bad = |e: tokio_postgres::Error| BatchError::Host(format!("column {i}: {e}"));
     Ok(match *ty {
         Type::INT2 => row.try_get::<_, Option<i16>>(i).map_err(bad)?.map_or(Value::Null, |v| Value::Integer(v.into())),
         Type::INT4 => row.try_get::<_, Option<i32>>(i).map_err(bad)?.map_or(Value::Null, |v| Value::Integer(v.into())),
@@ -184,7 +275,14 @@ fn column_value(row: &Row, i: usize) -> Result<Value, LedgerError> {
             row.try_get::<_, Option<String>>(i).map_err(bad)?.map_or(Value::Null, Value::Text)
         }
         Type::BYTEA => row.try_get::<_, Option<Vec<u8>>>(i).map_err(bad)?.map_or(Value::Null, Value::Blob),
-        ref other => return Err(LedgerError::Schema(format!("column {i} has type {other}, which the ledger never uses"))),
+        // A column type the ledger never uses: report it as the database's
+        // schema problem (SQLSTATE 42804, datatype mismatch).
+        ref other => {
+            return Err(BatchError::Database(DatabaseError {
+                code: Some("42804".into()),
+                message: format!("column {i} has type {other}, which the ledger never uses"),
+            }))
+        }
     })
 }
 
@@ -219,40 +317,28 @@ impl ToSql for Value {
     to_sql_checked!();
 }
 
-fn pool_error(e: PoolError) -> LedgerError {
+fn pool_error(e: PoolError) -> BatchError {
     match e {
-        // Every connection is busy: the client retries (503 + Retry-After).
-        PoolError::Timeout(TimeoutType::Wait) => LedgerError::Busy,
-        // No new connection within the timeout: the server is unreachable.
-        PoolError::Timeout(kind) => LedgerError::Io(format!("postgres pool: {kind:?} timed out")),
-        PoolError::Backend(e) => database_error(&e),
-        other => LedgerError::Io(format!("postgres pool: {other}")),
+        PoolError::Timeout(TimeoutType::Wait) => BatchError::PoolExhausted("postgres pool: every connection stayed busy for 5 s".into()),
+        PoolError::Timeout(kind) => BatchError::Unreachable(format!("postgres pool: {kind:?} timed out")),
+        PoolError::Backend(e) => failure(&e, false),
+        other => BatchError::Unreachable(format!("postgres pool: {other}")),
     }
 }
 
-/// Contention is `busy` (retryable); broken constraints, missing tables and
-/// lost connections get their own cases.
-fn database_error(e: &tokio_postgres::Error) -> LedgerError {
-    let Some(db) = e.as_db_error() else {
-        let lost = e.is_closed() || e.source().is_some_and(|s| s.is::<std::io::Error>());
-        return if lost { LedgerError::Io(format!("postgres: {e}")) } else { LedgerError::Other(format!("postgres: {e:#}")) };
-    };
-    let code = db.code();
-    if [
-        SqlState::T_R_SERIALIZATION_FAILURE,
-        SqlState::T_R_DEADLOCK_DETECTED,
-        SqlState::LOCK_NOT_AVAILABLE,
-        SqlState::QUERY_CANCELED,
-    ]
-    .contains(code)
-    {
-        return LedgerError::Busy;
+/// A tokio-postgres error as the driver saw it. `sent`: the batch's flight
+/// had left when it happened.
+fn failure(e: &tokio_postgres::Error, sent: bool) -> BatchError {
+    if let Some(db) = e.as_db_error() {
+        return BatchError::Database(DatabaseError { code: Some(db.code().code().to_string()), message: db.message().to_string() });
     }
-    let message = format!("{} ({})", db.message(), code.code());
-    match &code.code()[..2] {
-        "23" => LedgerError::Constraint(message),
-        "42" => LedgerError::Schema(message),
-        "08" | "53" | "57" | "58" => LedgerError::Io(message),
-        _ => LedgerError::Other(message),
+    let lost = e.is_closed() || e.source().is_some_and(|s| s.is::<std::io::Error>());
+    match (lost, sent) {
+        // Once BEGIN left, any failure the server did not answer (a lost
+        // connection, or a statement the driver could not send while the rest
+        // of the flight and COMMIT went) may have left a commit behind.
+        (_, true) => BatchError::OutcomeUnknown(format!("postgres: {e:#}")),
+        (true, false) => BatchError::Unreachable(format!("postgres: {e:#}")),
+        (false, false) => BatchError::Host(format!("postgres: {e:#}")),
     }
 }

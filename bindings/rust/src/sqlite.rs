@@ -5,9 +5,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use rusqlite::types::{Value as SqlValue, ValueRef};
-use rusqlite::{Connection, ErrorCode, TransactionBehavior};
+use rusqlite::{Connection, TransactionBehavior};
 
-use crate::wit::{LedgerError, Statement, StatementResult, Value};
+use crate::wit::{BatchError, DatabaseError, Statement, StatementResult, Value};
 use crate::SqlBackend;
 
 /// How long a writer waits for another writer's lock before `busy`.
@@ -65,8 +65,8 @@ impl SqliteBackend {
 }
 
 impl SqlBackend for SqliteBackend {
-    fn execute_batch(&mut self, statements: &[Statement]) -> Result<Vec<StatementResult>, LedgerError> {
-        self.run(statements).map_err(ledger_error)
+    fn execute_batch(&mut self, statements: &[Statement]) -> Result<Vec<StatementResult>, BatchError> {
+        self.run(statements).map_err(batch_error)
     }
 }
 
@@ -95,28 +95,12 @@ fn value_from_sql(value: ValueRef<'_>) -> Value {
     }
 }
 
-/// Maps SQLite's errors onto the WIT `ledger-error` cases.
-pub fn ledger_error(error: rusqlite::Error) -> LedgerError {
-    let message = error.to_string();
-    match &error {
-        rusqlite::Error::SqliteFailure(e, _) => match e.code {
-            ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked => LedgerError::Busy,
-            ErrorCode::ConstraintViolation => LedgerError::Constraint(message),
-            ErrorCode::CannotOpen
-            | ErrorCode::ReadOnly
-            | ErrorCode::DiskFull
-            | ErrorCode::SystemIoFailure
-            | ErrorCode::NotADatabase
-            | ErrorCode::DatabaseCorrupt
-            | ErrorCode::PermissionDenied => LedgerError::Io(message),
-            _ if is_schema_message(&message) => LedgerError::Schema(message),
-            _ => LedgerError::Other(message),
-        },
-        _ if is_schema_message(&message) => LedgerError::Schema(message),
-        _ => LedgerError::Other(message),
-    }
-}
-
-fn is_schema_message(message: &str) -> bool {
-    message.contains("no such table") || message.contains("no such column") || message.contains("has no column")
+/// SQLite's error as the driver saw it: the extended result code and the
+/// message (the core classifies them).
+pub(crate) fn batch_error(error: rusqlite::Error) -> BatchError {
+    let code = match &error {
+        rusqlite::Error::SqliteFailure(e, _) => Some(e.extended_code.to_string()),
+        _ => None,
+    };
+    BatchError::Database(DatabaseError { code, message: error.to_string() })
 }

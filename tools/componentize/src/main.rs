@@ -1,3 +1,6 @@
+//! `componentize precompile COMPONENT.wasm -o OUT.cwasm`: the component
+//! compiled ahead of time for this machine, with the host crate's engine
+//! settings (`idempotency_ledger::engine_config`, repeated below).
 //! `componentize new CORE.wasm -o OUT.wasm`: the component (what
 //! `wasm-tools component new` does). `componentize wit COMPONENT.wasm`: its
 //! WIT (what `wasm-tools component wit` prints). `componentize imports
@@ -22,6 +25,19 @@ fn main() -> Result<()> {
             std::fs::write(output, &component).with_context(|| format!("writing {output}"))?;
             eprintln!("componentize: {input} ({} bytes) -> {output} ({} bytes)", module.len(), component.len());
         }
+        ["precompile", input, "-o", output] => {
+            let component = std::fs::read(input).with_context(|| format!("reading {input}"))?;
+            // Must match bindings/rust/src/runtime.rs `engine_config`; a
+            // mismatch is refused at load (the host then compiles instead,
+            // which its tests catch).
+            let mut config = wasmtime::Config::new();
+            config.wasm_component_model(true);
+            let engine = wasmtime::Engine::new(&config)?;
+            let started = std::time::Instant::now();
+            let compiled = engine.precompile_component(&component).context("precompiling the component")?;
+            std::fs::write(output, &compiled).with_context(|| format!("writing {output}"))?;
+            eprintln!("componentize: {input} -> {output} ({} bytes, compiled in {:?})", compiled.len(), started.elapsed());
+        }
         ["wit", input] => {
             let decoded = decode(input)?;
             let mut printer = WitPrinter::default();
@@ -36,7 +52,9 @@ fn main() -> Result<()> {
             }
         }
         ["sizes", input] => sizes(input)?,
-        _ => bail!("usage: componentize new CORE.wasm -o OUT.wasm | wit COMPONENT.wasm | imports COMPONENT.wasm | sizes CORE.wasm"),
+        _ => bail!(
+            "usage: componentize new CORE.wasm -o OUT.wasm | precompile COMPONENT.wasm -o OUT.cwasm | wit COMPONENT.wasm | imports COMPONENT.wasm | sizes CORE.wasm"
+        ),
     }
     Ok(())
 }

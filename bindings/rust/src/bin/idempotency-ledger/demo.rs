@@ -207,6 +207,10 @@ fn show(label: &str, h: &Handled, executions: &Cell<u32>) {
         Outcome::Executed { ticket, stored: Stored::Failed(e) } => {
             format!("executed under generation {} but not stored: {e}", ticket.generation)
         }
+        Outcome::Executed { ticket, stored: Stored::Released } => {
+            format!("executed under generation {}, reservation released (not stored)", ticket.generation)
+        }
+        Outcome::Unavailable(e) => format!("not executed: {e}"),
     };
     let extra = h.response.header("retry-after").map(|s| format!(" Retry-After: {s}")).unwrap_or_default();
     println!(
@@ -221,6 +225,8 @@ fn show(label: &str, h: &Handled, executions: &Cell<u32>) {
 fn reason_label(reason: idempotency_ledger::RejectionReason) -> &'static str {
     use idempotency_ledger::RejectionReason as R;
     match reason {
+        R::PrincipalRequired => "principal required",
+        R::BodyTooLarge => "request body too large",
         R::KeyRequired => "key required",
         R::KeyInvalid => "key invalid",
         R::KeyReused => "key reused for another request",

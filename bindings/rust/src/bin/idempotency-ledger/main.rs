@@ -187,15 +187,7 @@ fn sweep(args: &[String]) -> Result<(), String> {
     let backend = SqliteBackend::open(&path).map_err(|e| format!("{path}: {e}"))?;
     let mut ledger = Ledger::new(runtime, backend, Config::default(), SystemClock).map_err(|e| e.to_string())?;
     let all = args.iter().any(|a| a == "--all");
-    let batch = u64::from(ledger.config().sweep_batch);
-    let mut total = 0;
-    loop {
-        let deleted = ledger.sweep().map_err(|e| e.to_string())?;
-        total += deleted;
-        if !all || deleted < batch {
-            break;
-        }
-    }
+    let total = if all { ledger.sweep_all() } else { ledger.sweep() }.map_err(|e| e.to_string())?;
     println!("swept {total} expired rows from {path}");
     Ok(())
 }
