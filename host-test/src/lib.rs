@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use idempotency_ledger::wit::{self, LedgerError, Statement, StatementResult};
+use idempotency_ledger::wit::{self, BatchError, Statement, StatementResult};
 use idempotency_ledger::{Config, Ledger, LedgerPool, ManualClock, PostgresPool, Runtime, SqlBackend, SqliteBackend};
 use serde_json::{json, Map, Value as Json};
 
@@ -170,7 +170,7 @@ impl TestDb {
 
     /// Inserts rows verbatim; on PostgreSQL a value its typed columns cannot
     /// hold (SQLite's dynamic typing can) is an error.
-    pub fn try_insert_rows(&self, rows: &[Json]) -> Result<(), LedgerError> {
+    pub fn try_insert_rows(&self, rows: &[Json]) -> Result<(), BatchError> {
         match &self.postgres {
             None => {
                 insert_rows(&self.conn(), rows);
@@ -342,7 +342,7 @@ pub fn rows(conn: &rusqlite::Connection) -> Vec<Json> {
 #[derive(Clone, Default)]
 pub struct Probe {
     batches: Arc<AtomicUsize>,
-    faults: Arc<Mutex<Vec<(usize, LedgerError)>>>,
+    faults: Arc<Mutex<Vec<(usize, BatchError)>>>,
     panics: Arc<Mutex<Vec<usize>>>,
 }
 
@@ -354,7 +354,7 @@ impl Probe {
 
     /// Makes the `n`-th batch from now (1 = the next) fail with `error`
     /// before it touches the database.
-    pub fn fail_batch(&self, n: usize, error: LedgerError) {
+    pub fn fail_batch(&self, n: usize, error: BatchError) {
         let at = self.batches() + n;
         self.faults.lock().expect("faults").push((at, error));
     }
@@ -373,7 +373,7 @@ pub struct Instrumented {
 }
 
 impl SqlBackend for Instrumented {
-    fn execute_batch(&mut self, statements: &[Statement]) -> Result<Vec<StatementResult>, LedgerError> {
+    fn execute_batch(&mut self, statements: &[Statement]) -> Result<Vec<StatementResult>, BatchError> {
         let n = self.probe.batches.fetch_add(1, Ordering::SeqCst) + 1;
         if self.probe.panics.lock().expect("panics").contains(&n) {
             panic!("injected backend panic on batch {n}");

@@ -18,63 +18,64 @@ use idempotency_ledger_core::{self as core, Config, Decision, RejectionReason};
 
 use crate::convert::*;
 
-/// The protocol steps, from the native core or from the component.
+/// The protocol steps of one session, from the native core or from the component.
 pub trait Protocol {
-    fn plan_decision(&mut self, c: &Config, p: &str, k: &str, fp: &str, now: i64) -> Result<Vec<wit::Statement>, String>;
-    fn decide(&mut self, c: &Config, p: &str, k: &str, fp: &str, now: i64, r: Vec<wit::StatementResult>) -> Result<Decision, String>;
+    fn plan_decision(&mut self, p: &str, k: &str, fp: &str, now: i64) -> Result<Vec<wit::Statement>, String>;
+    fn decide(&mut self, p: &str, k: &str, fp: &str, now: i64, r: Vec<wit::StatementResult>) -> Result<Decision, String>;
     fn plan_completion(
         &mut self,
-        c: &Config,
         t: &core::Ticket,
         m: &core::MutationResponse,
         now: i64,
     ) -> Result<(Vec<wit::Statement>, core::Response), String>;
     fn finish_completion(&mut self, r: Vec<wit::StatementResult>) -> Result<bool, String>;
-    fn plan_sweep(&mut self, c: &Config, now: i64) -> Result<Vec<wit::Statement>, String>;
+    fn plan_sweep(&mut self, now: i64) -> Result<Vec<wit::Statement>, String>;
     fn finish_sweep(&mut self, r: Vec<wit::StatementResult>) -> Result<u64, String>;
 }
 
 /// The core compiled natively.
-pub struct Native;
+pub struct Native(pub core::Session);
 
 impl Protocol for Native {
-    fn plan_decision(&mut self, c: &Config, p: &str, k: &str, fp: &str, now: i64) -> Result<Vec<wit::Statement>, String> {
-        core::machine::plan_decision(c, p, k, fp, now).map(|s| statements_to_wit(&s)).map_err(|e| e.to_string())
+    fn plan_decision(&mut self, p: &str, k: &str, fp: &str, now: i64) -> Result<Vec<wit::Statement>, String> {
+        self.0.plan_decision(p, k, fp, now).map(|s| statements_to_wit(&s)).map_err(|e| e.to_string())
     }
-    fn decide(&mut self, c: &Config, p: &str, k: &str, fp: &str, now: i64, r: Vec<wit::StatementResult>) -> Result<Decision, String> {
-        core::machine::decide(c, p, k, fp, now, &results_to_core(r)).map_err(|e| e.to_string())
+    fn decide(&mut self, p: &str, k: &str, fp: &str, now: i64, r: Vec<wit::StatementResult>) -> Result<Decision, String> {
+        self.0.decide(p, k, fp, now, now, &results_to_core(r)).map_err(|e| e.to_string())
     }
     fn plan_completion(
         &mut self,
-        c: &Config,
         t: &core::Ticket,
         m: &core::MutationResponse,
         now: i64,
     ) -> Result<(Vec<wit::Statement>, core::Response), String> {
-        core::machine::plan_completion(c, t, m.clone(), now)
-            .map(|plan| (statements_to_wit(&plan.statements), plan.response))
-            .map_err(|e| e.to_string())
+        self.0.plan_completion(t, m.clone(), now).map(|plan| (statements_to_wit(&plan.statements), plan.response)).map_err(|e| e.to_string())
     }
     fn finish_completion(&mut self, r: Vec<wit::StatementResult>) -> Result<bool, String> {
-        core::machine::finish_completion(&results_to_core(r)).map_err(|e| e.to_string())
+        self.0
+            .finish_completion(core::CompletionAction::Store, &results_to_core(r))
+            .map(|o| o == core::CompletionOutcome::Stored)
+            .map_err(|e| e.to_string())
     }
-    fn plan_sweep(&mut self, c: &Config, now: i64) -> Result<Vec<wit::Statement>, String> {
-        core::machine::plan_sweep(c, now).map(|s| statements_to_wit(&s)).map_err(|e| e.to_string())
+    fn plan_sweep(&mut self, now: i64) -> Result<Vec<wit::Statement>, String> {
+        Ok(statements_to_wit(&self.0.plan_sweep(now)))
     }
     fn finish_sweep(&mut self, r: Vec<wit::StatementResult>) -> Result<u64, String> {
-        core::machine::finish_sweep(&results_to_core(r)).map_err(|e| e.to_string())
+        self.0.finish_sweep(&results_to_core(r)).map(|s| s.deleted).map_err(|e| e.to_string())
     }
 }
 
-/// The component under wasmtime, through its `steps` interface.
+/// The component under wasmtime, through its session's steps.
 pub struct Component(pub Ledger);
+
+type Methods<'a> = idempotency_ledger::wit::SessionMethods<'a>;
 
 impl Component {
     fn steps<T>(
         &mut self,
-        f: impl FnOnce(&wit::Core, &mut wasmtime::Store<idempotency_ledger::HostState>) -> wasmtime::Result<Result<T, wit::ProtocolError>>,
+        f: impl FnOnce(&Methods<'_>, &mut wasmtime::Store<idempotency_ledger::HostState>, wasmtime::component::ResourceAny) -> wasmtime::Result<Result<T, wit::ProtocolError>>,
     ) -> Result<T, String> {
-        match self.0.with_component(f) {
+        match self.0.with_component(|core, store, session| f(&core.idempotency_ledger_session().session(), store, session)) {
             Ok(Ok(Ok(value))) => Ok(value),
             Ok(Ok(Err(e))) => Err(format!("{e:?}")),
             Ok(Err(trap)) => panic!("the component trapped: {trap:#}"),
@@ -84,35 +85,31 @@ impl Component {
 }
 
 impl Protocol for Component {
-    fn plan_decision(&mut self, c: &Config, p: &str, k: &str, fp: &str, now: i64) -> Result<Vec<wit::Statement>, String> {
-        let c = config_to_wit(c);
-        self.steps(|core, store| core.idempotency_ledger_steps().call_plan_decision(store, &c, p, k, fp, now))
+    fn plan_decision(&mut self, p: &str, k: &str, fp: &str, now: i64) -> Result<Vec<wit::Statement>, String> {
+        self.steps(|s, store, session| s.call_plan_decision(store, session, p, k, fp, now))
     }
-    fn decide(&mut self, c: &Config, p: &str, k: &str, fp: &str, now: i64, r: Vec<wit::StatementResult>) -> Result<Decision, String> {
-        let c = config_to_wit(c);
-        self.steps(|core, store| core.idempotency_ledger_steps().call_decide(store, &c, p, k, fp, now, &r))
-            .map(decision_to_core)
+    fn decide(&mut self, p: &str, k: &str, fp: &str, now: i64, r: Vec<wit::StatementResult>) -> Result<Decision, String> {
+        self.steps(|s, store, session| s.call_decide(store, session, p, k, fp, now, now, &r)).map(decision_to_core)
     }
     fn plan_completion(
         &mut self,
-        c: &Config,
         t: &core::Ticket,
         m: &core::MutationResponse,
         now: i64,
     ) -> Result<(Vec<wit::Statement>, core::Response), String> {
-        let (c, t, m) = (config_to_wit(c), ticket_to_wit(t), mutation_to_wit(m));
-        self.steps(|core, store| core.idempotency_ledger_steps().call_plan_completion(store, &c, &t, &m, now))
+        let (t, m) = (ticket_to_wit(t), mutation_to_wit(m));
+        self.steps(|s, store, session| s.call_plan_completion(store, session, &t, &m, now))
             .map(|plan| (plan.statements, response_to_core(plan.response)))
     }
     fn finish_completion(&mut self, r: Vec<wit::StatementResult>) -> Result<bool, String> {
-        self.steps(|core, store| core.idempotency_ledger_steps().call_finish_completion(store, &r))
+        self.steps(|s, store, session| s.call_finish_completion(store, session, wit::CompletionAction::Store, &r))
+            .map(|o| o == wit::CompletionOutcome::Stored)
     }
-    fn plan_sweep(&mut self, c: &Config, now: i64) -> Result<Vec<wit::Statement>, String> {
-        let c = config_to_wit(c);
-        self.steps(|core, store| core.idempotency_ledger_steps().call_plan_sweep(store, &c, now))
+    fn plan_sweep(&mut self, now: i64) -> Result<Vec<wit::Statement>, String> {
+        self.steps(|s, store, session| s.call_plan_sweep(store, session, now).map(Ok))
     }
     fn finish_sweep(&mut self, r: Vec<wit::StatementResult>) -> Result<u64, String> {
-        self.steps(|core, store| core.idempotency_ledger_steps().call_finish_sweep(store, &r))
+        self.steps(|s, store, session| s.call_finish_sweep(store, session, &r)).map(|r| r.deleted)
     }
 }
 
@@ -187,7 +184,6 @@ pub struct Report {
 struct Sim<'a> {
     rng: Rng,
     now: i64,
-    config: Config,
     protocol: &'a mut dyn Protocol,
     backend: Box<dyn SqlBackend>,
     workers: Vec<Worker>,
@@ -213,14 +209,6 @@ pub fn run_seed(seed: u64, steps: u64, protocol: &mut dyn Protocol, mut backend:
     let mut sim = Sim {
         rng: Rng::new(seed),
         now: 1_767_225_600_000,
-        config: Config {
-            pending_ttl_ms: TTL as u64,
-            retention_ms: RETENTION as u64,
-            sweep_batch: 2,
-            body_cap_bytes: 200,
-            dialect,
-            ..Config::default()
-        },
         protocol,
         backend,
         workers: (0..4).map(|_| Worker::Idle).collect(),
@@ -318,7 +306,7 @@ impl Sim<'_> {
     }
 
     fn sweep(&mut self) -> Result<(), String> {
-        let plan = self.protocol.plan_sweep(&self.config, self.now)?;
+        let plan = self.protocol.plan_sweep(self.now)?;
         match self.batch(plan) {
             Ok(results) => {
                 let deleted = self.protocol.finish_sweep(results)?;
@@ -369,7 +357,7 @@ impl Sim<'_> {
             fingerprint: fingerprint_of(if self.rng.chance(85) { 0 } else { 1 }),
         };
         let (p, k, f, now) = (request.principal, request.key, request.fingerprint.clone(), self.now);
-        let plan = self.protocol.plan_decision(&self.config, p, k, &f, now)?;
+        let plan = self.protocol.plan_decision(p, k, &f, now)?;
         let results = match self.batch(plan) {
             Ok(results) => results,
             Err(e) => {
@@ -377,7 +365,7 @@ impl Sim<'_> {
                 return Ok(());
             }
         };
-        let decision = self.protocol.decide(&self.config, p, k, &f, now, results)?;
+        let decision = self.protocol.decide(p, k, &f, now, results)?;
         let key = (p.to_string(), k.to_string());
         match decision {
             Decision::Execute(ticket) => {
@@ -462,6 +450,7 @@ impl Sim<'_> {
                 }
                 self.log(format!("w{w} {p}/{k}: rejected {:?}", rejection.reason));
             }
+            Decision::Wait(ms) => return Err(format!("{p}/{k}: told to wait {ms} ms although wait-ms is 0")),
         }
         Ok(())
     }
@@ -478,7 +467,7 @@ impl Sim<'_> {
             headers: vec![core::Header::new("content-type", "application/json")],
             body: core::ResponseBody::Text(body),
         };
-        let (plan, response) = self.protocol.plan_completion(&self.config, &ticket, &produced, self.now)?;
+        let (plan, response) = self.protocol.plan_completion(&ticket, &produced, self.now)?;
         let results = match self.batch(plan) {
             Ok(results) => results,
             Err(e) => {
@@ -597,6 +586,25 @@ pub enum SimDb<'a> {
     Postgres(&'a PostgresPool),
 }
 
+/// The simulation's settings: a short TTL and retention so takeovers and
+/// sweeps happen within a run.
+fn sim_config(dialect: idempotency_ledger::Dialect) -> Config {
+    Config { pending_ttl_ms: TTL as u64, retention_ms: RETENTION as u64, sweep_batch: 2, body_cap_bytes: 200, dialect, ..Config::default() }
+}
+
+/// A backend that only states the dialect the session plans in.
+struct StatesDialect(idempotency_ledger::Dialect);
+
+impl SqlBackend for StatesDialect {
+    fn execute_batch(&mut self, _: &[wit::Statement]) -> Result<Vec<wit::StatementResult>, wit::BatchError> {
+        Err(wit::BatchError::Host("the simulation runs its batches itself".into()))
+    }
+
+    fn dialect(&self) -> idempotency_ledger::Dialect {
+        self.0
+    }
+}
+
 /// Runs `seeds` and returns the summed report, or the first failure.
 pub fn run_seeds(seeds: impl Iterator<Item = u64>, steps: u64, component: bool, db: SimDb<'_>) -> Result<Report, String> {
     let mut total = Report { steps: 0, checks: 0, executions: 0, takeovers: 0, replays: 0, fenced_out: 0, crashes: 0, ledger_errors: 0, sweeps_deleted: 0 };
@@ -606,17 +614,18 @@ pub fn run_seeds(seeds: impl Iterator<Item = u64>, steps: u64, component: bool, 
             SimDb::Postgres(pool) => Box::new(pool.backend()),
         })
     };
-    let mut component_protocol = if component {
-        let backend = SqliteBackend::from_connection(rusqlite::Connection::open_in_memory().map_err(|e| e.to_string())?);
-        Some(Component(Ledger::new(crate::runtime(), backend, Config::default(), ManualClock::new(0)).map_err(|e| e.to_string())?))
+    let dialect = new_backend()?.dialect();
+    let config = sim_config(dialect);
+    // The component's session plans in the database's dialect; its own
+    // backend is never called (the simulation runs every batch itself).
+    let planner = StatesDialect(dialect);
+    let mut protocol: Box<dyn Protocol> = if component {
+        Box::new(Component(Ledger::new(crate::runtime(), planner, config.clone(), ManualClock::new(0)).map_err(|e| e.to_string())?))
     } else {
-        None
+        Box::new(Native(core::Session::open(config).map_err(|e| e.to_string())?))
     };
     for seed in seeds {
-        let protocol: &mut dyn Protocol = match component_protocol.as_mut() {
-            Some(c) => c,
-            None => &mut Native,
-        };
+        let protocol: &mut dyn Protocol = protocol.as_mut();
         let r = run_seed(seed, steps, protocol, new_backend()?)?;
         total.steps += r.steps;
         total.checks += r.checks;

@@ -160,6 +160,12 @@ impl Response {
     }
 }
 
+impl From<&Config> for wit::Config {
+    fn from(c: &Config) -> wit::Config {
+        config_to_wit(c)
+    }
+}
+
 pub(crate) fn config_to_wit(c: &Config) -> wit::Config {
     wit::Config {
         protected_methods: c.protected_methods.clone(),

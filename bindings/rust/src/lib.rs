@@ -71,6 +71,7 @@ pub use layer::{IdempotencyLayer, IdempotencyService, NothingChanged};
 pub mod wit {
     pub use crate::runtime::bindings::exports::idempotency::ledger::types::*;
     pub use crate::runtime::bindings::idempotency::ledger::ledger::{BatchError, DatabaseError, Statement, StatementResult, Value};
+    pub use crate::runtime::bindings::exports::idempotency::ledger::session::GuestSession as SessionMethods;
     pub use crate::runtime::bindings::Core;
 }
 

@@ -32,9 +32,10 @@ fn main() -> Result<()> {
             // which its tests catch).
             let mut config = wasmtime::Config::new();
             config.wasm_component_model(true);
-            let engine = wasmtime::Engine::new(&config)?;
+            let engine = wasmtime::Engine::new(&config).map_err(|e| anyhow::anyhow!("{e:#}"))?;
             let started = std::time::Instant::now();
-            let compiled = engine.precompile_component(&component).context("precompiling the component")?;
+            let compiled =
+                engine.precompile_component(&component).map_err(|e| anyhow::anyhow!("precompiling the component: {e:#}"))?;
             std::fs::write(output, &compiled).with_context(|| format!("writing {output}"))?;
             eprintln!("componentize: {input} -> {output} ({} bytes, compiled in {:?})", compiled.len(), started.elapsed());
         }
