@@ -1,7 +1,7 @@
 //! Hostile input: keys, bodies, stored rows and SQL results that must get a
 //! clear error or the SPEC answer, never a panic, a trap or a crash.
 
-use idempotency_ledger::wit::{LedgerError, Statement, StatementResult, Value};
+use idempotency_ledger::wit::{BatchError, Statement, StatementResult, Value};
 use idempotency_ledger::{
     Config, Error, HandleError, Ledger, ManualClock, MutationResponse, Outcome, ProtocolError, RejectionReason, Request,
     SqlBackend, Stored,
@@ -53,7 +53,14 @@ fn key_lengths_and_bytes_at_every_boundary() {
 #[test]
 fn request_bodies_binary_empty_and_large() {
     let db = TestDb::new();
-    let mut ledger = db.ledger(&ManualClock::new(T0));
+    // The default request body cap is 1 MiB: over it, 413 and nothing runs.
+    let mut capped = db.ledger(&ManualClock::new(T0));
+    let over = capped.handle("acct", &req("big", vec![0; (1 << 20) + 1]), ok(201, "never")).expect("handled");
+    assert!(matches!(over.outcome, Outcome::Rejected(RejectionReason::BodyTooLarge)), "{:?}", over.outcome);
+    assert_eq!(over.response.status, 413);
+    assert!(db.rows().is_empty(), "a body over the cap reserves nothing");
+    let config = Config { request_body_cap_bytes: 16 << 20, ..Config::default() };
+    let mut ledger = db.ledger_with(&ManualClock::new(T0), config);
     let bodies: Vec<Vec<u8>> = vec![vec![], vec![0xff, 0xfe, 0xfd], (0..=255).collect(), vec![0; 8 << 20]];
     for (i, body) in bodies.into_iter().enumerate() {
         let key = format!("b{i}");
@@ -97,7 +104,8 @@ fn principal_too_long_fails_closed_with_500() {
     let db = TestDb::new();
     let mut ledger = db.ledger(&ManualClock::new(T0));
     let ran = std::cell::Cell::new(false);
-    let result = ledger.handle(&"p".repeat(5000), &req("k", vec![]), |_| {
+    let principal = "p".repeat(5000);
+    let result = ledger.handle(principal.as_str(), &req("k", vec![]), |_| {
         ran.set(true);
         Ok::<_, String>(MutationResponse::text(200, "x"))
     });
@@ -191,7 +199,7 @@ fn corrupt_stored_rows_answer_500_and_never_execute() {
 struct Tampering<F: FnMut(&mut Vec<StatementResult>) + Send>(Box<dyn SqlBackend>, F);
 
 impl<F: FnMut(&mut Vec<StatementResult>) + Send> SqlBackend for Tampering<F> {
-    fn execute_batch(&mut self, statements: &[Statement]) -> Result<Vec<StatementResult>, LedgerError> {
+    fn execute_batch(&mut self, statements: &[Statement]) -> Result<Vec<StatementResult>, BatchError> {
         let mut results = self.0.execute_batch(statements)?;
         (self.1)(&mut results);
         Ok(results)

@@ -110,7 +110,82 @@ fn spec1_unprotected_methods_pass_through_without_ledger_access() {
     assert_eq!(probe.batches(), before, "no ledger access at all");
     assert_eq!(row_count(&db), 0);
     let failed = ledger.handle(P, &Request::new("GET", "/orders"), |_| Err::<MutationResponse, _>("handler bug"));
-    assert!(matches!(failed, Err(HandleError::Mutation { ticket: None, error: "handler bug" })), "nothing was reserved");
+    assert!(matches!(failed, Err(HandleError::Mutation { ticket: None, error: "handler bug", released: false })), "nothing was reserved");
+}
+
+#[test]
+fn spec1_protected_request_without_principal_is_401_and_nothing_runs() {
+    let db = TestDb::new();
+    let mut ledger = db.ledger(&ManualClock::new(T0));
+    let orders = Orders::new();
+    for principal in [None, Some("")] {
+        let h = ledger.handle(principal, &order("k", "{}"), |r| orders.create(r)).expect("handled");
+        assert_eq!(rejected(&h), RejectionReason::PrincipalRequired);
+        assert_eq!(h.response.status, 401);
+        assert_eq!(
+            body(&h),
+            r#"{"error":"idempotency_principal_required","message":"An authenticated principal is required for requests with an Idempotency-Key."}"#
+        );
+    }
+    // Unprotected methods need no principal.
+    let get = ledger.handle(None, &Request::new("GET", "/orders"), |r| orders.create(r)).expect("handled");
+    assert!(matches!(get.outcome, Outcome::PassThrough));
+    assert_eq!(orders.runs.get(), 1);
+    assert_eq!(row_count(&db), 0);
+}
+
+#[test]
+fn spec1_optional_keys_run_unkeyed_requests_as_plain_requests() {
+    let db = TestDb::new();
+    let mut ledger = db.ledger_with(&ManualClock::new(T0), Config { key_required: false, ..Config::default() });
+    let orders = Orders::new();
+    let plain = Request::new("POST", "/orders").body(b"{}".to_vec());
+    for _ in 0..2 {
+        let h = handle(&mut ledger, P, &plain, &orders);
+        assert!(matches!(h.outcome, Outcome::PassThrough));
+        assert_eq!(h.response.header("x-trace-id").map(str::to_string), Some(format!("t-{}", orders.runs.get())), "untouched");
+    }
+    assert_eq!(orders.runs.get(), 2, "without a key every request runs");
+    assert_eq!(rejected(&handle(&mut ledger, P, &order("bad\u{1}", "{}"), &orders)), RejectionReason::KeyInvalid);
+    assert!(matches!(handle(&mut ledger, P, &order("k", "{}"), &orders).outcome, Outcome::Executed { .. }));
+    assert!(matches!(handle(&mut ledger, P, &order("k", "{}"), &orders).outcome, Outcome::Replayed));
+}
+
+#[test]
+fn spec1_request_body_over_the_cap_is_413_before_anything_is_reserved() {
+    let db = TestDb::new();
+    let mut ledger = db.ledger_with(&ManualClock::new(T0), Config { request_body_cap_bytes: 10, ..Config::default() });
+    let orders = Orders::new();
+    let declared = order("k", "{}").header("Content-Length", "11");
+    let h = handle(&mut ledger, P, &declared, &orders);
+    assert_eq!(rejected(&h), RejectionReason::BodyTooLarge);
+    assert_eq!((h.response.status, body(&h)), (413, r#"{"error":"idempotency_request_too_large","message":"The request body exceeds 10 bytes."}"#));
+    let undeclared = handle(&mut ledger, P, &order("k", "0123456789a"), &orders);
+    assert_eq!(rejected(&undeclared), RejectionReason::BodyTooLarge, "a body read past the cap without a Content-Length");
+    assert!(matches!(handle(&mut ledger, P, &order("k", "0123456789"), &orders).outcome, Outcome::Executed { .. }));
+    assert_eq!(orders.runs.get(), 1);
+}
+
+#[test]
+fn spec1_ietf_reads_quoted_keys_as_sf_strings_and_answers_problem_details() {
+    let db = TestDb::new();
+    let mut ledger = db.ledger_with(&ManualClock::new(T0), Config::for_profile(idempotency_ledger::Profile::Ietf));
+    let orders = Orders::new();
+    let first = handle(&mut ledger, P, &order("\"8e03978e-40d5\"", "{}"), &orders);
+    assert!(matches!(first.outcome, Outcome::Executed { .. }));
+    let bare = handle(&mut ledger, P, &order("8e03978e-40d5", "{}"), &orders);
+    assert!(matches!(bare.outcome, Outcome::Replayed), "\"abc\" and abc are one key");
+    assert_eq!(bare.response.header("idempotency-replayed"), Some("true"));
+    let reused = handle(&mut ledger, P, &order("8e03978e-40d5", "{\"other\":1}"), &orders);
+    assert_eq!((rejected(&reused), reused.response.status), (RejectionReason::KeyReused, 422));
+    assert_eq!(reused.response.header("content-type"), Some("application/problem+json"));
+    let malformed = handle(&mut ledger, P, &order("\"abc", "{}"), &orders);
+    assert_eq!((rejected(&malformed), malformed.response.status), (RejectionReason::KeyInvalid, 400));
+    assert_eq!(
+        body(&malformed),
+        r#"{"type":"urn:idempotency-ledger:problem:key-invalid","title":"Idempotency-Key is invalid","status":400,"detail":"the quoted Idempotency-Key has no closing quote","code":"idempotency_key_invalid"}"#
+    );
+    assert_eq!(orders.runs.get(), 1);
 }
 
 #[test]
@@ -307,17 +382,83 @@ fn spec5_fresh_pending_is_409_in_progress_with_retry_after() {
     let mut b = db.ledger(&clock);
     let orders = Orders::new();
     let inner = Cell::new(None);
+    let later = Cell::new(None);
     handle_with(&mut a, &order("k", "{}"), |req| {
-        clock.advance(Duration::from_millis(30_000)); // exactly the TTL: still fresh
+        clock.advance(Duration::from_millis(12_500));
         inner.set(Some(handle(&mut b, P, &order("k", "{}"), &orders)));
+        clock.advance(Duration::from_millis(17_500)); // exactly the TTL: still fresh, takeover possible 1 ms later
+        later.set(Some(handle(&mut b, P, &order("k", "{}"), &orders)));
         orders.create(req)
     });
+    // Retry-After tells the truth: the time left until a retry can take over.
     let second = inner.take().expect("second request ran");
     assert_eq!(second.response.status, 409);
-    assert_eq!(body(&second), r#"{"error":"idempotency_key_in_progress","retry_after_ms":30000}"#);
-    assert_eq!(second.response.header("retry-after"), Some("30"));
+    assert_eq!(body(&second), r#"{"error":"idempotency_key_in_progress","retry_after_ms":17500}"#);
+    assert_eq!(second.response.header("retry-after"), Some("18"));
     assert_eq!(second.response.header("content-type"), Some("application/json"));
+    let third = later.take().expect("third request ran");
+    assert_eq!(body(&third), r#"{"error":"idempotency_key_in_progress","retry_after_ms":0}"#);
+    assert_eq!(third.response.header("retry-after"), Some("0"));
     assert_eq!(orders.runs.get(), 1);
+}
+
+#[test]
+fn spec5_in_progress_retry_hint_is_capped_by_the_time_left() {
+    let db = TestDb::new();
+    let clock = ManualClock::new(T0);
+    let config = Config { in_progress_retry_ms: Some(250), ..Config::default() };
+    let mut a = db.ledger_with(&clock, config.clone());
+    let mut b = db.ledger_with(&clock, config);
+    let orders = Orders::new();
+    let (early, late) = (Cell::new(None), Cell::new(None));
+    handle_with(&mut a, &order("k", "{}"), |req| {
+        early.set(Some(handle(&mut b, P, &order("k", "{}"), &orders)));
+        clock.advance(Duration::from_millis(29_900));
+        late.set(Some(handle(&mut b, P, &order("k", "{}"), &orders)));
+        orders.create(req)
+    });
+    let early = early.take().expect("ran");
+    assert_eq!(body(&early), r#"{"error":"idempotency_key_in_progress","retry_after_ms":250}"#);
+    assert_eq!(early.response.header("retry-after"), Some("1"));
+    assert_eq!(body(&late.take().expect("ran")), r#"{"error":"idempotency_key_in_progress","retry_after_ms":100}"#);
+}
+
+#[test]
+fn spec5_wait_returns_the_first_requests_answer_instead_of_409() {
+    use idempotency_ledger::SystemClock;
+    use idempotency_ledger_host_test::runtime;
+    let db = TestDb::new();
+    let waiting = Config { wait_ms: 3_000, ..Config::default() };
+    let impatient = Config { wait_ms: 50, ..Config::default() };
+    let started = std::sync::Barrier::new(2);
+    let runs = std::sync::atomic::AtomicU32::new(0);
+    let (replayed, rejected_early) = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let mut first = Ledger::new(runtime(), db.backend(), Config::default(), SystemClock).expect("ledger");
+            first
+                .handle(P, &order("slow", "{}"), |_| {
+                    started.wait();
+                    std::thread::sleep(Duration::from_millis(400));
+                    runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    Ok::<_, String>(MutationResponse::json(201, r#"{"order":"first"}"#))
+                })
+                .expect("first");
+        });
+        started.wait();
+        let impatient = scope.spawn(|| {
+            let mut ledger = Ledger::new(runtime(), db.backend(), impatient, SystemClock).expect("ledger");
+            ledger.handle(P, &order("slow", "{}"), |_| Ok::<_, String>(MutationResponse::text(200, "never"))).expect("handled")
+        });
+        let patient = scope.spawn(|| {
+            let mut ledger = Ledger::new(runtime(), db.backend(), waiting, SystemClock).expect("ledger");
+            ledger.handle(P, &order("slow", "{}"), |_| Ok::<_, String>(MutationResponse::text(200, "never"))).expect("handled")
+        });
+        (patient.join().expect("patient"), impatient.join().expect("impatient"))
+    });
+    assert!(matches!(replayed.outcome, Outcome::Replayed), "the waiting duplicate gets the stored answer: {:?}", replayed.outcome);
+    assert_eq!((replayed.response.status, body(&replayed)), (201, r#"{"order":"first"}"#));
+    assert_eq!(rejected(&rejected_early), RejectionReason::InProgress, "a 50 ms wait runs out first");
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
 
 fn handle_with(ledger: &mut Ledger, req: &Request, f: impl FnOnce(&Request) -> Result<MutationResponse, String>) -> Handled {
@@ -331,12 +472,12 @@ fn spec5_row_vanished_between_claim_and_lookup_is_409_retry() {
     let db = TestDb::new();
     let mut ledger = db.ledger(&ManualClock::new(T0));
     let fp = "a".repeat(64);
-    let config = ledger.config().clone();
     let decision = ledger
-        .with_component(|core, store| {
+        .with_component(|core, store, session| {
             let empty = idempotency_ledger::wit::StatementResult { rows: vec![], changes: 0 };
-            core.idempotency_ledger_steps()
-                .call_decide(store, &config, P, "k", &fp, T0, &[empty.clone(), empty.clone(), empty])
+            core.idempotency_ledger_session()
+                .session()
+                .call_decide(store, session, P, "k", &fp, T0, T0, &[empty.clone(), empty.clone(), empty])
         })
         .expect("instance")
         .expect("no trap")
@@ -494,8 +635,9 @@ fn spec9_mutation_error_leaves_row_pending_and_release_frees_it() {
     let orders = Orders::new();
     let err = ledger.handle(P, &order("k", "{}"), |_| Err::<MutationResponse, _>("validation failed".to_string()));
     let ticket = match err {
-        Err(HandleError::Mutation { error, ticket: Some(ticket) }) => {
+        Err(HandleError::Mutation { error, ticket: Some(ticket), released }) => {
             assert_eq!(error, "validation failed");
+            assert!(!released, "on-server-error: store keeps the row pending");
             ticket
         }
         other => panic!("expected a mutation error, got {other:?}"),
@@ -507,6 +649,64 @@ fn spec9_mutation_error_leaves_row_pending_and_release_frees_it() {
     let retry = handle(&mut ledger, P, &order("k", "{}"), &orders);
     assert!(matches!(retry.outcome, Outcome::Executed { stored: Stored::Completed, .. }));
     assert_eq!(orders.runs.get(), 1);
+}
+
+#[test]
+fn spec7_replay_header_marks_replays_only() {
+    let db = TestDb::new();
+    let config = Config { replay_header: Some("Idempotent-Replayed".into()), ..Config::default() };
+    let mut ledger = db.ledger_with(&ManualClock::new(T0), config);
+    let orders = Orders::new();
+    let first = handle(&mut ledger, P, &order("k", "{}"), &orders);
+    assert_eq!(first.response.header("idempotent-replayed"), None);
+    let again = handle(&mut ledger, P, &order("k", "{}"), &orders);
+    assert_eq!(again.response.header("idempotent-replayed"), Some("true"));
+    assert_eq!(again.response.headers.last().map(|h| h.0.as_str()), Some("idempotent-replayed"));
+}
+
+#[test]
+fn spec7_ietf_body_over_the_cap_goes_to_the_first_caller_and_replays_omit_it() {
+    let db = TestDb::new();
+    let config = Config { body_cap_bytes: 8, ..Config::for_profile(idempotency_ledger::Profile::Ietf) };
+    let mut ledger = db.ledger_with(&ManualClock::new(T0), config);
+    let big = r#"{"order":"o_1","lines":[1,2,3]}"#;
+    let first = ledger.handle(P, &order("k", "{}"), |_| Ok::<_, String>(MutationResponse::json(201, big))).expect("handled");
+    assert_eq!((first.response.status, body(&first)), (201, big), "no silent 500 for a request that succeeded");
+    let replay = ledger.handle(P, &order("k", "{}"), |_| Ok::<_, String>(MutationResponse::text(200, "never"))).expect("handled");
+    assert_eq!((replay.response.status, replay.response.body.len()), (201, 0));
+    assert_eq!(replay.response.header("idempotency-body-omitted"), Some("true"));
+    assert_eq!(replay.response.header("content-type"), Some("application/json"));
+}
+
+#[test]
+fn spec8_the_core_asks_for_a_sweep_after_one_execution_in_sweep_every() {
+    let db = TestDb::new();
+    let clock = ManualClock::new(T0);
+    let orders = Orders::new();
+    let mut every = db.ledger_with(&clock, Config { sweep_every: 1, ..Config::default() });
+    assert!(handle(&mut every, P, &order("a", "{}"), &orders).sweep_due, "sweep-every 1: after every execution");
+    assert!(!handle(&mut every, P, &order("a", "{}"), &orders).sweep_due, "never after a replay");
+    let mut eighth = db.ledger_with(&clock, Config::default());
+    let due = (0..400).filter(|i| handle(&mut eighth, P, &order(&format!("k{i}"), "{}"), &orders).sweep_due).count();
+    assert!((25..=75).contains(&due), "about one execution in 8 asks for a sweep: {due} of 400");
+}
+
+#[test]
+fn spec9_on_server_error_release_frees_the_key_for_an_immediate_retry() {
+    let db = TestDb::new();
+    let clock = ManualClock::new(T0);
+    let mut ledger = db.ledger_with(&clock, Config { on_server_error: idempotency_ledger::OnServerError::Release, ..Config::default() });
+    let orders = Orders::new();
+    let failed = ledger.handle(P, &order("k", "{}"), |_| Ok::<_, String>(MutationResponse::json(503, r#"{"error":"upstream"}"#))).expect("handled");
+    assert_eq!(failed.response.status, 503, "the 5xx still goes to this caller");
+    assert!(matches!(failed.outcome, Outcome::Executed { stored: Stored::Released, .. }));
+    assert_eq!(row_count(&db), 0, "nothing stored, the reservation released");
+    let raised = ledger.handle(P, &order("k", "{}"), |_| Err::<MutationResponse, _>("boom".to_string()));
+    assert!(matches!(raised, Err(HandleError::Mutation { released: true, .. })), "{raised:?}");
+    let retry = handle(&mut ledger, P, &order("k", "{}"), &orders);
+    assert!(matches!(retry.outcome, Outcome::Executed { stored: Stored::Completed, .. }), "the retry runs at once");
+    let kept = ledger.handle(P, &order("k2", "{}"), |_| Ok::<_, String>(MutationResponse::json(409, "{}"))).expect("handled");
+    assert!(matches!(kept.outcome, Outcome::Executed { stored: Stored::Completed, .. }), "only 5xx are released");
 }
 
 #[test]
