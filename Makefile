@@ -6,7 +6,7 @@ CORE_MODULE := target/wasm32-unknown-unknown/component/idempotency_ledger_guest.
 COMPONENTIZE := $(CARGO) run --quiet -p idempotency-ledger-componentize --
 GUEST_SOURCES := $(shell find wit guest -name '*.wit' -o -name '*.rs' -o -name 'Cargo.toml') Cargo.toml Cargo.lock
 
-.PHONY: help component wit demo demo-postgres test test-rust test-js test-python test-postgres postgres-suites check-imports vectors simulate fuzz bench size-profile clean
+.PHONY: help component wit demo demo-postgres test test-rust test-js test-python serve-python test-postgres postgres-suites check-imports vectors simulate fuzz bench size-profile clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{ printf "  %-15s %s\n", $$1, $$2 }'
@@ -66,8 +66,14 @@ vectors: ## Regenerate conformance/vectors.json (commit the result)
 test-js: $(COMPONENT_WASM) ## JavaScript: workerd + D1 via miniflare, Node + better-sqlite3, vectors
 	$(MAKE) -C bindings/js test
 
-test-python: $(COMPONENT_WASM) ## Python: wasmtime-py + sqlite3, middleware, races, vectors
+test-python: $(COMPONENT_WASM) ## Python: the native extension (PyO3 over the Rust crate), middleware, races, vectors
 	$(MAKE) -C bindings/python test
+
+# Serves in the foreground until SIGTERM / SIGINT (Ctrl-C). PORT (default
+# 8080), DATABASE_URL (a SQLite path or postgresql://...), IDEMPOTENCY_*.
+serve-python: $(COMPONENT_WASM) ## Example FastAPI server on the Python package (PORT, DATABASE_URL, IDEMPOTENCY_* settings)
+	@$(MAKE) --no-print-directory -C bindings/python venv >&2
+	cd bindings/python && exec .venv/bin/python examples/server.py
 
 RACE_KEYS ?= 200
 test-postgres: $(COMPONENT_WASM) ## PostgreSQL: a throwaway local server, the Rust and Python suites on it, a 4-process Rust+Python race

@@ -1077,12 +1077,10 @@ fn sha256_hex_of(prefix: &str, body: &[u8]) -> String {
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    static LOGGER: OnceLock<()> = OnceLock::new();
-    LOGGER.get_or_init(|| {
-        if log::set_boxed_logger(Box::new(PythonLogger)).is_ok() {
-            log::set_max_level(log::LevelFilter::Info);
-        }
-    });
+    static LOGGER: PythonLogger = PythonLogger;
+    if log::set_logger(&LOGGER).is_ok() {
+        log::set_max_level(log::LevelFilter::Info);
+    }
     m.add_class::<NativeLedger>()?;
     m.add_class::<Ticket>()?;
     m.add_class::<session::NativeSession>()?;

@@ -1,13 +1,10 @@
 """Idempotency-Key ledger for Python APIs.
 
-The protocol (SPEC: header contract, claim before mutate, fingerprint, fenced
-takeover, response lifecycle, sweep) runs in the shared idempotency core
-WebAssembly component under wasmtime-py; this package moves bytes, hashes
-bodies natively and runs the core's SQL on SQLite (`sqlite3`) or, with the
-`postgres` extra, on PostgreSQL (psycopg 3 with a `psycopg_pool` pool):
-`Ledger.postgres("postgresql://...")` or `Ledger(your_pool)`; the backend
-itself is `idempotency_ledger.postgres.PostgresBackend` (importing that
-module needs psycopg).
+The protocol (docs/SPEC.md: admission, claim before mutate, fingerprint,
+fenced takeover, response lifecycle, sweep, failure classification) runs in
+the idempotency core WebAssembly component under wasmtime inside the native
+extension `idempotency_ledger._native`, built from the Rust host crate; SQL
+runs on its SQLite or PostgreSQL backends, or on a connection you bring.
 
     from idempotency_ledger import Ledger, MutationResponse
 
@@ -20,35 +17,32 @@ module needs psycopg).
     result.status, result.headers, result.body, result.outcome
 """
 
-from ._ledger import SETTINGS, Begun, Ledger, ticket_of
-from ._runtime import Runtime
-from ._sqlite import DEFAULT_BUSY_TIMEOUT_MS, BatchError, SqliteBackend, connect
+from ._ledger import SETTINGS, Begun, Ledger, default_settings, schema, ticket_of
+from ._native import BatchFailure
 from ._types import (
     Admission,
-    Completion,
     ComponentTrap,
-    Decision,
     IdempotencyError,
     InvalidArgument,
     InvalidConfig,
     LedgerUnavailable,
     MalformedResult,
     MutationResponse,
+    NothingChanged,
     Outcome,
     ProtocolError,
+    Rejected,
     Response,
     Result,
     Ticket,
 )
+from .function import idempotent_function
 
 __all__ = [
     "Admission",
-    "BatchError",
-    "Completion",
-    "Decision",
+    "BatchFailure",
     "Begun",
     "ComponentTrap",
-    "DEFAULT_BUSY_TIMEOUT_MS",
     "IdempotencyError",
     "InvalidArgument",
     "InvalidConfig",
@@ -56,16 +50,17 @@ __all__ = [
     "LedgerUnavailable",
     "MalformedResult",
     "MutationResponse",
+    "NothingChanged",
     "Outcome",
     "ProtocolError",
+    "Rejected",
     "Response",
     "Result",
-    "Runtime",
     "SETTINGS",
-    "SqliteBackend",
     "Ticket",
-    "connect",
+    "default_settings",
+    "idempotent_function",
+    "schema",
     "ticket_of",
 ]
-__version__ = "0.1.0"
-
+__version__ = "0.2.0"

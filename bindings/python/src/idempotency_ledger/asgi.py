@@ -2,17 +2,20 @@
 
     app.add_middleware(IdempotencyMiddleware, ledger=ledger, principal=lambda scope: ...)
 
-Unprotected methods (GET, HEAD, OPTIONS by default) go straight to the app:
-no body buffering, no ledger access. A protected request's body is read once
-(raw bytes, for the fingerprint) and replayed to the app; the blocking ledger
-calls (decide, complete, sweep) run in a worker thread, never on the event
-loop. The app's response is buffered so it can be stored; what the client
-gets is the core's shaped response (status, body, allowlisted headers), which
-is exactly what a retry replays.
+Requests whose method the core does not protect (and paths outside
+`include` / inside `exclude`) go straight to the app: no buffering, no ledger
+access. For a protected request:
 
-The principal comes from `principal(scope)` (sync or async), which you
-supply from your authentication layer; it is never read from a client header.
-When it returns None the request goes to the app untouched (no idempotency).
+- the principal comes from `principal(scope)` (sync or async), from YOUR
+  auth; None gets the core's 401 (`principal-required`), never a silent pass;
+- the core admits it (key, principal, a `Content-Length` over the request
+  body cap: its 413 before a byte is read);
+- the body is counted while it is received, and the core's 413 goes out as
+  soon as it passes the cap (a chunked body never sits in memory past it);
+- the decision and completion run in a worker thread (they wait on the
+  database: the event loop never blocks on them), the app runs on the loop;
+- the app's response is buffered so it can be stored; the client gets the
+  core's shaped response, exactly what a retry replays.
 """
 
 from __future__ import annotations
@@ -20,10 +23,10 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import threading
-from typing import Any, Awaitable, Callable, MutableMapping, Optional, Union
+from typing import Any, Awaitable, Callable, MutableMapping, Optional, Sequence, Union
 
-from ._ledger import Ledger, _attach_ticket
+from ._http import NOTHING_CHANGED, RouteSpec, Routes, mark_nothing_changed
+from ._ledger import Ledger
 from ._types import IdempotencyError, MutationResponse, Response, Result
 
 log = logging.getLogger("idempotency_ledger")
@@ -34,10 +37,10 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 PrincipalFn = Callable[[Scope], Union[Optional[str], Awaitable[Optional[str]]]]
 
-_NO_CONTENT_LENGTH = frozenset({204, 304})
+__all__ = ["IdempotencyMiddleware", "asgi_path_and_query", "mark_nothing_changed", "send_response"]
 
 
-async def _run_sync(fn: Callable[..., Any], *args: Any) -> Any:
+async def _to_thread(fn: Callable[..., Any], *args: Any) -> Any:
     try:
         import anyio.to_thread
     except ImportError:  # plain asyncio
@@ -60,11 +63,13 @@ def asgi_path_and_query(scope: Scope) -> str:
     return target.decode("latin-1")
 
 
-async def send_response(send: Send, response: Union[Result, Response]) -> None:
-    """Sends a ledger response as it is, with a Content-Length."""
+async def send_response(send: Send, response: Union[Result, Response], null_body: frozenset[int] = frozenset()) -> None:
+    """Sends a response as it is, with a Content-Length (none for 1xx, 204, 304)."""
     status, body = response.status, response.body
+    if status in null_body:
+        body = b""
     headers = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in response.headers if n.lower() != "content-length"]
-    if status not in _NO_CONTENT_LENGTH and status >= 200:
+    if status not in (204, 304) and status >= 200:
         headers.append((b"content-length", str(len(body)).encode("ascii")))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
@@ -75,47 +80,54 @@ class IdempotencyMiddleware:
 
     ledger: a `Ledger` (migrated) shared by all requests.
     principal: `principal(scope) -> str | None` (sync or async), from your auth.
-    sweep_every: run one bounded sweep after every N-th protected request,
-    after its response was sent (0 disables; call `ledger.sweep()` yourself).
+    include / exclude: path prefixes, regexes or callables selecting the
+    protected routes (default: every route).
+    inline: run the ledger calls on the event loop instead of a worker
+    thread (default False; see the README's measurements before turning it
+    on: only a SQLite ledger without `wait_ms` never waits long).
     """
 
-    def __init__(self, app: Any, *, ledger: Ledger, principal: PrincipalFn, sweep_every: int = 100) -> None:
+    def __init__(
+        self,
+        app: Any,
+        *,
+        ledger: Ledger,
+        principal: PrincipalFn,
+        include: Optional[Sequence[RouteSpec]] = None,
+        exclude: Optional[Sequence[RouteSpec]] = None,
+        inline: bool = False,
+    ) -> None:
         if not callable(principal):
             raise TypeError("principal must be a callable taking the ASGI scope")
         self.app = app
         self.ledger = ledger
         self.principal = principal
-        self.sweep_every = int(sweep_every)
-        self._count = 0
-        self._count_lock = threading.Lock()
+        self.routes = Routes(include, exclude)
+        self.inline = inline
+
+    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if self.inline:
+            return fn(*args)
+        return await _to_thread(fn, *args)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope.get("type") != "http":
-            await self.app(scope, receive, send)
-            return
-        method = scope["method"]
-        path = asgi_path_and_query(scope)
-        headers = [(bytes(n).decode("latin-1"), bytes(v).decode("latin-1")) for n, v in scope.get("headers", [])]
-        # Pure and cheap (no ledger access, no I/O), so it runs inline: an
-        # unprotected request costs one component call and nothing else. A
-        # ledger on one shared connection serialises calls with a lock that
-        # a batch may hold up to the busy timeout: never wait for it here.
-        try:
-            if self.ledger.single_connection:
-                admission = await _run_sync(self.ledger.admit, method, path, headers)
-            else:
-                admission = self.ledger.admit(method, path, headers)
-        except IdempotencyError as error:  # fail closed: nothing runs
-            log.error("[idempotency] request not classified: %s", error)
-            await send_response(send, self.ledger.error_response(error))
-            return
-        if admission.kind == "pass-through":
+        ledger = self.ledger
+        if scope.get("type") != "http" or scope["method"].upper() not in ledger.protected_methods or not self.routes(scope.get("path", "")):
             await self.app(scope, receive, send)
             return
         principal = self.principal(scope)
         if inspect.isawaitable(principal):
             principal = await principal
-        if principal is None:  # unauthenticated: untouched, the app's auth answers
+        method = scope["method"]
+        path = asgi_path_and_query(scope)
+        headers = [(bytes(n).decode("latin-1"), bytes(v).decode("latin-1")) for n, v in scope.get("headers", [])]
+        try:
+            admission = ledger.admit(method, path, headers, principal)
+        except IdempotencyError as error:  # a bad principal: fail closed
+            log.error("[idempotency] request not admitted: %s", error)
+            await send_response(send, ledger.error_response(error))
+            return
+        if admission.kind == "pass-through":
             await self.app(scope, receive, send)
             return
         if admission.kind == "reject":
@@ -123,10 +135,14 @@ class IdempotencyMiddleware:
             await send_response(send, admission.response)
             return
 
-        body, disconnected = await _read_body(receive)
-        if disconnected:
+        body = await _read_capped(receive, ledger.request_body_cap_bytes)
+        if body is None:  # the client went away
             return
-        begun = await _run_sync(self.ledger.begin, principal, method, path, headers, body, admission)
+        if body is _TOO_LARGE:
+            await send_response(send, ledger.body_too_large())
+            return
+        assert isinstance(body, bytes)
+        begun = await self._call(ledger.begin, principal, method, path, headers, body)
         if begun.result is not None:
             await send_response(send, begun.result)
             return
@@ -135,35 +151,26 @@ class IdempotencyMiddleware:
             return
         ticket = begun.ticket
         assert ticket is not None
-
         captured = _Captured()
         try:
             await self.app(scope, _replay_receive(body, receive), captured.send)
             if captured.status is None:
                 raise RuntimeError("the ASGI app returned without sending a response")
         except BaseException as error:
-            _attach_ticket(error, ticket)
-            log.warning(
-                "[idempotency] app raised for principal=%r key=%r generation=%d; the row stays pending",
-                ticket.principal, ticket.key, ticket.generation,
-            )
+            await self._call(ledger.abandon, ticket, error)
             raise
         produced = MutationResponse(captured.status, captured.headers, b"".join(captured.chunks))
-        result = await _run_sync(self.ledger.finish, ticket, produced)
-        await send_response(send, result)
-        await self._maybe_sweep()
-
-    async def _maybe_sweep(self) -> None:
-        if self.sweep_every <= 0:
+        if scope.get(NOTHING_CHANGED):
+            await self._call(functools.partial(ledger.abandon, ticket, None, nothing_changed=True))
+            await send_response(send, produced_response(produced), ledger.null_body_statuses)
             return
-        with self._count_lock:
-            self._count += 1
-            due = self._count % self.sweep_every == 0
-        if due:
-            try:
-                await _run_sync(self.ledger.sweep)
-            except Exception:
-                log.exception("[idempotency] sweep failed")
+        result = await self._call(ledger.finish, ticket, produced)
+        await send_response(send, result)
+
+
+def produced_response(produced: MutationResponse) -> Response:
+    body = produced.body.encode("utf-8") if isinstance(produced.body, str) else bytes(produced.body)
+    return Response(produced.status, list(produced.headers), body)
 
 
 class _Captured:
@@ -181,16 +188,28 @@ class _Captured:
             self.chunks.append(bytes(message.get("body", b"")))
 
 
-async def _read_body(receive: Receive) -> tuple[bytes, bool]:
-    chunks = []
+_TOO_LARGE = object()
+
+
+async def _read_capped(receive: Receive, cap: int) -> Any:
+    """The body, or _TOO_LARGE as soon as more than `cap` bytes arrived, or
+    None when the client disconnected."""
+    chunks: list[bytes] = []
+    total = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            return b"", True
-        if message["type"] == "http.request":
-            chunks.append(bytes(message.get("body", b"")))
-            if not message.get("more_body", False):
-                return b"".join(chunks), False
+            return None
+        if message["type"] != "http.request":
+            continue
+        chunk = message.get("body", b"")
+        if chunk:
+            total += len(chunk)
+            if total > cap:
+                return _TOO_LARGE
+            chunks.append(bytes(chunk))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
 
 
 def _replay_receive(body: bytes, receive: Receive) -> Receive:

@@ -1,0 +1,148 @@
+"""Example server: FastAPI under uvicorn, protected by the ASGI middleware.
+
+    make serve-python                      # at the repository root
+    PORT=9000 DATABASE_URL=postgresql://... make serve-python
+
+Contract:
+- listens on 127.0.0.1:$PORT (default 8080);
+- DATABASE_URL: a SQLite file path (default a file in the system temp dir)
+  or a postgresql:// URL; the ledger's table is migrated at start;
+- `Authorization: Bearer <token>`: the token is the principal; without it
+  the app's own auth answers 401, before the idempotency layer;
+- POST /orders (protected): JSON body; `?delay_ms=N` sleeps N ms first;
+  counts one execution; 201 {"id": ..., "request": <the JSON>} with
+  Location: /orders/<id>;
+- GET /orders/count (not protected): {"count": executions since start};
+- settings from the environment when set, else the core's defaults:
+  IDEMPOTENCY_PENDING_TTL_MS, IDEMPOTENCY_MAX_BODY_BYTES (the request body
+  cap), IDEMPOTENCY_PROFILE, IDEMPOTENCY_KEY_REQUIRED,
+  IDEMPOTENCY_REPLAY_HEADER, IDEMPOTENCY_WAIT_MS, IDEMPOTENCY_ON_SERVER_ERROR;
+- logs on stderr, the first line naming the address, database and settings;
+- SIGTERM / SIGINT: uvicorn stops serving and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+import tempfile
+import threading
+import uuid
+from typing import Any, Optional
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from idempotency_ledger import Ledger, default_settings
+from idempotency_ledger.asgi import IdempotencyMiddleware
+
+log = logging.getLogger("example")
+
+
+def settings_from_env() -> dict[str, Any]:
+    settings: dict[str, Any] = {}
+    env = os.environ.get
+    if env("IDEMPOTENCY_PROFILE"):
+        settings["profile"] = env("IDEMPOTENCY_PROFILE")
+    if env("IDEMPOTENCY_PENDING_TTL_MS"):
+        settings["pending_ttl_ms"] = int(env("IDEMPOTENCY_PENDING_TTL_MS", ""))
+    if env("IDEMPOTENCY_KEY_REQUIRED"):
+        settings["key_required"] = env("IDEMPOTENCY_KEY_REQUIRED", "").lower() in ("1", "true", "yes", "on")
+    if env("IDEMPOTENCY_REPLAY_HEADER") is not None:
+        settings["replay_header"] = env("IDEMPOTENCY_REPLAY_HEADER") or None
+    if env("IDEMPOTENCY_WAIT_MS"):
+        settings["wait_ms"] = int(env("IDEMPOTENCY_WAIT_MS", ""))
+    if env("IDEMPOTENCY_ON_SERVER_ERROR"):
+        settings["on_server_error"] = env("IDEMPOTENCY_ON_SERVER_ERROR")
+    request_cap = int(env("IDEMPOTENCY_MAX_BODY_BYTES") or default_settings(settings.get("profile", "recipe"))["request_body_cap_bytes"])
+    if env("IDEMPOTENCY_MAX_BODY_BYTES"):
+        settings["request_body_cap_bytes"] = request_cap
+    # The response echoes the request, so it can be larger than the request
+    # body: the stored response cap must leave room for it, or a large valid
+    # request would be stored (and replayed) as the core's 500 for an
+    # unstorable body. The core allows at most 16 MiB.
+    settings["body_cap_bytes"] = min(max(16384, request_cap + 1024), 16 * 1024 * 1024)
+    return settings
+
+
+class BearerAuth:
+    """The app's own authentication, outside the idempotency layer: POST
+    /orders needs `Authorization: Bearer <token>` (the token is the
+    principal); without it, 401 before the idempotency middleware runs."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == "/orders":
+            token = None
+            for name, value in scope.get("headers", []):
+                if name == b"authorization":
+                    text = value.decode("latin-1").strip()
+                    if text[:7].lower() == "bearer " and text[7:].strip():
+                        token = text[7:].strip()
+            if token is None:
+                response = JSONResponse({"error": "unauthorized"}, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+                await response(scope, receive, send)
+                return
+            scope.setdefault("state", {})["principal"] = token
+        await self.app(scope, receive, send)
+
+
+def principal(scope: Any) -> Optional[str]:
+    state = scope.get("state") or {}
+    value = state.get("principal")
+    return value if isinstance(value, str) else None
+
+
+def build(database: str, settings: dict[str, Any]) -> tuple[FastAPI, Ledger]:
+    if database.startswith(("postgres://", "postgresql://")):
+        ledger = Ledger.postgres(database, **settings)
+    else:
+        ledger = Ledger(database, **settings)
+    ledger.migrate()
+    app = FastAPI()
+    executions = {"count": 0}
+    lock = threading.Lock()
+
+    @app.post("/orders", status_code=201)
+    async def create_order(request: Request, delay_ms: int = 0) -> Any:
+        if delay_ms > 0:
+            await asyncio.sleep(delay_ms / 1000)
+        try:
+            payload = json.loads(await request.body())
+        except ValueError:
+            return JSONResponse({"error": "the body must be JSON"}, status_code=400)
+        with lock:
+            executions["count"] += 1
+        order_id = uuid.uuid4().hex
+        return JSONResponse({"id": order_id, "request": payload}, status_code=201, headers={"Location": f"/orders/{order_id}"})
+
+    @app.get("/orders/count")
+    async def count() -> Any:
+        with lock:
+            return {"count": executions["count"]}
+
+    app.add_middleware(IdempotencyMiddleware, ledger=ledger, principal=principal, include=["/orders"])
+    app.add_middleware(BearerAuth)  # added last: the outermost, so auth answers first
+    return app, ledger
+
+
+def main() -> None:
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    port = int(os.environ.get("PORT") or 8080)
+    database = os.environ.get("DATABASE_URL") or os.path.join(tempfile.gettempdir(), "idempotency-example.sqlite")
+    settings = settings_from_env()
+    app, ledger = build(database, settings)
+    shown = database.split("@")[-1] if database.startswith(("postgres://", "postgresql://")) else database
+    log.info("listening on http://127.0.0.1:%d database=%s settings=%s", port, shown, json.dumps(ledger.settings, sort_keys=True))
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="info", access_log=False)
+    ledger.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""Bring your own connection: ledger batches run in Python on a DB-API
+connection (sqlite3, psycopg, or any driver whose paramstyle matches the
+dialect's placeholders: `?` for sqlite, `$n` for postgres).
+
+The callback only runs SQL and reports what the driver said: a failure is
+`BatchFailure("database", <the driver's code>, <its message>)` (sqlite3's
+`sqlite_errorname`, psycopg's `sqlstate`), and the core classifies it.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from typing import Any, Callable, Optional, Sequence
+
+from ._native import BatchFailure
+
+Statement = tuple[str, Sequence[Any]]
+StatementResult = tuple[list[tuple[Any, ...]], int]
+BatchFn = Callable[[Sequence[Statement]], list[StatementResult]]
+
+
+def driver_code(error: BaseException) -> Optional[str]:
+    """The driver's own error code, as it gave it (never interpreted here)."""
+    for attribute in ("sqlite_errorname", "sqlstate", "pgcode"):
+        code = getattr(error, attribute, None)
+        if isinstance(code, str) and code:
+            return code
+    code = getattr(error, "sqlite_errorcode", None)
+    return str(code) if isinstance(code, int) else None
+
+
+def _text_factory(raw: bytes) -> Any:
+    # TEXT that is not UTF-8 goes to the core as a blob: it reports the row
+    # as corrupt instead of the host mangling it.
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw
+
+
+class _Forked:
+    """A connection opened before fork() must not be used by the child."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+
+    def check(self) -> None:
+        if os.getpid() != self.pid:
+            raise BatchFailure(
+                "unreachable",
+                None,
+                "this connection was opened before fork(); a forked worker must open its own (build the Ledger after the fork)",
+            )
+
+
+class SqliteConnectionBatch:
+    """Batches on one `sqlite3.Connection` (serialised by a lock): each is one
+    `BEGIN IMMEDIATE` ... `COMMIT` transaction, rolled back on any error."""
+
+    def __init__(self, connection: sqlite3.Connection) -> None:
+        self.connection = connection
+        self._lock = threading.Lock()
+        self._fork = _Forked()
+
+    def __call__(self, statements: Sequence[Statement]) -> list[StatementResult]:
+        self._fork.check()
+        with self._lock:
+            conn = self.connection
+            try:
+                factory = conn.text_factory
+            except sqlite3.Error as error:
+                raise BatchFailure("database", driver_code(error), str(error)) from error
+            conn.text_factory = _text_factory
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                results: list[StatementResult] = []
+                for sql, params in statements:
+                    before = conn.total_changes
+                    rows = conn.execute(sql, params).fetchall()
+                    results.append((rows, conn.total_changes - before))
+                conn.execute("COMMIT")
+                return results
+            except sqlite3.Error as error:
+                try:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+                raise BatchFailure("database", driver_code(error), str(error)) from error
+            finally:
+                try:
+                    conn.text_factory = factory
+                except sqlite3.Error:
+                    pass
+
+
+class DbapiConnectionBatch:
+    """Batches on any DB-API 2.0 connection (serialised by a lock): the
+    statements on one cursor, then `commit()`; `rollback()` on any error."""
+
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+        self._lock = threading.Lock()
+        self._fork = _Forked()
+
+    def __call__(self, statements: Sequence[Statement]) -> list[StatementResult]:
+        self._fork.check()
+        with self._lock:
+            conn = self.connection
+            try:
+                cursor = conn.cursor()
+                results: list[StatementResult] = []
+                for sql, params in statements:
+                    cursor.execute(sql, list(params))
+                    if cursor.description is None:
+                        results.append(([], max(int(cursor.rowcount), 0)))
+                    else:
+                        rows = [tuple(r) for r in cursor.fetchall()]
+                        verb = sql.lstrip()[:6].upper()
+                        results.append((rows, 0 if verb == "SELECT" else max(int(cursor.rowcount), 0)))
+                conn.commit()
+                return results
+            except Exception as error:
+                try:
+                    conn.rollback()
+                except Exception:
+                    pass
+                raise BatchFailure("database", driver_code(error), str(error) or type(error).__name__) from error
+
+
+def connection_batch(connection: Any, dialect: Optional[str]) -> tuple[BatchFn, str]:
+    """The batch callback and the dialect for a connection the caller brought."""
+    if isinstance(connection, sqlite3.Connection):
+        if dialect not in (None, "sqlite"):
+            raise ValueError("a sqlite3 connection speaks the sqlite dialect")
+        return SqliteConnectionBatch(connection), "sqlite"
+    module = type(connection).__module__.split(".")[0]
+    if module == "psycopg":
+        from .postgres import ConnectionBatch
+
+        return ConnectionBatch(connection), "postgres"
+    if not callable(getattr(connection, "cursor", None)):
+        raise TypeError(
+            "Ledger takes a SQLite path, a sqlite3 or DB-API connection, or a psycopg_pool.ConnectionPool "
+            f"(use Ledger.postgres(url) for PostgreSQL by URL); got {type(connection).__name__}"
+        )
+    return DbapiConnectionBatch(connection), dialect or "sqlite"
