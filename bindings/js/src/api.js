@@ -1,18 +1,50 @@
-// The public surface shared by the Workers and Node entry points; each entry
-// supplies how to load the component and how to wrap its database.
-import { IdempotencyLedger, sha256Hex, toFetchResponse } from "./ledger.js";
+// The public surface shared by the entry points; each entry supplies how to
+// load the component and which databases it can wrap.
+import { IdempotencyLedger, NothingRanError, sessionFor, sha256Hex, toFetchResponse, headerList, answerOf } from "./ledger.js";
+import { d1Ledger } from "./d1.js";
+import { isPgPool, pgLedger } from "./pg.js";
+import { SETTING_NAMES } from "./runtime.js";
 
-export function makeApi(getCore, wrapDb, describeDb) {
-  const ledgers = new WeakMap(); // db -> WeakMap(options -> IdempotencyLedger)
-  const NO_OPTIONS = {};
+const NO_OPTIONS = Object.freeze({});
 
-  /** The IdempotencyLedger for a database and options (cached per pair of objects). */
+/** True for something that is already a LedgerDb ({ dialect, batch }). */
+export function isLedgerDb(db) {
+  return !!db && typeof db.batch === "function" && (db.dialect === "sqlite" || db.dialect === "postgres");
+}
+
+/** True for a D1Database binding (duck-typed: prepare + batch, no better-sqlite3 transaction). */
+export function isD1(db) {
+  return !!db && typeof db.prepare === "function" && typeof db.batch === "function" && typeof db.transaction !== "function";
+}
+
+/**
+ * `wrapOther(db)` wraps the databases only one platform has (better-sqlite3
+ * on Node); LedgerDbs, D1 bindings and pg pools are recognised everywhere.
+ */
+export function makeApi(getCore, wrapOther = () => null, describeDb = "a LedgerDb, a D1 binding or a pg.Pool") {
+  const wrapped = new WeakMap(); // db -> LedgerDb
+  const ledgers = new WeakMap(); // LedgerDb -> WeakMap(options -> IdempotencyLedger)
+
+  function toLedgerDb(db) {
+    if (!db || (typeof db !== "object" && typeof db !== "function")) throw new TypeError(`expected ${describeDb}, got ${db}`);
+    if (isLedgerDb(db)) return db;
+    let w = wrapped.get(db);
+    if (!w) {
+      w = wrapOther(db) ?? (isPgPool(db) ? pgLedger(db) : isD1(db) ? d1Ledger(db) : null);
+      if (!w) throw new TypeError(`expected ${describeDb}`);
+      wrapped.set(db, w);
+    }
+    return w;
+  }
+
+  /** The IdempotencyLedger for a database and an options object (cached per pair; one core session per options object). */
   function ledgerFor(db, options = NO_OPTIONS) {
-    if (!db || (typeof db !== "object" && typeof db !== "function")) throw new TypeError(`expected ${describeDb}`);
-    let byOptions = ledgers.get(db);
-    if (!byOptions) ledgers.set(db, (byOptions = new WeakMap()));
-    let ledger = byOptions.get(options);
-    if (!ledger) byOptions.set(options, (ledger = new IdempotencyLedger(getCore(), wrapDb(db), options)));
+    const ledgerDb = toLedgerDb(db);
+    let byOptions = ledgers.get(ledgerDb);
+    if (!byOptions) ledgers.set(ledgerDb, (byOptions = new WeakMap()));
+    const key = options ?? NO_OPTIONS;
+    let ledger = byOptions.get(key);
+    if (!ledger) byOptions.set(key, (ledger = new IdempotencyLedger(getCore(), ledgerDb, key)));
     return ledger;
   }
 
@@ -25,40 +57,42 @@ export function makeApi(getCore, wrapDb, describeDb) {
 
   /**
    * The recipe's drop-in handler: runs `runMutation(bodyBytes, request)` at
-   * most once per (principal, Idempotency-Key) and returns the Response to send.
+   * most once per (principal, Idempotency-Key) and returns the Response to
+   * send. `principal` undefined (or "") is answered by the core (401).
    */
   async function handleIdempotentMutation(request, env, ctx, principal, runMutation, options = NO_OPTIONS) {
     const ledger = ledgerFor(dbFrom(env, options), options);
-    const waitUntil = ctx && typeof ctx.waitUntil === "function" ? (p) => ctx.waitUntil(p) : (p) => p;
-    const { response } = await ledger.handle(request, principal, runMutation, { waitUntil });
+    const waitUntil = ctx && typeof ctx.waitUntil === "function" ? (p) => ctx.waitUntil(p) : undefined;
+    const { response } = await ledger.handle(request, principal ?? undefined, runMutation, { waitUntil });
     return response;
   }
 
-  /** The SPEC defaults as plain options (numbers in ms). */
-  function defaultOptions() {
-    const c = getCore().defaultConfig();
+  /** The settings in force for `options` (profile defaults + overrides), as plain options (numbers in ms). */
+  function defaultOptions(options = NO_OPTIONS) {
+    const c = sessionFor(getCore(), options, "sqlite").config;
     return {
+      profile: c.profile,
       protectedMethods: c.protectedMethods,
       fingerprintHeaders: c.fingerprintHeaders,
       replayHeaders: c.replayHeaders,
       pendingTtlMs: Number(c.pendingTtlMs),
       retentionMs: Number(c.retentionMs),
       bodyCapBytes: c.bodyCapBytes,
+      requestBodyCapBytes: Number(c.requestBodyCapBytes),
       sweepBatch: c.sweepBatch,
+      sweepEvery: c.sweepEvery,
+      keyRequired: c.keyRequired,
+      replayHeader: c.replayHeader ?? null,
+      inProgressRetryMs: c.inProgressRetryMs === undefined ? null : Number(c.inProgressRetryMs),
+      waitMs: Number(c.waitMs),
+      onServerError: c.onServerError,
     };
   }
 
-  /** The recipe's computeFingerprint: lowercase hex SHA-256 over the canonical prefix and the raw body bytes. */
+  /** The recipe's computeFingerprint: lowercase hex SHA-256 over the core's canonical prefix and the raw body bytes. */
   async function computeFingerprint(method, pathAndQuery, headers, bodyBytes, options = NO_OPTIONS) {
-    const core = getCore();
-    const config = core.config(options);
-    const list = [];
-    if (headers && typeof headers[Symbol.iterator] === "function") {
-      for (const entry of headers) list.push(Array.isArray(entry) ? { name: entry[0], value: String(entry[1]) } : entry);
-    } else if (headers) {
-      for (const [name, value] of Object.entries(headers)) list.push({ name, value: String(value) });
-    }
-    const prefix = core.call((c) => c.protocol.fingerprintPrefix(config, { method, pathAndQuery, headers: list }));
+    const session = sessionFor(getCore(), options, "sqlite");
+    const prefix = session.fingerprintPrefix({ method, pathAndQuery, headers: headerList(headers) });
     return sha256Hex(prefix, bodyBytes ?? new Uint8Array(0));
   }
 
@@ -70,24 +104,32 @@ export function makeApi(getCore, wrapDb, describeDb) {
   }
 
   /**
-   * Checks an Idempotency-Key value (SPEC 1): { ok: true, key } or
-   * { ok: false, reason: "key-required" | "key-invalid", response }.
+   * Checks an Idempotency-Key value as the core admits it (SPEC 1.2, 1.5):
+   * { ok: true, key } or { ok: false, reason: "key-required" | "key-invalid", response }.
    */
-  function validateIdempotencyKey(key) {
-    const core = getCore();
-    const config = { ...core.defaultConfig(), protectedMethods: ["POST"] };
+  function validateIdempotencyKey(key, options = NO_OPTIONS) {
+    const session = sessionFor(getCore(), options, "sqlite");
+    const method = session.policy.protectedMethods[0] ?? "POST";
     const headers = key === null || key === undefined ? [] : [{ name: "idempotency-key", value: String(key) }];
-    const admission = core.call((c) => c.protocol.admit(config, { method: "POST", pathAndQuery: "/", headers }));
+    const admission = session.admit({ method, pathAndQuery: "/", headers }, "key-check");
     if (admission.tag === "protected") return { ok: true, key: admission.val.key };
-    return { ok: false, reason: admission.val.reason, response: toFetchResponse(admission.val.response) };
+    if (admission.tag === "pass-through") return { ok: true, key: null };
+    return { ok: false, reason: admission.val.reason, response: toFetchResponse(answerOf(admission.val.response)) };
   }
 
-  /** The migration: one SQL statement per item (CREATE ... IF NOT EXISTS). */
-  function schemaStatements() {
-    return getCore().schema();
+  /** The migration: one SQL statement per item (CREATE ... IF NOT EXISTS) for a dialect. */
+  function schemaStatements(dialect = "sqlite") {
+    return getCore().schema(dialect);
+  }
+
+  /** Creates the ledger table and index in any supported database (idempotent; one batch). */
+  async function migrate(db) {
+    const ledgerDb = toLedgerDb(db);
+    await ledgerDb.batch(schemaStatements(ledgerDb.dialect).map((sql) => ({ sql, params: [] })));
   }
 
   return {
+    toLedgerDb,
     ledgerFor,
     handleIdempotentMutation,
     defaultOptions,
@@ -95,5 +137,8 @@ export function makeApi(getCore, wrapDb, describeDb) {
     requestFingerprint,
     validateIdempotencyKey,
     schemaStatements,
+    migrate,
   };
 }
+
+export { NothingRanError, SETTING_NAMES };

@@ -1,5 +1,7 @@
 // The ledger on Cloudflare D1: each step's statements go out as ONE
-// `db.batch()` (D1 runs a batch as a single transaction).
+// `db.batch()` (D1 runs a batch as a single transaction). Failures are
+// reported as D1 gave them (a message, no code); the core classifies them.
+import { BatchFailure, databaseError } from "./runtime.js";
 
 const MAX_SAFE = BigInt(Number.MAX_SAFE_INTEGER);
 
@@ -10,7 +12,7 @@ export function toD1Value(value) {
       return null;
     case "integer":
       if (value.val > MAX_SAFE || value.val < -MAX_SAFE) {
-        throw { tag: "other", val: `integer ${value.val} does not fit a D1 number exactly` };
+        throw new BatchFailure({ tag: "host", val: `integer ${value.val} does not fit a D1 number exactly` });
       }
       return Number(value.val);
     case "real":
@@ -20,7 +22,7 @@ export function toD1Value(value) {
     case "blob":
       return value.val;
     default:
-      throw { tag: "other", val: `unknown value tag ${value.tag}` };
+      throw new BatchFailure({ tag: "host", val: `unknown value tag ${value.tag}` });
   }
 }
 
@@ -36,13 +38,16 @@ export function fromD1Value(value) {
   if (value instanceof ArrayBuffer) return { tag: "blob", val: new Uint8Array(value) };
   if (ArrayBuffer.isView(value)) return { tag: "blob", val: new Uint8Array(value.buffer, value.byteOffset, value.byteLength) };
   if (Array.isArray(value)) return { tag: "blob", val: Uint8Array.from(value) };
-  throw { tag: "other", val: `D1 returned a value of unexpected type ${typeof value}` };
+  throw new BatchFailure({ tag: "host", val: `D1 returned a value of unexpected type ${typeof value}` });
 }
 
 /** Converts D1 batch results to WIT `statement-result`s: rows as positional arrays (SQL column order), changes from meta. */
 export function fromD1Results(results, expected) {
   if (!Array.isArray(results) || results.length !== expected) {
-    throw { tag: "other", val: `D1 batch returned ${Array.isArray(results) ? results.length : typeof results} results for ${expected} statements` };
+    throw new BatchFailure({
+      tag: "host",
+      val: `D1 batch returned ${Array.isArray(results) ? results.length : typeof results} results for ${expected} statements`,
+    });
   }
   return results.map((result) => ({
     rows: (result?.results ?? []).map((row) => (Array.isArray(row) ? row : Object.values(row)).map(fromD1Value)),
@@ -56,9 +61,22 @@ export function d1Ledger(db) {
     throw new TypeError("d1Ledger needs a D1Database binding (env.DB)");
   }
   return {
+    dialect: "sqlite",
     async batch(statements) {
-      const prepared = statements.map((s) => db.prepare(s.sql).bind(...s.params.map(toD1Value)));
-      const results = await db.batch(prepared);
+      let prepared;
+      try {
+        prepared = statements.map((s) => db.prepare(s.sql).bind(...s.params.map(toD1Value)));
+      } catch (error) {
+        if (error instanceof BatchFailure) throw error;
+        throw new BatchFailure(databaseError(undefined, error?.message ?? error), { cause: error });
+      }
+      let results;
+      try {
+        results = await db.batch(prepared);
+      } catch (error) {
+        // D1 gives a message only ("D1_ERROR: ... SQLITE_BUSY", "Network connection lost").
+        throw new BatchFailure(databaseError(undefined, error?.message ?? error), { cause: error });
+      }
       return fromD1Results(results, statements.length);
     },
   };

@@ -1,42 +1,14 @@
-// Node.js entry: the same API over better-sqlite3 (v12 on Node 20).
-import { readFileSync } from "node:fs";
+// Node.js entry: the same API over better-sqlite3 (v12 on Node 20) or
+// PostgreSQL (pg), plus the plain node:http adapter.
 import { makeApi } from "./api.js";
-import { Core, CORE_MODULE_NAMES } from "./runtime.js";
-import { sqliteLedger } from "./sqlite.js";
+import { getCore, newCore } from "./core-node.js";
+import { makeIdempotentHandler } from "./node-http.js";
+import { isBetterSqlite, sqliteLedger } from "./sqlite.js";
 
-const GENERATED = new URL("../generated/", import.meta.url);
-let modules = null;
-function getCoreModule(name) {
-  if (modules === null) {
-    modules = {};
-    for (const n of CORE_MODULE_NAMES) modules[n] = new WebAssembly.Module(readFileSync(new URL(n, GENERATED)));
-  }
-  return modules[name];
-}
-
-let core = null;
-/** The process's shared component instance (instantiated on first use). */
-export function getCore() {
-  if (core === null) core = new Core(getCoreModule);
-  return core;
-}
-
-/** A fresh component instance (for example for the driven API with its own database). */
-export function newCore(executeBatch) {
-  return new Core(getCoreModule, executeBatch);
-}
-
-const dbWrappers = new WeakMap();
-function wrap(db) {
-  if (db && typeof db.batch === "function" && typeof db.transaction !== "function") return db; // already a LedgerDb
-  let wrapped = dbWrappers.get(db);
-  if (!wrapped) dbWrappers.set(db, (wrapped = sqliteLedger(db)));
-  return wrapped;
-}
-
-const api = makeApi(getCore, wrap, "a better-sqlite3 Database");
+const api = makeApi(getCore, (db) => (isBetterSqlite(db) ? sqliteLedger(db) : null), "a better-sqlite3 Database, a pg.Pool or a LedgerDb");
 
 export const {
+  toLedgerDb,
   ledgerFor,
   handleIdempotentMutation,
   defaultOptions,
@@ -46,13 +18,20 @@ export const {
   schemaStatements,
 } = api;
 
-/** Creates the ledger table and index (idempotent). */
+/** Creates the ledger table and index (idempotent). A better-sqlite3 Database migrates synchronously; others return a promise. */
 export function migrate(db) {
-  const run = db.transaction(() => {
-    for (const sql of schemaStatements()) db.prepare(sql).run();
-  });
-  run.immediate();
+  if (isBetterSqlite(db)) {
+    const run = db.transaction(() => {
+      for (const sql of schemaStatements("sqlite")) db.prepare(sql).run();
+    });
+    run.immediate();
+    return undefined;
+  }
+  return api.migrate(db);
 }
+
+/** The plain node:http adapter: `http.createServer(idempotentHandler(options, handler))`. */
+export const idempotentHandler = makeIdempotentHandler(api);
 
 /**
  * Opens (creating and migrating) a SQLite ledger file in WAL mode with a busy
@@ -67,6 +46,20 @@ export async function openLedgerDatabase(path, { busyTimeoutMs = 5000 } = {}) {
   return db;
 }
 
+export { getCore, newCore };
 export { sqliteLedger } from "./sqlite.js";
-export { IdempotencyLedger, NothingRanError, requestHead, sha256Hex, toFetchResponse, toMutationResponse } from "./ledger.js";
-export { Core, IdempotencyError, toLedgerError } from "./runtime.js";
+export { pgLedger, createPgPool } from "./pg.js";
+export { d1Ledger } from "./d1.js";
+export { routeFilter } from "./middleware.js";
+export { nodeHead, readNodeBody } from "./node-http.js";
+export {
+  IdempotencyLedger,
+  NothingRanError,
+  requestHead,
+  readBodyCapped,
+  sha256Hex,
+  sessionFor,
+  toFetchResponse,
+  toMutationResponse,
+} from "./ledger.js";
+export { Core, Session, BatchFailure, IdempotencyError, SETTING_NAMES, toWitConfig, databaseError } from "./runtime.js";

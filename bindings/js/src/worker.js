@@ -1,32 +1,14 @@
-// Cloudflare Workers entry: the core modules are imported statically (the
-// bundler / workerd hands them over as compiled WebAssembly.Module objects),
-// so nothing is compiled from bytes at run time.
-import coreModule from "../generated/core.core.wasm";
-import coreModule2 from "../generated/core.core2.wasm";
-import coreModule3 from "../generated/core.core3.wasm";
+// Cloudflare Workers entry: D1 (or PostgreSQL through Hyperdrive with pg).
+// The core modules are imported statically by ./core-worker.js; nothing is
+// compiled from bytes at run time, and the component is instantiated on the
+// first request that needs it.
 import { makeApi } from "./api.js";
-import { d1Ledger, migrateD1 } from "./d1.js";
-import { Core } from "./runtime.js";
+import { getCore } from "./core-worker.js";
 
-const MODULES = { "core.core.wasm": coreModule, "core.core2.wasm": coreModule2, "core.core3.wasm": coreModule3 };
-
-let core = null;
-/** The isolate's one component instance (instantiated on first use). */
-export function getCore() {
-  if (core === null) core = new Core((name) => MODULES[name]);
-  return core;
-}
-
-const dbWrappers = new WeakMap();
-function wrap(db) {
-  let wrapped = dbWrappers.get(db);
-  if (!wrapped) dbWrappers.set(db, (wrapped = d1Ledger(db)));
-  return wrapped;
-}
-
-const api = makeApi(getCore, wrap, "a D1Database binding");
+const api = makeApi(getCore, () => null, "a D1Database binding, a pg.Pool (Hyperdrive) or a LedgerDb");
 
 export const {
+  toLedgerDb,
   ledgerFor,
   handleIdempotentMutation,
   defaultOptions,
@@ -34,13 +16,20 @@ export const {
   requestFingerprint,
   validateIdempotencyKey,
   schemaStatements,
+  migrate,
 } = api;
 
-/** Creates the ledger table and index in a D1 database (idempotent; one batch). */
-export async function migrate(db) {
-  await migrateD1(db, schemaStatements());
-}
-
+export { getCore };
 export { d1Ledger, fromD1Results, fromD1Value, toD1Value } from "./d1.js";
-export { IdempotencyLedger, NothingRanError, requestHead, sha256Hex, toFetchResponse, toMutationResponse } from "./ledger.js";
-export { Core, IdempotencyError, toLedgerError } from "./runtime.js";
+export { pgLedger } from "./pg.js";
+export {
+  IdempotencyLedger,
+  NothingRanError,
+  requestHead,
+  readBodyCapped,
+  sha256Hex,
+  sessionFor,
+  toFetchResponse,
+  toMutationResponse,
+} from "./ledger.js";
+export { Core, Session, BatchFailure, IdempotencyError, SETTING_NAMES, toWitConfig, databaseError } from "./runtime.js";

@@ -1,11 +1,12 @@
-// The decision, completion and sweep vectors once more, on real D1 in workerd
-// through the package's D1 adapter (value conversion, Object.values rows,
-// meta.changes). Counts are asserted like the better-sqlite3 run.
+// The database kinds of the vectors (decision, completion, abandon, sweep)
+// once more, on real D1 in workerd through the package's D1 adapter (value
+// conversion, Object.values rows, meta.changes). Counts are asserted.
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { after, before, test } from "node:test";
 import { PACKAGE_ROOT, startWorker } from "./helpers/workerd.js";
-import { doc, options } from "./helpers/vectors.js";
+import { doc } from "./helpers/vectors.js";
+import { DATABASE_KINDS, checkFields } from "./helpers/vector-json.js";
 
 let mf;
 before(async () => {
@@ -15,19 +16,16 @@ after(async () => {
   await mf?.dispose();
 });
 
-for (const kind of ["decision", "completion", "sweep"]) {
-  test(`${kind} vectors on D1 in workerd`, async () => {
+for (const kind of DATABASE_KINDS) {
+  test(`${kind} vectors on D1 in workerd (${doc.counts[kind]})`, async () => {
     let ran = 0;
     for (const v of doc[kind]) {
-      const r = await mf.dispatchFetch("http://vectors.test/vector", { method: "POST", body: JSON.stringify({ kind, vector: v, options: options(v) }) });
+      checkFields(kind, v);
+      const r = await mf.dispatchFetch("http://vectors.test/vector", { method: "POST", body: JSON.stringify({ kind, vector: v }) });
       assert.equal(r.status, 200, `${v.id}: ${await r.clone().text()}`);
-      const { got, rows, logged } = await r.json();
-      if (kind === "sweep") {
-        assert.deepEqual({ deleted: got.deleted, remaining: rows.length }, { deleted: v.expect.deleted, remaining: v.expect.remaining ?? rows.length }, `${v.id} (D1): ${v.spec}`);
-      } else {
-        assert.deepEqual(got, v.expect, `${v.id} (D1): ${v.spec}`);
-      }
-      if (kind === "completion") assert.equal(logged.length, got.stored ? 0 : 1, `${v.id}: fenced out is logged`);
+      const { got, expect, rows } = await r.json();
+      assert.deepEqual(got, expect, `${v.id} (D1): ${v.spec}`);
+      if (kind === "sweep") assert.equal(rows.length, v.expect.remaining, `${v.id} (D1): remaining`);
       if (v.rows_after !== null) assert.deepEqual(rows, v.rows_after, `${v.id} (D1): rows after`);
       ran++;
     }

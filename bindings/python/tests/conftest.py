@@ -33,6 +33,14 @@ COLUMNS = (
 
 
 PG_URL = os.environ.get("IDEMPOTENCY_PG_URL", "")
+
+
+def pg_schema_url(url: str, schema: str) -> str:
+    """`url` with `search_path` set to `schema` on every connection (libpq's
+    `options`, percent-encoded: the Rust pool reads URLs)."""
+    from urllib.parse import quote
+
+    return f"{url}{'&' if '?' in url else '?'}options={quote(f'-c search_path={schema}', safe='')}"
 REQUIRE_PG = os.environ.get("IDEMPOTENCY_REQUIRE_PG", "") == "1"
 
 
@@ -266,15 +274,15 @@ class PostgresStore:
         self.schema = f"t_{uuid.uuid4().hex[:16]}"
         self.url = url
         self.conninfo = make_conninfo(url, options=f"-c search_path={self.schema}")
+        self.url_with_schema = pg_schema_url(url, self.schema)
         self.admin = psycopg.connect(self.conninfo, autocommit=True)
         self.admin.execute(f'CREATE SCHEMA "{self.schema}"')
         self.admin.execute("CREATE TABLE orders (id BIGSERIAL PRIMARY KEY, note TEXT)")
         self._ledgers: list[Ledger] = []
 
     def ledger(self, **kwargs: Any) -> Ledger:
-        kwargs.setdefault("min_size", 1)
         kwargs.setdefault("max_size", 4)
-        ledger = Ledger.postgres(self.conninfo, **kwargs)
+        ledger = Ledger.postgres(self.url_with_schema, **kwargs)
         self._ledgers.append(ledger)
         return ledger
 

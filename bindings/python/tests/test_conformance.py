@@ -227,7 +227,10 @@ def test_admission(v: dict[str, Any]) -> None:
     answer = s.call("admit", method=v["method"], path_and_query=v["path_and_query"], headers=v["headers"], principal=v["principal"])
     expect = v["expect"]
     if "err" in answer:
-        got: dict[str, Any] = {"kind": "error", "error": answer["err"]}
+        error = answer["err"]
+        if "message" not in expect.get("error", {}):
+            error.pop("message", None)  # the vector names the kind only
+        got: dict[str, Any] = {"kind": "error", "error": error}
     else:
         got = answer["ok"]
         if got["kind"] == "protected":

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from conftest import Mutation, Store, order_count, post, rows
-from idempotency_ledger import Ledger, MutationResponse, Outcome, Runtime
-from idempotency_ledger._sqlite import connect
+import sqlite3
+
+from idempotency_ledger import Ledger, MutationResponse, Outcome
 
 THREADS = 8
 PER_THREAD = 25
@@ -102,7 +103,7 @@ def test_threads_racing_one_key_run_the_mutation_once(store: Store) -> None:
 
 
 def test_a_ledger_on_one_connection_serialises_threads(db_path: Path) -> None:
-    conn = connect(db_path, check_same_thread=False)
+    conn = sqlite3.connect(db_path, check_same_thread=False, isolation_level=None, timeout=5)
     ledger = Ledger(conn)
     ledger.migrate()
     errors: list[BaseException] = []

@@ -112,5 +112,5 @@ fn demo_runs_to_completion() {
     let (ok, out, err) = run(&["demo", "--db", db.to_str().expect("path")], b"");
     assert!(ok, "{out}\n{err}");
     assert!(out.contains("replay byte-identical to the first answer (status, body, Location): yes"));
-    assert!(err.contains("fenced out for principal=account-42, key=order-3, generation=1 superseded"), "{err}");
+    assert!(err.contains(r#"fenced out: principal="account-42" key="order-3" generation=1: a takeover superseded this owner"#), "{err}");
 }

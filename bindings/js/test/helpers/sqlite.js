@@ -5,10 +5,9 @@ import { join } from "node:path";
 import Database from "better-sqlite3";
 import { migrate } from "../../src/node.js";
 
-export const COLUMNS = [
-  "principal", "key", "fingerprint", "status", "generation",
-  "response_status", "response_body", "response_headers", "created_at", "updated_at",
-];
+import { COLUMNS } from "./vector-json.js";
+
+export { COLUMNS };
 
 const dirs = [];
 process.on("exit", () => {

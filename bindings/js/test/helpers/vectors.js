@@ -1,26 +1,18 @@
-// The shared conformance vectors and the mapping of their WIT-spelled config
-// fields onto this package's option names, for every JS vector runner.
+// The shared conformance vectors (format 2) and a session per vector config.
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
+import { toWitConfig } from "../../src/runtime.js";
+import { KINDS, optionsOf } from "./vector-json.js";
 
 export const doc = JSON.parse(readFileSync(new URL("../../../../conformance/vectors.json", import.meta.url), "utf8"));
 
-const CONFIG_FIELDS = {
-  "protected-methods": "protectedMethods",
-  "fingerprint-headers": "fingerprintHeaders",
-  "replay-headers": "replayHeaders",
-  "pending-ttl-ms": "pendingTtlMs",
-  "retention-ms": "retentionMs",
-  "body-cap-bytes": "bodyCapBytes",
-  "sweep-batch": "sweepBatch",
-};
+assert.equal(doc.format, 2, "conformance/vectors.json format");
+for (const key of Object.keys(doc)) {
+  assert.ok(["format", "description", "counts", ...KINDS].includes(key), `unknown top-level key (vector kind) ${key}`);
+}
+for (const kind of Object.keys(doc.counts)) assert.ok(KINDS.includes(kind), `unknown vector kind ${kind} in counts`);
 
-/** A vector's `config` as package options; fails on an unknown field. */
-export function options(v) {
-  const out = {};
-  for (const [name, value] of Object.entries(v.config)) {
-    assert.ok(name in CONFIG_FIELDS, `${v.id}: unknown config field ${name}`);
-    out[CONFIG_FIELDS[name]] = value;
-  }
-  return out;
+/** A session on the vector's config in `dialect`. */
+export function sessionOf(core, v, dialect = "sqlite") {
+  return core.open(toWitConfig(core, optionsOf(v.id, v.config), dialect));
 }

@@ -59,7 +59,7 @@ class SqliteConnectionBatch:
     """Batches on one `sqlite3.Connection` (serialised by a lock): each is one
     `BEGIN IMMEDIATE` ... `COMMIT` transaction, rolled back on any error."""
 
-    def __init__(self, connection: sqlite3.Connection) -> None:
+    def __init__(self, connection: Any) -> None:
         self.connection = connection
         self._lock = threading.Lock()
         self._fork = _Forked()
@@ -132,7 +132,7 @@ class DbapiConnectionBatch:
 
 def connection_batch(connection: Any, dialect: Optional[str]) -> tuple[BatchFn, str]:
     """The batch callback and the dialect for a connection the caller brought."""
-    if isinstance(connection, sqlite3.Connection):
+    if isinstance(connection, sqlite3.Connection) or hasattr(connection, "total_changes"):
         if dialect not in (None, "sqlite"):
             raise ValueError("a sqlite3 connection speaks the sqlite dialect")
         return SqliteConnectionBatch(connection), "sqlite"

@@ -25,14 +25,14 @@ class Session:
     def __init__(self, config: Optional[dict[str, Any]] = None, database: Optional[str] = None) -> None:
         self._native = _native.NativeSession.open(json.dumps(config or {}), database)
 
-    def call(self, method: str, **args: Any) -> Any:
+    def call(self, __method: str, /, **args: Any) -> Any:
         """Methods: config, policy, admit, body-too-large, fingerprint-prefix,
         fingerprint, error-response, classify, log-line, migrate; the step
         API decide, complete, abandon, sweep (plan, one batch on a second
         connection, finish); the driven API run-decision, run-completion,
         run-abandon, run-sweep. Methods with a WIT result answer {"ok": ...}
         or {"err": protocol_error}."""
-        return json.loads(self._native.call(method, json.dumps(args)))
+        return json.loads(self._native.call(__method, json.dumps(args)))
 
     @staticmethod
     def default_config(profile: str = "recipe") -> dict[str, Any]:
