@@ -4,21 +4,22 @@
 use std::path::Path;
 
 use idempotency_ledger::{MutationResponse, Request};
-use idempotency_ledger_core::{self as core, driven, machine, Config, Decision};
+use idempotency_ledger_core::{self as core, driven, Config, Decision, Session};
+
 use rusqlite::types::{Value as SqlValue, ValueRef};
 use rusqlite::{Connection, TransactionBehavior};
 
 pub struct Native {
     sqlite: NativeSqlite,
-    config: Config,
+    session: Session,
     now: i64,
 }
 
 struct NativeSqlite(Connection);
 
 impl driven::Ledger for NativeSqlite {
-    fn execute_batch(&mut self, statements: &[core::Statement]) -> Result<Vec<core::StatementResult>, core::LedgerError> {
-        run(&mut self.0, statements).map_err(|e| core::LedgerError::Other(e.to_string()))
+    fn execute_batch(&mut self, statements: &[core::Statement]) -> Result<Vec<core::StatementResult>, core::BatchError> {
+        run(&mut self.0, statements).map_err(|e| core::BatchError::Host(e.to_string()))
     }
 }
 
@@ -65,8 +66,9 @@ impl Native {
         conn.pragma_update(None, "journal_mode", "WAL").expect("wal");
         conn.pragma_update(None, "synchronous", "NORMAL").expect("sync");
         let mut sqlite = NativeSqlite(conn);
-        driven::migrate(&mut sqlite, &config).expect("migrate");
-        Native { sqlite, config, now }
+        let session = Session::open(config).expect("valid config");
+        session.migrate(&mut sqlite).expect("migrate");
+        Native { sqlite, session, now }
     }
 
     fn head(req: &Request) -> core::RequestHead {
@@ -78,7 +80,7 @@ impl Native {
     }
 
     pub fn fingerprint(&self, req: &Request) -> String {
-        let prefix = core::fingerprint::prefix(&self.config, &Self::head(req));
+        let prefix = self.session.fingerprint_prefix(&Self::head(req));
         idempotency_ledger::sha256_hex(prefix.as_bytes(), &req.body)
     }
 
@@ -93,18 +95,17 @@ impl Native {
         req: &Request,
         mutation: impl FnOnce(&Request) -> Result<MutationResponse, String>,
     ) -> core::Response {
-        let protected = match machine::admit(&self.config, &Self::head(req)).expect("admit") {
+        let protected = match self.session.admit(&Self::head(req), Some(principal)).expect("admit") {
             core::Admission::Protected(p) => p,
             core::Admission::Reject(r) => return r.response,
             core::Admission::PassThrough => panic!("the bench only sends protected requests"),
         };
         let fingerprint = idempotency_ledger::sha256_hex(protected.fingerprint_prefix.as_bytes(), &req.body);
-        let ticket = match driven::decide(&mut self.sqlite, &self.config, principal, &protected.key, &fingerprint, self.now)
-            .expect("decide")
-        {
+        let ticket = match self.session.run_decision(&mut self.sqlite, principal, &protected.key, &fingerprint, self.now, self.now).expect("decide") {
             Decision::Execute(ticket) => ticket,
             Decision::Replay(r) => return r,
             Decision::Reject(r) => return r.response,
+            Decision::Wait(_) => panic!("the bench does not wait"),
         };
         let produced = mutation(req).expect("mutation");
         let produced = core::MutationResponse {
@@ -115,7 +116,7 @@ impl Native {
                 idempotency_ledger::Body::Bytes(b) => core::ResponseBody::Bytes(b),
             },
         };
-        driven::complete(&mut self.sqlite, &self.config, &ticket, produced, self.now).expect("complete").response
+        self.session.run_completion(&mut self.sqlite, &ticket, produced, self.now).expect("complete").response
     }
 }
 

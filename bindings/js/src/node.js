@@ -48,7 +48,8 @@ export async function openLedgerDatabase(path, { busyTimeoutMs = 5000 } = {}) {
 
 export { getCore, newCore };
 export { sqliteLedger } from "./sqlite.js";
-export { pgLedger, createPgPool } from "./pg.js";
+export { pgLedger } from "./pg.js";
+export { createPgPool } from "./pg-node.js";
 export { d1Ledger } from "./d1.js";
 export { routeFilter } from "./middleware.js";
 export { nodeHead, readNodeBody } from "./node-http.js";

@@ -487,6 +487,55 @@ fn dispatch(inner: &mut Inner, method: &str, a: &Json) -> R<Json> {
                 Err(e) => err(&e),
             }
         }
+        "sql" => {
+            // Raw SQL on the session's second connection (the same SQLite
+            // library as the ledger's own): for tests that arrange and
+            // inspect rows. Blobs come back as {"blob": length}.
+            let mut statements = Vec::new();
+            for item in a["statements"].as_array().ok_or("sql: statements")? {
+                let sql = item[0].as_str().ok_or("sql: text")?.to_string();
+                let mut params = Vec::new();
+                for p in item[1].as_array().ok_or("sql: params")? {
+                    params.push(match p {
+                        Json::Null => wit::Value::Null,
+                        Json::Bool(b) => wit::Value::Integer(i64::from(*b)),
+                        Json::Number(n) if n.is_i64() => wit::Value::Integer(n.as_i64().unwrap_or_default()),
+                        Json::Number(n) => wit::Value::Real(n.as_f64().unwrap_or_default()),
+                        Json::String(t) => wit::Value::Text(t.clone()),
+                        other => return Err(format!("sql: unsupported parameter {other}")),
+                    });
+                }
+                statements.push(wit::Statement { sql, params });
+            }
+            match inner.steps.execute_batch(&statements) {
+                Ok(results) => ok(Json::Array(
+                    results
+                        .iter()
+                        .map(|r| {
+                            Json::Array(
+                                r.rows
+                                    .iter()
+                                    .map(|row| {
+                                        Json::Array(
+                                            row.iter()
+                                                .map(|v| match v {
+                                                    wit::Value::Null => Json::Null,
+                                                    wit::Value::Integer(i) => json!(i),
+                                                    wit::Value::Real(f) => json!(f),
+                                                    wit::Value::Text(t) => json!(t),
+                                                    wit::Value::Blob(b) => json!({"blob": b.len()}),
+                                                })
+                                                .collect(),
+                                        )
+                                    })
+                                    .collect(),
+                            )
+                        })
+                        .collect(),
+                )),
+                Err(e) => json!({"err": format!("{e:?}")}),
+            }
+        }
         other => return Err(format!("unknown session method {other:?}")),
     })
 }

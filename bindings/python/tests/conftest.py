@@ -86,11 +86,7 @@ class Mutation:
         if self.db_path is not None and not isinstance(self.db_path, Path):
             self.db_path.record_order()
         elif self.db_path is not None:
-            conn = sqlite3.connect(self.db_path, timeout=10)
-            with conn:
-                conn.execute("CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY, note TEXT)")
-                conn.execute("INSERT INTO orders (note) VALUES ('made')")
-            conn.close()
+            record_order(self.db_path)
         return MutationResponse(self.status, self.headers, self.body)
 
 
@@ -111,7 +107,41 @@ def ledger(db_path: Path, clock: ManualClock) -> Any:
         yield ledger
 
 
+# Two copies of SQLite must never open the same file in one process (their
+# POSIX locks clobber each other): the extension bundles its own SQLite, so
+# files a `Ledger(path)` uses are arranged and inspected through it (a
+# NativeSession's raw SQL). Files used through Python's sqlite3 instead
+# (`Ledger(sqlite3_connection)`: ConnectionProxy, python_connection) are
+# registered here and inspected with sqlite3.
+PYTHON_SQLITE_PATHS: set[str] = set()
+
+
+def python_connection(path: Path, **kwargs: Any) -> sqlite3.Connection:
+    """A sqlite3 connection for a ledger that runs on Python's sqlite3."""
+    PYTHON_SQLITE_PATHS.add(str(path))
+    kwargs.setdefault("isolation_level", None)
+    kwargs.setdefault("check_same_thread", False)
+    kwargs.setdefault("timeout", 5)
+    return sqlite3.connect(path, **kwargs)
+
+
+def native_sql(path: Path, statements: list[tuple[str, list[Any]]]) -> list[list[list[Any]]]:
+    """Runs statements in one transaction through the extension's SQLite."""
+    from idempotency_ledger.session import Session
+
+    answer = Session({}, str(path)).call("sql", statements=[[sql, params] for sql, params in statements])
+    assert "ok" in answer, answer
+    return answer["ok"]  # type: ignore[no-any-return]
+
+
+def _python_side(path: Path) -> bool:
+    return str(path) in PYTHON_SQLITE_PATHS
+
+
 def rows(db_path: Path) -> list[dict[str, Any]]:
+    if not _python_side(db_path):
+        found = native_sql(db_path, [(f"SELECT {', '.join(COLUMNS)} FROM idempotency_keys ORDER BY principal, key", [])])[0]
+        return [dict(zip(COLUMNS, r)) for r in found]
     conn = sqlite3.connect(db_path)
     try:
         conn.text_factory = lambda b: b.decode("utf-8", "replace")
@@ -125,6 +155,14 @@ def rows(db_path: Path) -> list[dict[str, Any]]:
 
 
 def insert_rows(db_path: Path, items: list[dict[str, Any]]) -> None:
+    if not _python_side(db_path):
+        for row in items:
+            for value in row.values():
+                assert value is None or isinstance(value, (str, int)) and not isinstance(value, bool), row
+        insert = f"INSERT INTO idempotency_keys ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
+        if items:
+            native_sql(db_path, [(insert, [row[c] for c in COLUMNS]) for row in items])
+        return
     conn = sqlite3.connect(db_path)
     try:
         with conn:
@@ -139,7 +177,23 @@ def insert_rows(db_path: Path, items: list[dict[str, Any]]) -> None:
         conn.close()
 
 
+def record_order(db_path: Path) -> None:
+    """The application's own write (a table of its own in the same file)."""
+    if not _python_side(db_path):
+        native_sql(db_path, [("CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY, note TEXT)", []),
+                             ("INSERT INTO orders (note) VALUES ('made')", [])])
+        return
+    conn = sqlite3.connect(db_path, timeout=10)
+    with conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY, note TEXT)")
+        conn.execute("INSERT INTO orders (note) VALUES ('made')")
+    conn.close()
+
+
 def order_count(db_path: Path) -> int:
+    if not _python_side(db_path):
+        native_sql(db_path, [("CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY, note TEXT)", [])])
+        return int(native_sql(db_path, [("SELECT count(*) FROM orders", [])])[0][0][0])
     conn = sqlite3.connect(db_path, timeout=10)
     try:
         exists = conn.execute("SELECT count(*) FROM sqlite_master WHERE name = 'orders'").fetchone()[0]
@@ -156,6 +210,29 @@ def post(ledger: Ledger, key: str | None, mutation: Callable[[], Any], *, body: 
     return ledger.handle(principal, method, path, hs, body, mutation)
 
 
+@contextlib.contextmanager
+def writers_blocked(path: Path) -> Iterator[None]:
+    """Another process holds the SQLite write lock on `path` meanwhile."""
+    import subprocess
+
+    script = (
+        "import sqlite3, sys\n"
+        "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+        "c.execute('BEGIN IMMEDIATE')\n"
+        "print('locked', flush=True)\n"
+        "sys.stdin.read()\n"
+        "c.execute('ROLLBACK')\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
+        yield
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait(30)
+
+
 class ConnectionProxy:
     """A real sqlite3 connection that counts statements and injects faults.
 
@@ -167,6 +244,7 @@ class ConnectionProxy:
     _own = ("_conn", "executes", "faults", "before", "statements")
 
     def __init__(self, path: Path, **kwargs: Any) -> None:
+        PYTHON_SQLITE_PATHS.add(str(path))
         kwargs.setdefault("isolation_level", None)
         kwargs.setdefault("check_same_thread", False)
         kwargs.setdefault("timeout", 5)
@@ -239,22 +317,13 @@ class SqliteStore:
         return order_count(self.path)
 
     def record_order(self) -> None:
-        conn = sqlite3.connect(self.path, timeout=10)
-        with conn:
-            conn.execute("CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY, note TEXT)")
-            conn.execute("INSERT INTO orders (note) VALUES ('made')")
-        conn.close()
+        record_order(self.path)
 
     @contextlib.contextmanager
     def writers_blocked(self) -> Iterator[None]:
-        """Another connection holds the write lock meanwhile."""
-        blocker = sqlite3.connect(self.path, isolation_level=None)
-        blocker.execute("BEGIN IMMEDIATE")
-        try:
+        """Another process holds the write lock meanwhile."""
+        with writers_blocked(self.path):
             yield
-        finally:
-            blocker.execute("ROLLBACK")
-            blocker.close()
 
     def close(self) -> None:
         for ledger in self._ledgers:

@@ -12,7 +12,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from conftest import rows
+from conftest import python_connection, rows
 import sqlite3
 
 from idempotency_ledger import Ledger
@@ -70,7 +70,7 @@ class App:
         async def boom() -> Any:
             raise RuntimeError("the handler failed")
 
-        self.conn = sqlite3.connect(db, check_same_thread=False, isolation_level=None, timeout=5) if single_connection else None
+        self.conn = python_connection(db) if single_connection else None
         self.ledger = Ledger(self.conn) if self.conn is not None else Ledger(db)
         self.ledger.migrate()
         app.add_middleware(IdempotencyMiddleware, ledger=self.ledger, principal=principal_from_auth)

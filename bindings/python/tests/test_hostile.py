@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from conftest import T0, ConnectionProxy, Mutation, insert_rows, post, rows
+from conftest import T0, ConnectionProxy, Mutation, insert_rows, native_sql, post, rows
 from idempotency_ledger import InvalidArgument, Ledger, MalformedResult, MutationResponse, Outcome, ticket_of
 
 FP = "0" * 64
@@ -119,15 +119,18 @@ def test_corrupt_stored_rows_answer_500_and_never_execute(ledger: Ledger, db_pat
         row("unknown-status", "archived", 201, "{}"),
         row("empty-status", "", None, None),
     ])
-    conn = sqlite3.connect(db_path)
-    with conn:
-        conn.execute("INSERT INTO idempotency_keys VALUES ('acct', 'blob-body', ?, 'completed', 1, 200, X'FFFE', '{}', ?, ?)", (FP, T0, T0))
-        conn.execute("INSERT INTO idempotency_keys VALUES ('acct', 'bad-utf8', ?, 'completed', 1, 200, CAST(X'FF' AS TEXT), '{}', ?, ?)", (FP, T0, T0))
-    conn.close()
+    native_sql(db_path, [
+        ("INSERT INTO idempotency_keys VALUES ('acct', 'blob-body', ?, 'completed', 1, 200, X'FFFE', '{}', ?, ?)", [FP, T0, T0]),
+        ("INSERT INTO idempotency_keys VALUES ('acct', 'bad-utf8', ?, 'completed', 1, 200, CAST(X'FF' AS TEXT), '{}', ?, ?)", [FP, T0, T0]),
+    ])
+    from idempotency_ledger.session import Session
+
+    session = Session({}, str(db_path))
     for key in ["bad-json", "deep-json", "bad-status", "unknown-status", "empty-status", "blob-body", "bad-utf8"]:
-        d = ledger.decide("acct", key, FP, T0)
-        assert (d.kind, d.reason) == ("reject", "record-corrupt"), key
-        assert d.response is not None and d.response.status == 500
+        d = session.call("run-decision", principal="acct", key=key, fingerprint=FP, now=T0, waiting_since=T0)["ok"]
+        assert (d["kind"], d["reason"]) == ("reject", "record-corrupt"), key
+        assert d["response"]["status"] == 500
+    del session
     assert len(rows(db_path)) == 7
 
 

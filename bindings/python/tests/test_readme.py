@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from conftest import rows
 import pytest
 
 from servers import uvicorn_server
@@ -60,10 +62,9 @@ def test_fastapi_example(tmp_path: Path, monkeypatch: Any) -> None:
         reuse = client.post("/orders", json={"sku": "B-2"}, headers=h)
     assert (first.status_code, retry.status_code, reuse.status_code) == (201, 201, 409)
     assert first.json() == retry.json() == {"order": "o_1", "sku": "A-1"}
-    conn = sqlite3.connect(os.path.join(tmp_path, "ledger.sqlite"))
-    assert conn.execute("SELECT principal, status FROM idempotency_keys").fetchall() == [("account-42", "completed")]
-    conn.close()
     namespace["ledger"].close()
+    found = [(r["principal"], r["status"]) for r in rows(Path(os.path.join(tmp_path, "ledger.sqlite")))]
+    assert found == [("account-42", "completed")]
 
 
 @pytest.mark.postgres

@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from conftest import T0, ConnectionProxy, ManualClock, Mutation, Store, post, rows
+from conftest import T0, ConnectionProxy, ManualClock, Mutation, Store, native_sql, post, rows
 from idempotency_ledger import Ledger, LedgerUnavailable, MutationResponse, Outcome, ticket_of
 
 JSON = ("content-type", "application/json")
@@ -48,7 +48,7 @@ def test_1_invalid_key_is_400_invalid(ledger: Ledger, key: str) -> None:
     assert r.status == 400
     assert r.json() == {"error": "idempotency_key_invalid", "message": "Idempotency-Key must be 1-255 printable ASCII characters."}
     assert m.calls == 0
-    assert ledger.check_key(key) == "key-invalid"
+    assert ledger.admit("POST", "/orders", [("Idempotency-Key", key)], "acct-1").reason == "key-invalid"
 
 
 @pytest.mark.parametrize("key", ["k", "x" * 255, " ~!\"#$%&'()*+,-./0-9:;<=>?@A-Z[\\]^_`a-z{|}"])
@@ -56,7 +56,7 @@ def test_1_valid_keys_execute(ledger: Ledger, key: str) -> None:
     m = Mutation()
     r = post(ledger, key, m)
     assert (r.status, r.outcome, m.calls) == (201, Outcome.EXECUTED, 1)
-    assert ledger.check_key(key) is None
+    assert ledger.admit("POST", "/orders", [("Idempotency-Key", key)], "acct-1").key == key.strip()
 
 
 @pytest.mark.parametrize("method", ["GET", "HEAD", "OPTIONS", "get"])
@@ -120,8 +120,8 @@ def test_2_schema_is_exact_and_migrate_is_idempotent(ledger: Ledger, store: Stor
     if store.kind == "postgres":
         _check_postgres_schema(ledger, store)
         return
-    conn = sqlite3.connect(store.path)  # type: ignore[attr-defined]
-    cols = [(r[1], r[2], r[3], r[4], r[5]) for r in conn.execute("PRAGMA table_info(idempotency_keys)")]
+    info = native_sql(store.path, [("PRAGMA table_info(idempotency_keys)", [])])[0]  # type: ignore[attr-defined]
+    cols = [tuple(r[1:6]) for r in info]
     assert cols == [
         ("principal", "TEXT", 1, None, 1),
         ("key", "TEXT", 1, None, 2),
@@ -251,15 +251,16 @@ def test_5_fresh_pending_is_409_in_progress_with_retry_after(store: Store, clock
         inner: dict[str, Any] = {}
 
         def first() -> MutationResponse:
-            clock.advance(2_500)  # updated_at >= now - TTL: still fresh
+            clock.advance(1_000)  # updated_at >= now - TTL: still fresh, 1.5 s left until a takeover
             inner["r"] = post(ledger, "k", Mutation())
             return MutationResponse.json(201, {"first": True})
 
         assert post(ledger, "k", first).outcome == Outcome.EXECUTED
         r = inner["r"]
         assert (r.status, r.reason) == (409, "in-progress")
-        assert r.json() == {"error": "idempotency_key_in_progress", "retry_after_ms": 2_500}
-        assert r.header("retry-after") == str(math.ceil(2_500 / 1000)) == "3"
+        # SPEC 5.3: the truth, the time left until the row can be taken over.
+        assert r.json() == {"error": "idempotency_key_in_progress", "retry_after_ms": 1_500}
+        assert r.header("retry-after") == str(math.ceil(1_500 / 1000)) == "2"
         assert r.header("content-type") == "application/json"
 
 

@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from conftest import Mutation, Store, order_count, post, rows
+from conftest import Mutation, Store, order_count, post, python_connection, rows
 import sqlite3
 
 from idempotency_ledger import Ledger, MutationResponse, Outcome
@@ -103,7 +103,7 @@ def test_threads_racing_one_key_run_the_mutation_once(store: Store) -> None:
 
 
 def test_a_ledger_on_one_connection_serialises_threads(db_path: Path) -> None:
-    conn = sqlite3.connect(db_path, check_same_thread=False, isolation_level=None, timeout=5)
+    conn = python_connection(db_path)
     ledger = Ledger(conn)
     ledger.migrate()
     errors: list[BaseException] = []

@@ -30,7 +30,7 @@ class App:
         self.gate = threading.Event()
         self.ledger = Ledger(db)
         self.ledger.migrate()
-        self.wsgi = IdempotencyWSGIMiddleware(self.app, ledger=self.ledger, principal=principal, sweep_every=1)
+        self.wsgi = IdempotencyWSGIMiddleware(self.app, ledger=self.ledger, principal=principal)
 
     def app(self, environ: dict[str, Any], start_response: Any) -> Any:
         method, path = environ["REQUEST_METHOD"], environ["PATH_INFO"]

@@ -138,6 +138,11 @@ class Result:
     def response(self) -> Response:
         return Response(self.status, list(self.headers), self.body)
 
+    @property
+    def has_body(self) -> bool:
+        """False when the response carries no body bytes."""
+        return bool(self.body)
+
     def header(self, name: str) -> Optional[str]:
         return _find(self.headers, name)
 

@@ -1,0 +1,275 @@
+// The ledger on PostgreSQL through node-postgres (`pg`): a `pg.Pool` (or
+// anything with its `connect()`), the `postgres` dialect.
+//
+// One transaction per batch, in ONE network round trip: the batch is a
+// single pg "submittable" that writes, in one corked write, the extended-
+// protocol messages Parse/Bind/Describe/Execute for
+//   BEGIN ISOLATION LEVEL READ COMMITTED, SET LOCAL lock_timeout, each statement, COMMIT
+// and a single Sync, then reads every answer. (pg's own queries each end with
+// a Sync and wait for the previous one's ReadyForQuery; the simple-query
+// protocol could send `BEGIN; ...; COMMIT` at once but only without
+// parameters.) An error the server answers aborts the transaction: the
+// server skips to the Sync, the adapter sends ROLLBACK (a second round trip,
+// on errors only) before the connection goes back to the pool.
+//
+// Failures are reported as the driver saw them and classified by the core:
+//   database(code, message)  the server answered with an error; nothing committed
+//   pool-exhausted           every pooled connection stayed busy past connectTimeoutMs
+//   unreachable              no connection could be made; nothing was sent
+//   outcome-unknown          the connection broke (or the backend was terminated)
+//                            after the batch was sent, before COMMIT was confirmed
+//   host                     a value this adapter could not convert; nothing was sent
+import { BatchFailure, databaseError } from "./runtime.js";
+
+const BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED";
+const POOL_TIMEOUT = "timeout exceeded when trying to connect"; // pg-pool's wording for a full pool
+
+// PostgreSQL type OIDs the ledger's columns and results use.
+const INTEGER_TYPES = new Set([20, 21, 23, 26]); // int8, int2, int4, oid
+const REAL_TYPES = new Set([700, 701]); // float4, float8
+const TEXT_TYPES = new Set([25, 1043, 1042, 19, 705]); // text, varchar, bpchar, name, unknown
+const BOOL = 16;
+const BYTEA = 17;
+
+function paramOf(value) {
+  switch (value.tag) {
+    case "null":
+      return null;
+    case "integer":
+      return value.val.toString();
+    case "real":
+      if (!Number.isFinite(value.val)) return value.val > 0 ? "Infinity" : value.val < 0 ? "-Infinity" : "NaN";
+      return String(value.val);
+    case "text":
+      return value.val;
+    case "blob":
+      return Buffer.from(value.val.buffer, value.val.byteOffset, value.val.byteLength); // sent in binary format
+    default:
+      throw new BatchFailure({ tag: "host", val: `unknown value tag ${value.tag}` });
+  }
+}
+
+function valueOf(text, field, column) {
+  if (text === null || text === undefined) return { tag: "null" };
+  const type = field.dataTypeID;
+  if (INTEGER_TYPES.has(type)) return { tag: "integer", val: BigInt(text) };
+  if (TEXT_TYPES.has(type)) return { tag: "text", val: text };
+  if (REAL_TYPES.has(type)) return { tag: "real", val: Number(text) };
+  if (type === BOOL) return { tag: "integer", val: text === "t" ? 1n : 0n };
+  if (type === BYTEA) {
+    const hex = text.startsWith("\\x") ? text.slice(2) : "";
+    return { tag: "blob", val: Uint8Array.from(Buffer.from(hex, "hex")) };
+  }
+  // A column type the ledger never uses: the database's schema problem
+  // (SQLSTATE 42804, datatype mismatch), as the Rust host reports it.
+  throw new BatchFailure(databaseError("42804", `column ${column} has type oid ${type}, which the ledger never uses`));
+}
+
+/** `changes` counts rows written (as SQLite's does): the command tag's count, 0 for a SELECT. */
+function changesOf(tag, sql) {
+  if (/^\s*select\b/i.test(sql)) return 0n;
+  const m = /(\d+)\s*$/.exec(tag ?? "");
+  return m && !/^(BEGIN|SET|COMMIT)/.test(tag) ? BigInt(m[1]) : 0n;
+}
+
+const isDatabaseError = (e) => !!e && typeof e.code === "string" && /^[0-9A-Z]{5}$/.test(e.code) && typeof e.severity === "string";
+const isFatal = (e) => isDatabaseError(e) && (e.severity === "FATAL" || e.severity === "PANIC");
+
+/**
+ * One batch as a pg submittable: every message in one write, one Sync.
+ * `resolve(results)` / `reject(BatchFailure)`; `state.sent` tells whether
+ * the flight left, `state.committed` whether COMMIT's CommandComplete came.
+ */
+class Flight {
+  constructor(statements, lockTimeoutMs, resolve, reject) {
+    this.statements = statements;
+    this.texts = [BEGIN, `SET LOCAL lock_timeout = '${lockTimeoutMs}ms'`, ...statements.map((s) => s.sql), "COMMIT"];
+    this.results = [];
+    this.current = null;
+    this.index = 0;
+    this.sent = false;
+    this.committed = false;
+    this.settled = false;
+    this.resolve = resolve;
+    this.reject = reject;
+    this.params = statements.map((s) => s.params.map(paramOf)); // converted before anything is sent
+  }
+
+  submit(connection) {
+    const stream = connection.stream;
+    stream.cork();
+    try {
+      for (let i = 0; i < this.texts.length; i++) {
+        const values = i >= 2 && i < this.texts.length - 1 ? this.params[i - 2] : [];
+        connection.parse({ text: this.texts[i], name: "", types: [] });
+        connection.bind({ statement: "", portal: "", values });
+        connection.describe({ type: "P", name: "" });
+        connection.execute({ portal: "", rows: 0 });
+      }
+      connection.sync();
+    } finally {
+      this.sent = true;
+      stream.uncork();
+    }
+  }
+
+  handleRowDescription(msg) {
+    this.current = { fields: msg.fields, rows: [] };
+  }
+
+  handleDataRow(msg) {
+    if (this.settled) return;
+    const fields = this.current?.fields ?? [];
+    try {
+      this.current.rows.push(msg.fields.map((text, i) => valueOf(text, fields[i] ?? { dataTypeID: 25 }, i)));
+    } catch (error) {
+      this.fail(error);
+    }
+  }
+
+  handleCommandComplete(msg) {
+    const i = this.index++;
+    const rows = this.current?.rows ?? [];
+    this.current = null;
+    if (i >= 2 && i < this.texts.length - 1) {
+      this.results.push({ rows, changes: changesOf(msg.text, this.texts[i]) });
+    }
+    if (i === this.texts.length - 1) this.committed = true;
+  }
+
+  handleEmptyQuery() {
+    this.handleCommandComplete({ text: "" });
+  }
+
+  handlePortalSuspended() {}
+  handleCopyInResponse() {}
+  handleCopyData() {}
+
+  handleReadyForQuery() {
+    if (this.settled) return;
+    if (!this.committed || this.results.length !== this.statements.length) {
+      this.fail(new BatchFailure({ tag: "outcome-unknown", val: "postgres: the batch ended without COMMIT being confirmed" }));
+      return;
+    }
+    this.settled = true;
+    this.resolve(this.results);
+  }
+
+  handleError(error) {
+    this.fail(error);
+  }
+
+  fail(error) {
+    if (this.settled) return;
+    this.settled = true;
+    this.reject(error);
+  }
+}
+
+/**
+ * The ledger over a node-postgres pool (`new pg.Pool(...)`; on Workers the
+ * same code over Hyperdrive: `new pg.Pool({ connectionString:
+ * env.HYPERDRIVE.connectionString })`). Options: `connectTimeoutMs` (how
+ * long a batch waits for a pooled connection: then `pool-exhausted` when the
+ * pool is full, `unreachable` otherwise; default 5000), `lockTimeoutMs`
+ * (SET LOCAL lock_timeout per batch, default 5000: a lock held longer is
+ * SQLSTATE 55P03, busy).
+ */
+export function pgLedger(pool, { connectTimeoutMs = 5000, lockTimeoutMs = 5000 } = {}) {
+  if (!pool || typeof pool.connect !== "function") throw new TypeError("pgLedger needs a pg.Pool");
+  if (!Number.isSafeInteger(lockTimeoutMs) || lockTimeoutMs < 0) throw new TypeError("lockTimeoutMs must be a non-negative integer");
+
+  async function checkout() {
+    let timer;
+    const pending = pool.connect();
+    const timeout = new Promise((_, reject) => {
+      timer = setTimeout(() => reject(new Error(POOL_TIMEOUT)), connectTimeoutMs);
+    });
+    try {
+      return await Promise.race([pending, timeout]);
+    } catch (error) {
+      // A connection that arrives after we gave up goes straight back.
+      pending.then((c) => c.release(), () => {});
+      if (isDatabaseError(error)) throw new BatchFailure(databaseError(error.code, error.message), { cause: error });
+      const message = String(error?.message ?? error);
+      const max = pool.options?.max ?? Infinity;
+      if (message.includes(POOL_TIMEOUT) && (pool.totalCount ?? 0) >= max) {
+        throw new BatchFailure({ tag: "pool-exhausted", val: `postgres pool: every connection (${max}) stayed busy for ${connectTimeoutMs} ms` }, { cause: error });
+      }
+      throw new BatchFailure({ tag: "unreachable", val: `postgres: ${message}` }, { cause: error });
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  async function batch(statements) {
+    const client = await checkout();
+    // A checked-out client that loses its connection emits 'error': keep it from crashing the process.
+    const onError = () => {};
+    client.on("error", onError);
+    let flight;
+    try {
+      const results = await new Promise((resolve, reject) => {
+        try {
+          flight = new Flight(statements, lockTimeoutMs, resolve, reject);
+        } catch (error) {
+          reject(error);
+          return;
+        }
+        client.query(flight);
+      });
+      client.removeListener("error", onError);
+      client.release();
+      return results;
+    } catch (error) {
+      const failure = await failureOf(client, flight, error);
+      client.removeListener("error", onError);
+      return Promise.reject(failure);
+    }
+  }
+
+  /** Classifies what the driver saw (and puts the connection back or destroys it). */
+  async function failureOf(client, flight, error) {
+    const sent = !!flight?.sent;
+    if (error instanceof BatchFailure && !sent) {
+      client.release();
+      return error;
+    }
+    if (isDatabaseError(error) && !isFatal(error)) {
+      // The server answered: the transaction is aborted (skipped to Sync); roll it back.
+      try {
+        await client.query("ROLLBACK");
+        client.release();
+      } catch (rollbackError) {
+        client.release(rollbackError);
+      }
+      return new BatchFailure(databaseError(error.code, error.message), { cause: error });
+    }
+    if (error instanceof BatchFailure) {
+      // A value this adapter could not convert while reading the answer: the
+      // flight was sent, so its outcome is what the server did; be safe.
+      client.release(error);
+      return sent && error.batchError.tag !== "database"
+        ? new BatchFailure({ tag: "outcome-unknown", val: error.message }, { cause: error })
+        : error;
+    }
+    client.release(error instanceof Error ? error : new Error(String(error)));
+    const what = isDatabaseError(error) ? `${error.message} (${error.code})` : String(error?.message ?? error);
+    if (!sent) return new BatchFailure({ tag: "unreachable", val: `postgres: ${what}` }, { cause: error });
+    // The connection broke (or the backend was terminated) after the batch left.
+    return new BatchFailure({ tag: "outcome-unknown", val: `postgres: ${what}` }, { cause: error });
+  }
+
+  return { dialect: "postgres", pool, batch };
+}
+
+/** True for a node-postgres Pool (duck-typed). */
+export function isPgPool(db) {
+  return !!db && typeof db.connect === "function" && typeof db.query === "function" && "totalCount" in db;
+}
+
+/** Creates the ledger table and index (idempotent), as one batch. */
+export async function migratePg(db, schema) {
+  const ledger = db.batch ? db : pgLedger(db);
+  await ledger.batch(schema.map((sql) => ({ sql, params: [] })));
+}
