@@ -49,7 +49,8 @@ test("50 concurrent same-key requests: exactly one mutation, the rest replays or
     assert.equal(r.json.qty, 3);
   }
   for (const r of inProgress) {
-    assert.deepEqual(r.json, { error: "idempotency_key_in_progress", retry_after_ms: 30000 });
+    assert.equal(r.json.error, "idempotency_key_in_progress");
+    assert.ok(r.json.retry_after_ms > 0 && r.json.retry_after_ms <= 30000, `retry_after_ms ${r.json.retry_after_ms}: the time left until takeover`);
     assert.equal(r.headers.get("retry-after"), "30");
   }
   for (const { r, otherSku, qty } of otherResponses) {

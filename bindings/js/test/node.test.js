@@ -20,7 +20,8 @@ import {
   validateIdempotencyKey,
 } from "../src/node.js";
 import { fromD1Results, fromD1Value, toD1Value } from "../src/d1.js";
-import { toLedgerError } from "../src/runtime.js";
+import { BatchFailure, databaseError, toWitConfig } from "../src/runtime.js";
+import { getCore } from "../src/node.js";
 import { freshDb, rows } from "./helpers/sqlite.js";
 
 const dir = mkdtempSync(join(tmpdir(), "idem-node-"));
@@ -39,9 +40,10 @@ function counted(db, failOn = []) {
   const inner = sqliteLedger(db);
   const probe = { batches: 0 };
   probe.ledger = {
+    dialect: "sqlite",
     async batch(statements) {
       probe.batches += 1;
-      if (failOn.includes(probe.batches)) throw Object.assign(new Error("SQLITE_IOERR: injected"), { code: "SQLITE_IOERR" });
+      if (failOn.includes(probe.batches)) throw new BatchFailure(databaseError("SQLITE_IOERR", "disk I/O error (injected)"));
       return inner.batch(statements);
     },
   };
@@ -200,7 +202,7 @@ describe("Node adapter (better-sqlite3)", () => {
     assert.equal(m.runs, 1);
     assert.equal(rows(db)[0].status, "pending");
     assert.equal(lines2.lines.length, 1);
-    assert.match(lines2.lines[0], /completion not stored.*row stays pending/);
+    assert.match(lines2.lines[0], /completion/, "worded by the core (log-line completion-failed)");
   });
 
   test("NothingRanError releases the reservation; other errors keep it", async () => {
@@ -269,14 +271,23 @@ describe("Node adapter (better-sqlite3)", () => {
     assert.equal(validateIdempotencyKey("\u00e9").reason, "key-invalid");
     assert.equal(validateIdempotencyKey("\u00e9").response.status, 400);
     assert.deepEqual(defaultOptions(), {
+      profile: "recipe",
       protectedMethods: ["POST", "PATCH", "DELETE"],
       fingerprintHeaders: ["content-type", "x-api-version"],
       replayHeaders: ["content-type", "location"],
       pendingTtlMs: 30000,
       retentionMs: 86400000,
       bodyCapBytes: 16384,
+      requestBodyCapBytes: 1048576,
       sweepBatch: 20,
+      sweepEvery: 8,
+      keyRequired: true,
+      replayHeader: null,
+      inProgressRetryMs: null,
+      waitMs: 0,
+      onServerError: "store",
     });
+    assert.equal(defaultOptions({ profile: "ietf" }).replayHeader, "Idempotency-Replayed");
     const db = freshDb();
     assert.throws(() => ledgerFor(db, { pendingTtlMs: 0 }), (e) => e instanceof IdempotencyError && e.protocolError.tag === "invalid-config");
     assert.throws(() => ledgerFor(db, { retentionMs: 10, pendingTtlMs: 1000 }), IdempotencyError);
@@ -319,11 +330,15 @@ describe("Node adapter (better-sqlite3)", () => {
       { rows: [], changes: 0n },
     ]);
     assert.throws(() => fromD1Results([], 1));
-    assert.deepEqual(toLedgerError(new Error("D1_ERROR: database is locked")), { tag: "busy" });
-    assert.equal(toLedgerError(new Error("no such table: idempotency_keys")).tag, "schema");
-    assert.equal(toLedgerError(new Error("UNIQUE constraint failed")).tag, "constraint");
-    assert.equal(toLedgerError(new Error("D1_ERROR: Network connection lost.")).tag, "io");
-    assert.equal(toLedgerError("weird").tag, "other");
+    // D1 gives messages only; the core classifies them (no table in JS).
+    const core = getCore();
+    const session = core.open(toWitConfig(core, {}, "sqlite"));
+    const d1 = (message) => session.classify(databaseError(undefined, message)).tag;
+    assert.equal(d1("D1_ERROR: database is locked: SQLITE_BUSY"), "busy");
+    assert.equal(d1("D1_ERROR: no such table: idempotency_keys: SQLITE_ERROR"), "schema");
+    assert.equal(d1("D1_ERROR: UNIQUE constraint failed: SQLITE_CONSTRAINT"), "constraint");
+    assert.equal(d1("D1_ERROR: Network connection lost."), "io");
+    assert.equal(session.classify({ tag: "host", val: "weird" }).tag, "other");
   });
 
   test("two connections to one file share the ledger", async () => {

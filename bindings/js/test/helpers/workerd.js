@@ -3,6 +3,7 @@ import { readFileSync } from "node:fs";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { dirname, relative } from "node:path";
 import { fileURLToPath } from "node:url";
 import { Miniflare } from "miniflare";
 
@@ -31,6 +32,54 @@ export function migrationStatements(path) {
     .filter(Boolean);
 }
 
+// The package's own name, resolved as wrangler resolves it for Workers
+// (package.json "exports", `workerd` condition).
+const PACKAGE_SPECIFIERS = {
+  "@idempotency/ledger": "src/worker.js",
+  "@idempotency/ledger/worker": "src/worker.js",
+  "@idempotency/ledger/hono": "src/hono-worker.js",
+  "@idempotency/ledger/pg": "src/pg.js",
+};
+
+/**
+ * The ES modules and compiled wasm modules `scriptPath` needs, found by
+ * following its static imports (relative ones, and the package's own name).
+ * workerd resolves a bare specifier next to the importing module, so the
+ * package name becomes a one-line alias module there (what a bundler such as
+ * wrangler does with node_modules); everything else is the files as they are.
+ */
+export function workerModules(scriptPath) {
+  const modules = [];
+  const seen = new Set();
+  const visit = (path) => {
+    if (seen.has(path)) return;
+    seen.add(path);
+    if (path.endsWith(".wasm")) {
+      modules.push({ type: "CompiledWasm", path, contents: readFileSync(path) });
+      return;
+    }
+    const text = readFileSync(path, "utf8");
+    modules.push({ type: "ESModule", path, contents: text });
+    const specifiers = [...text.matchAll(/^\s*(?:import|export)\s[^;]*?from\s*"([^"]+)"|^\s*import\s*"([^"]+)"/gm)].map((m) => m[1] ?? m[2]);
+    for (const spec of specifiers) {
+      if (spec.startsWith(".")) visit(join(dirname(path), spec));
+      else if (spec in PACKAGE_SPECIFIERS) {
+        const alias = join(dirname(path), spec);
+        if (!seen.has(alias)) {
+          seen.add(alias);
+          const target = join(PACKAGE_ROOT, PACKAGE_SPECIFIERS[spec]);
+          let rel = relative(dirname(alias), target);
+          if (!rel.startsWith(".")) rel = `./${rel}`;
+          modules.push({ type: "ESModule", path: alias, contents: `export * from "${rel}";\n` });
+          visit(target);
+        }
+      }
+    }
+  };
+  visit(scriptPath);
+  return modules;
+}
+
 /**
  * A Miniflare running `scriptPath` (an ES module; its imports, .wasm included,
  * are collected by miniflare) with D1 bound as DB, persisted under a fresh
@@ -44,13 +93,8 @@ export async function startWorker({ scriptPath, persist, bindings = {}, port } =
   }
   const mf = new Miniflare({
     cf: false,
-    modules: true,
-    scriptPath,
+    modules: workerModules(scriptPath),
     modulesRoot: PACKAGE_ROOT,
-    modulesRules: [
-      { type: "ESModule", include: ["**/*.js"] },
-      { type: "CompiledWasm", include: ["**/*.wasm"] },
-    ],
     compatibilityDate: COMPATIBILITY_DATE,
     d1Databases: { DB: "idempotent-orders" },
     d1Persist,

@@ -1,7 +1,7 @@
 // The example application: an idempotent `POST /orders` on D1. `hooks` exist
 // so the test harness can wrap the D1 binding, drive the clock and shape the
 // mutation; the deployable Worker (index.js) passes none.
-import { handleIdempotentMutation } from "../../../src/worker.js";
+import { handleIdempotentMutation } from "@idempotency/ledger";
 
 const json = (status, body, headers = {}) =>
   new Response(JSON.stringify(body), { status, headers: { "content-type": "application/json", ...headers } });
