@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from conftest import T0, ConnectionProxy, Mutation, insert_rows, native_sql, post, rows
-from idempotency_ledger import InvalidArgument, Ledger, MalformedResult, MutationResponse, Outcome, ticket_of
+from idempotency_ledger import InvalidArgument, InvalidConfig, Ledger, MalformedResult, MutationResponse, Outcome, ticket_of
 
 FP = "0" * 64
 
@@ -75,7 +75,8 @@ def test_strings_python_cannot_encode_are_a_clear_error(ledger: Ledger) -> None:
         key = args.pop("key")
         with pytest.raises(ValueError):
             post(ledger, key, m, **args)
-    for bad in ({"principal": None}, {"body": "text, not bytes"}, {"headers": [("a",)]}):
+    assert post(ledger, "k", m, principal=None).reason == "principal-required"  # type: ignore[arg-type]
+    for bad in ({"body": "text, not bytes"}, {"headers": [("a",)]}):
         with pytest.raises((TypeError, ValueError)):
             post(ledger, "k", m, **bad)  # type: ignore[arg-type]
     assert m.calls == 0
@@ -224,6 +225,9 @@ def test_invalid_settings_are_refused_by_the_core(db_path: Path, settings: dict[
 
 
 def test_unknown_or_mistyped_settings_are_type_errors(db_path: Path) -> None:
-    for settings in ({"ttl": 5}, {"pending_ttl_ms": "5"}, {"protected_methods": "POST"}, {"sweep_batch": True}):
-        with pytest.raises(TypeError):
+    with pytest.raises(TypeError):
+        Ledger(db_path, ttl=5)
+    # A value the WIT type cannot carry is the core's invalid-config, naming the field.
+    for settings in ({"pending_ttl_ms": "5"}, {"protected_methods": "POST"}, {"sweep_batch": True}):
+        with pytest.raises(InvalidConfig, match=next(iter(settings))):
             Ledger(db_path, **settings)

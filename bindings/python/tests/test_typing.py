@@ -12,8 +12,13 @@ import idempotency_ledger
 
 def test_installed_package_ships_py_typed_and_the_component() -> None:
     root = Path(idempotency_ledger.__file__).parent
-    assert (root / "py.typed").exists()
-    assert (root / "idempotency_ledger.wasm").read_bytes()[:4] == b"\0asm"
+    assert (root / "py.typed").exists() and (root / "_native.pyi").exists()
+    # The component and its precompiled form are compiled into the extension:
+    # no .wasm file beside it, and no compilation when a process starts.
+    assert not list(root.glob("*.wasm"))
+    (extension,) = root.glob("_native*.so")
+    assert b"\0asm" in extension.read_bytes()
+    assert idempotency_ledger._native.NativeLedger.precompiled()
 
 
 def test_mypy_strict(tmp_path: Path) -> None:

@@ -82,11 +82,13 @@ def test_get_passes_through_untouched(served: Any, db_path: Path) -> None:
     assert rows(db_path) == []
 
 
-def test_missing_key_400_and_no_principal_passes_through(served: Any) -> None:
+def test_missing_key_400_and_no_principal_is_the_cores_401(served: Any) -> None:
     app, client = served
     assert client.post("/orders", json={"sku": "A"}, headers=H).status_code == 400
     anon = client.post("/orders", json={"sku": "A"}, headers={"Idempotency-Key": "w-2"})
-    assert anon.status_code == 201 and app.created == 1  # the app's own auth would answer here
+    # Never a silent pass-through: an auth layer on the wrong side is refused loudly.
+    assert anon.status_code == 401 and anon.json()["error"] == "idempotency_principal_required"
+    assert app.created == 0
 
 
 def test_handler_exception_leaves_the_key_pending(served: Any, db_path: Path) -> None:

@@ -18,7 +18,7 @@ from ._native import BatchFailure
 
 Statement = tuple[str, Sequence[Any]]
 StatementResult = tuple[list[tuple[Any, ...]], int]
-BatchFn = Callable[[Sequence[Statement]], list[StatementResult]]
+BatchFn = Callable[[Sequence[Statement]], Any]
 
 
 def driver_code(error: BaseException) -> Optional[str]:
@@ -73,8 +73,10 @@ class SqliteConnectionBatch:
             except sqlite3.Error as error:
                 raise BatchFailure("database", driver_code(error), str(error)) from error
             conn.text_factory = _text_factory
+            began = False
             try:
                 conn.execute("BEGIN IMMEDIATE")
+                began = True
                 results: list[StatementResult] = []
                 for sql, params in statements:
                     before = conn.total_changes
@@ -82,13 +84,15 @@ class SqliteConnectionBatch:
                     results.append((rows, conn.total_changes - before))
                 conn.execute("COMMIT")
                 return results
-            except sqlite3.Error as error:
+            except BaseException as error:
                 try:
-                    if conn.in_transaction:
+                    if began and conn.in_transaction:  # never a transaction the caller left open
                         conn.execute("ROLLBACK")
-                except sqlite3.Error:
+                except Exception:
                     pass
-                raise BatchFailure("database", driver_code(error), str(error)) from error
+                if isinstance(error, sqlite3.Error):
+                    raise BatchFailure("database", driver_code(error), str(error)) from error
+                raise
             finally:
                 try:
                     conn.text_factory = factory

@@ -303,8 +303,9 @@ class Ledger:
             s, h, b, stored, error = self._native.finish(ticket, status, headers, body)
         except (TypeError, OverflowError) as bad:
             # A status the WIT `u16` cannot carry: the mutation's output is unusable.
-            self._native.abandon(ticket, "raised", _describe(bad))
-            raise
+            raised: BaseException = ValueError(f"the mutation's status {status!r} is not an int in 0..65535") if isinstance(bad, OverflowError) else bad
+            _attach(raised, ticket, self._native.abandon(ticket, "raised", _describe(bad)))
+            raise raised from bad
         flags = _STORED[stored]
         return Result(s, h, b, _EXECUTED, ticket=ticket, stored=flags[0], fenced_out=flags[1], released=flags[2], error=error)
 

@@ -46,7 +46,7 @@ def nothing_changed(request: Any) -> None:
 
 
 def _import(path: str) -> Any:
-    from django.utils.module_loading import import_string
+    from django.utils.module_loading import import_string  # type: ignore[import-untyped,unused-ignore]
 
     return import_string(path)
 
@@ -77,7 +77,7 @@ def ledger_from_settings(config: dict[str, Any]) -> Ledger:
 
 
 def _response(result: Any, null_body: frozenset[int] = frozenset()) -> Any:
-    from django.http import HttpResponse
+    from django.http import HttpResponse  # type: ignore[import-untyped,unused-ignore]
 
     body = b"" if result.status in null_body else result.body
     response = HttpResponse(content=body, status=result.status)
@@ -93,7 +93,7 @@ class IdempotencyMiddleware:
     """Idempotency-Key protection for Django views (settings.IDEMPOTENCY)."""
 
     def __init__(self, get_response: Callable[[Any], Any], *, ledger: Optional[Ledger] = None, principal: Any = None) -> None:
-        from django.conf import settings
+        from django.conf import settings  # type: ignore[import-untyped,unused-ignore]
 
         config = dict(getattr(settings, "IDEMPOTENCY", {}) or {})
         self.get_response = get_response

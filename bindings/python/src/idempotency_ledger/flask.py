@@ -38,13 +38,13 @@ _TICKET = "_idempotency_ticket"
 
 def nothing_changed() -> None:
     """Marks the current request's mutation as having changed nothing."""
-    from flask import request
+    from flask import request  # type: ignore[import-untyped,unused-ignore]
 
     request.environ[NOTHING_CHANGED] = True
 
 
 def _flask_response(result: Any, null_body: frozenset[int] = frozenset()) -> Any:
-    from flask import Response as FlaskResponse
+    from flask import Response as FlaskResponse  # type: ignore[import-untyped,unused-ignore]
 
     body = b"" if result.status in null_body else result.body
     headers = [(n, v) for n, v in result.headers if n.lower() != "content-length"]
@@ -92,7 +92,7 @@ class Idempotency:
 
     def _begin(self) -> Any:
         """None to run the view, or a response to send instead."""
-        from flask import g, request
+        from flask import g, request  # type: ignore[import-untyped,unused-ignore]
 
         ledger = self.ledger
         if request.method.upper() not in ledger.protected_methods or not self.routes(request.path):
@@ -123,7 +123,7 @@ class Idempotency:
         return None
 
     def _finish(self, response: Any) -> Any:
-        from flask import g, request
+        from flask import g, request  # type: ignore[import-untyped,unused-ignore]
 
         ticket: Optional[Ticket] = g.pop(_TICKET, None)
         if ticket is None:
@@ -136,7 +136,7 @@ class Idempotency:
         return _flask_response(self.ledger.finish(ticket, produced))
 
     def _abandon(self, error: Optional[BaseException]) -> None:
-        from flask import g
+        from flask import g  # type: ignore[import-untyped,unused-ignore]
 
         ticket: Optional[Ticket] = g.pop(_TICKET, None)
         if ticket is not None:
@@ -158,7 +158,7 @@ class Idempotency:
 
         @functools.wraps(view)
         def guarded(*args: Any, **kwargs: Any) -> Any:
-            from flask import make_response
+            from flask import make_response  # type: ignore[import-untyped,unused-ignore]
 
             early = self._begin()
             if early is not None:
