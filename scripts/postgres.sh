@@ -8,10 +8,16 @@
 # The server is Debian's `postgresql` package (installed with apt-get when no
 # initdb is found), run as the `postgres` user when we are root (PostgreSQL
 # refuses to run as root), with its data in a fresh directory under /tmp.
-# Settings: PG_PORT (default 55432), PG_DIR (default /tmp/idempotency-ledger-pg-$PG_PORT).
+# Settings: PG_PORT (default 25432: below the kernel's ephemeral range
+# 32768-60999, so no client connection can be holding it), PG_DIR (default
+# /tmp/idempotency-ledger-pg-$PG_PORT).
+#
+# TLS is on (clients choose with sslmode): a throwaway CA signs a server
+# certificate for localhost and 127.0.0.1; `run` exports the CA's file as
+# IDEMPOTENCY_PG_CA for the TLS tests (sslrootcert=...).
 set -euo pipefail
 
-PG_PORT="${PG_PORT:-55432}"
+PG_PORT="${PG_PORT:-25432}"
 PG_DIR="${PG_DIR:-/tmp/idempotency-ledger-pg-$PG_PORT}"
 URL="postgresql://postgres@127.0.0.1:$PG_PORT/postgres"
 
@@ -63,12 +69,29 @@ start() {
     [ "$(id -u)" = 0 ] && chown postgres: "$PG_DIR"
     as_pg "$bin/initdb" -D "$PG_DIR/data" -U postgres --auth=trust --encoding=UTF8 --locale=C.UTF-8 >"$PG_DIR/initdb.log" 2>&1 ||
         { cat "$PG_DIR/initdb.log" >&2; exit 1; }
+    make_certificates
     as_pg "$bin/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/server.log" -w -t 60 \
-        -o "-c listen_addresses=127.0.0.1 -p $PG_PORT -k $PG_DIR -c max_connections=200" start >/dev/null ||
+        -o "-c listen_addresses=127.0.0.1 -p $PG_PORT -k $PG_DIR -c max_connections=200 -c ssl=on -c ssl_cert_file=$PG_DIR/server.crt -c ssl_key_file=$PG_DIR/server.key" start >/dev/null ||
         { cat "$PG_DIR/server.log" >&2; exit 1; }
     "$bin/pg_isready" -h 127.0.0.1 -p "$PG_PORT" -t 30 >/dev/null
     say "PostgreSQL $("$bin/postgres" --version | awk '{print $3}') on 127.0.0.1:$PG_PORT ($PG_DIR)"
     echo "$URL"
+}
+
+# A CA and a server certificate it signs (EC P-256, valid two days).
+make_certificates() {
+    local d="$PG_DIR"
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 -subj "/CN=idempotency-ledger test CA" \
+        -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
+        -keyout "$d/ca.key" -out "$d/ca.pem" >/dev/null 2>&1
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj "/CN=localhost" \
+        -keyout "$d/server.key" -out "$d/server.csr" >/dev/null 2>&1
+    printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n' >"$d/server.ext"
+    openssl x509 -req -in "$d/server.csr" -CA "$d/ca.pem" -CAkey "$d/ca.key" -CAcreateserial -days 2 \
+        -extfile "$d/server.ext" -out "$d/server.crt" >/dev/null 2>&1
+    chmod 600 "$d/server.key"
+    [ "$(id -u)" = 0 ] && chown postgres: "$d/server.key" "$d/server.crt"
+    chmod 644 "$d/ca.pem"
 }
 
 stop() {
@@ -92,7 +115,7 @@ case "${1:-}" in
         start >/dev/null
         trap 'stop' EXIT
         say "setup took $(( $(date +%s) - began )) s"
-        IDEMPOTENCY_PG_URL="$URL" "$@"
+        IDEMPOTENCY_PG_URL="$URL" IDEMPOTENCY_PG_CA="$PG_DIR/ca.pem" "$@"
         ;;
     *)
         echo "usage: $0 run -- CMD... | start | stop | url" >&2

@@ -324,3 +324,246 @@ fn simulation_on_postgres() {
     }
 }
 
+
+/// A TCP proxy that, once armed, forwards the next client flight carrying
+/// `COMMIT` to the server, lets the server commit it, and then cuts both
+/// connections before the answer reaches the client: the batch committed,
+/// and the client cannot know it.
+struct CuttingProxy {
+    port: u16,
+    armed: Arc<std::sync::atomic::AtomicBool>,
+    cuts: Arc<AtomicUsize>,
+}
+
+impl CuttingProxy {
+    fn start(upstream: String) -> CuttingProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind proxy");
+        let port = listener.local_addr().expect("addr").port();
+        let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let cuts = Arc::new(AtomicUsize::new(0));
+        let (armed2, cuts2) = (armed.clone(), cuts.clone());
+        thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let server = TcpStream::connect(&upstream).expect("connect upstream");
+                let (armed, cuts) = (armed2.clone(), cuts2.clone());
+                let (mut c_read, mut s_write) = (client.try_clone().expect("clone"), server.try_clone().expect("clone"));
+                let (mut s_read, mut c_write) = (server, client);
+                let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                let cut2 = cut.clone();
+                thread::spawn(move || {
+                    let mut buf = vec![0u8; 1 << 16];
+                    while let Ok(n) = c_read.read(&mut buf) {
+                        if n == 0 || s_write.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                        if buf[..n].windows(6).any(|w| w == b"COMMIT") && armed.swap(false, Ordering::SeqCst) {
+                            // The server receives the whole batch and commits it; the
+                            // answer never comes back.
+                            cut2.store(true, Ordering::SeqCst);
+                            thread::sleep(Duration::from_millis(300));
+                            cuts.fetch_add(1, Ordering::SeqCst);
+                            let _ = c_read.shutdown(std::net::Shutdown::Both);
+                            let _ = s_write.shutdown(std::net::Shutdown::Both);
+                            break;
+                        }
+                    }
+                });
+                thread::spawn(move || {
+                    let mut buf = vec![0u8; 1 << 16];
+                    while let Ok(n) = s_read.read(&mut buf) {
+                        if n == 0 || cut.load(Ordering::SeqCst) || c_write.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = c_write.shutdown(std::net::Shutdown::Both);
+                });
+            }
+        });
+        CuttingProxy { port, armed, cuts }
+    }
+
+    fn arm(&self) {
+        self.armed.store(true, Ordering::SeqCst);
+    }
+
+    /// Waits until the proxy has cut a batch (and the server has had its
+    /// 300 ms to commit it).
+    fn wait_for_cut(&self) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.cuts.load(Ordering::SeqCst) == 0 {
+            assert!(Instant::now() < deadline, "the proxy never cut a batch");
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// The decision batch committed but its answer was lost: the host must not
+/// say "nothing ran, retry now" as if nothing happened. It answers the
+/// outcome-unknown 503 with the TTL as Retry-After, and the database indeed
+/// holds the pending claim, which a retry after the TTL takes over.
+#[test]
+fn a_decision_batch_cut_after_sending_is_outcome_unknown_and_says_so() {
+    let db = TestDb::postgres();
+    let schema = db.pg().expect("postgres").name.clone();
+    let (upstream, _) = via_port(&schema, 0);
+    let proxy = CuttingProxy::start(upstream);
+    let (_, url) = via_port(&schema, proxy.port);
+    // Plain text, so the proxy can see the batch (the default `prefer` would encrypt).
+    let pool = PostgresPool::connect(&format!("{url}&sslmode=disable"), 2).expect("pool");
+    let clock = ManualClock::new(T0);
+    let mut ledger = Ledger::new(runtime(), pool.backend(), Config::default(), clock.clone()).expect("ledger");
+    ledger.handle("acct", &order("warm-up"), created).expect("warm-up: statements prepared");
+    proxy.arm();
+    let (result, runs) = handle_counted(&mut ledger, &order("cut"));
+    proxy.wait_for_cut();
+    match result {
+        Err(HandleError::Unavailable { error: Error::Protocol(ProtocolError::Ledger(LedgerError::OutcomeUnknown(_))), response }) => {
+            assert_eq!(response.status, 503);
+            assert_eq!(response.header("retry-after"), Some("30"), "the key may stay reserved for the TTL");
+            let body = response.body_text().expect("json");
+            assert!(body.contains("idempotency_ledger_outcome_unknown") && body.contains("may stay reserved"), "{body}");
+        }
+        other => panic!("expected outcome unknown, got {other:?}"),
+    }
+    assert_eq!(runs, 0, "fail closed: the mutation never ran");
+    let row = db.rows().into_iter().find(|r| r["key"] == "cut").expect("the claim did commit");
+    assert_eq!(row["status"], "pending", "what the answer said: the key is reserved");
+    let (retry, runs) = handle_counted(&mut ledger, &order("cut"));
+    assert!(matches!(retry.expect("handled").outcome, Outcome::Rejected(idempotency_ledger::RejectionReason::InProgress)));
+    assert_eq!(runs, 0);
+    clock.advance(Duration::from_millis(30_001));
+    let (taken, runs) = handle_counted(&mut ledger, &order("cut"));
+    assert!(matches!(taken.expect("handled").outcome, Outcome::Executed { ref ticket, .. } if ticket.generation == 2));
+    assert_eq!(runs, 1, "after the TTL the retry takes the reservation over and runs once");
+}
+
+/// The completion batch committed but its answer was lost: the caller still
+/// gets its response, and the host reports the completion as failed (its
+/// outcome unknown) instead of claiming it was stored or not.
+#[test]
+fn a_completion_batch_cut_after_sending_is_reported_as_unknown() {
+    let db = TestDb::postgres();
+    let schema = db.pg().expect("postgres").name.clone();
+    let (upstream, _) = via_port(&schema, 0);
+    let proxy = CuttingProxy::start(upstream);
+    let (_, url) = via_port(&schema, proxy.port);
+    let pool = PostgresPool::connect(&format!("{url}&sslmode=disable"), 2).expect("pool");
+    let mut ledger = Ledger::new(runtime(), pool.backend(), Config::default(), ManualClock::new(T0)).expect("ledger");
+    ledger.handle("acct", &order("warm-up"), created).expect("warm-up");
+    let h = ledger
+        .handle("acct", &order("cut-completion"), |r| {
+            proxy.arm();
+            created(r)
+        })
+        .expect("handled");
+    proxy.wait_for_cut();
+    assert_eq!(h.response.status, 201, "the caller gets what the mutation produced");
+    match &h.outcome {
+        Outcome::Executed { stored: idempotency_ledger::Stored::Failed(Error::Protocol(ProtocolError::Ledger(LedgerError::OutcomeUnknown(_)))), .. } => {}
+        other => panic!("expected an unknown completion, got {other:?}"),
+    }
+    let row = db.rows().into_iter().find(|r| r["key"] == "cut-completion").expect("row");
+    assert_eq!(row["status"], "completed", "it did commit; the host said it could not know");
+}
+
+/// `sslmode` and `sslrootcert` in the URL: TLS by rustls, verified against
+/// the throwaway server's own CA (scripts/postgres.sh sets IDEMPOTENCY_PG_CA).
+#[test]
+fn tls_from_the_url_with_verify_full_require_and_a_wrong_root() {
+    let ca = std::env::var("IDEMPOTENCY_PG_CA").expect("IDEMPOTENCY_PG_CA (scripts/postgres.sh run sets it)");
+    let base = postgres_url();
+    let ssl_in_use = |url: &str| -> Result<bool, String> {
+        let pool = PostgresPool::connect(url, 1).map_err(|e| e.to_string())?;
+        let query = Statement { sql: "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()".into(), params: vec![] };
+        let results = pool.backend().execute_batch(&[query]).map_err(|e| format!("{e:?}"))?;
+        Ok(matches!(results[0].rows[0][0], idempotency_ledger::wit::Value::Integer(1)))
+    };
+    for host in ["127.0.0.1", "localhost"] {
+        let url = format!("{}?sslmode=verify-full&sslrootcert={ca}", base.replace("127.0.0.1", host));
+        assert_eq!(ssl_in_use(&url), Ok(true), "verify-full against the server's CA ({host})");
+    }
+    assert_eq!(ssl_in_use(&format!("{base}?sslmode=require")), Ok(true), "require: encrypted, not verified");
+    assert_eq!(ssl_in_use(&format!("{base}?sslmode=verify-ca&sslrootcert={ca}")), Ok(true));
+    assert_eq!(ssl_in_use(&format!("{base}?sslmode=disable")), Ok(false));
+    // The system's roots do not know the throwaway CA: verification fails, closed.
+    let refused = ssl_in_use(&format!("{base}?sslmode=verify-full&sslrootcert=system"));
+    assert!(refused.as_ref().is_err_and(|e| e.contains("Unreachable") || e.contains("certificate")), "{refused:?}");
+    // A ledger over TLS runs the protocol as usual.
+    let db = TestDb::postgres();
+    let schema = db.pg().expect("postgres").name.clone();
+    let url = format!("{}&sslmode=verify-full&sslrootcert={ca}", url_with_schema(&base, &schema));
+    let pool = PostgresPool::connect(&url, 2).expect("pool");
+    let mut ledger = Ledger::new(runtime(), pool.backend(), Config::default(), ManualClock::new(T0)).expect("ledger");
+    let (first, runs) = handle_counted(&mut ledger, &order("tls"));
+    assert!(matches!(first.expect("handled").outcome, Outcome::Executed { .. }) && runs == 1);
+    assert!(matches!(handle_counted(&mut ledger, &order("tls")).0.expect("handled").outcome, Outcome::Replayed));
+}
+
+/// The async API on the caller's runtime: `#[tokio::main]`-style setup, 20
+/// concurrent duplicates, one execution; everything dropped inside the
+/// runtime without a panic.
+#[test]
+fn async_ledger_on_postgres_inside_a_tokio_runtime() {
+    use idempotency_ledger::{AsyncLedger, AsyncPostgres};
+    let db = TestDb::postgres();
+    let schema = db.pg().expect("postgres").name.clone();
+    let url = url_with_schema(&postgres_url(), &schema);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let outcomes = rt.block_on(async {
+        let backend = AsyncPostgres::connect(&url, 8).expect("pool");
+        let config = Config { wait_ms: 2_000, ..Config::default() };
+        let ledger = AsyncLedger::new(runtime(), backend, config, idempotency_ledger::SystemClock).await.expect("ledger");
+        let tasks: Vec<_> = (0..20)
+            .map(|_| {
+                let (ledger, runs) = (ledger.clone(), runs.clone());
+                tokio::spawn(async move {
+                    let handled = ledger
+                        .handle("acct", &order("dup"), |_| async {
+                            runs.fetch_add(1, Ordering::SeqCst);
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            Ok::<_, String>(MutationResponse::json(201, r#"{"order":"o_1"}"#))
+                        })
+                        .await
+                        .expect("handled");
+                    (handled.response.status, handled.response.body_text().map(str::to_string))
+                })
+            })
+            .collect();
+        let mut outcomes = Vec::new();
+        for task in tasks {
+            outcomes.push(task.await.expect("task"));
+        }
+        drop(ledger); // inside the runtime: must not panic
+        outcomes
+    });
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "one execution across 20 concurrent duplicates");
+    assert!(outcomes.iter().all(|o| *o == (201, Some(r#"{"order":"o_1"}"#.into()))), "every duplicate waited for the answer: {outcomes:?}");
+}
+
+/// The blocking PostgreSQL ledger called from async code: a clear error with
+/// nothing run, never a panic; dropping its pool there is fine too.
+#[test]
+fn the_blocking_postgres_ledger_inside_a_runtime_fails_closed_without_panicking() {
+    let db = TestDb::postgres();
+    let schema = db.pg().expect("postgres").name.clone();
+    let url = url_with_schema(&postgres_url(), &schema);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let pool = PostgresPool::connect(&url, 2).expect("connect inside a runtime");
+        let mut ledger = Ledger::new(runtime(), pool.backend(), Config::default(), ManualClock::new(T0)).expect("ledger");
+        let (result, runs) = handle_counted(&mut ledger, &order("in-runtime"));
+        match result {
+            Err(HandleError::Unavailable { error, response }) => {
+                assert!(error.to_string().contains("AsyncLedger"), "{error}");
+                assert_eq!(response.status, 500);
+            }
+            other => panic!("expected a clear refusal, got {other:?}"),
+        }
+        assert_eq!(runs, 0);
+        drop(ledger);
+        drop(pool);
+    });
+    assert!(db.rows().is_empty(), "nothing was claimed");
+}

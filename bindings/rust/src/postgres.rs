@@ -204,6 +204,11 @@ AsyncPostgres there (or call it from a thread outside the runtime)"
 
 async fn run_batch(pool: &Pool, statements: &[Statement]) -> Result<Vec<StatementResult>, BatchError> {
     let client = pool.get().await.map_err(pool_error)?;
+    if client.is_closed() {
+        // Killed while idle in the pool: nothing was sent (the next batch gets a new one).
+        let _ = deadpool_postgres::Object::take(client);
+        return Err(BatchError::Unreachable("postgres: the pooled connection was closed".into()));
+    }
     // Prepared once per connection, before anything of the batch is sent: a
     // connection lost here sent nothing.
     let prepared = join_all(statements.iter().map(|s| client.prepare_cached(&s.sql))).await;

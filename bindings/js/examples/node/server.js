@@ -1,0 +1,140 @@
+// An idempotent `POST /orders` on Node: Hono (@hono/node-server) with the
+// package's Hono middleware, over SQLite (better-sqlite3) or PostgreSQL (pg).
+//
+//   make serve-node                      (top level; PORT, DATABASE_URL, IDEMPOTENCY_* from the environment)
+//
+// Contract: listens on 127.0.0.1:$PORT (default 8080); DATABASE_URL is a file
+// path (SQLite; default a file under the system temp dir) or a postgresql://
+// URL (the ledger's table is migrated at start). `Authorization: Bearer
+// <token>`: the token is the principal; without it the app's own auth
+// answers 401 before the idempotency layer. POST /orders (protected):
+// ?delay_ms=N sleeps first, counts one execution, answers 201
+// {"id","request"} with Location /orders/<id>. GET /orders/count: 200
+// {"count"}. Logs go to stderr. SIGTERM / SIGINT: close and exit 0.
+import { randomUUID } from "node:crypto";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { serve } from "@hono/node-server";
+import { Hono } from "hono";
+import { idempotency, migrate } from "@idempotency/ledger/hono";
+import { createPgPool } from "@idempotency/ledger/pg";
+
+const env = process.env;
+const log = (message) => process.stderr.write(`${message}\n`);
+
+function intFrom(name) {
+  const raw = env[name];
+  if (raw === undefined || raw === "") return undefined;
+  if (!/^\d+$/.test(raw)) throw new Error(`${name} must be a non-negative integer, got ${JSON.stringify(raw)}`);
+  return Number(raw);
+}
+
+function boolFrom(name) {
+  const raw = env[name];
+  if (raw === undefined || raw === "") return undefined;
+  if (/^(1|true|yes)$/i.test(raw)) return true;
+  if (/^(0|false|no)$/i.test(raw)) return false;
+  throw new Error(`${name} must be true or false, got ${JSON.stringify(raw)}`);
+}
+
+/** The ledger settings the environment asks for; unset ones keep the core's defaults. */
+function settingsFromEnv() {
+  const settings = {};
+  const ttl = intFrom("IDEMPOTENCY_PENDING_TTL_MS");
+  if (ttl !== undefined) settings.pendingTtlMs = ttl;
+  const cap = intFrom("IDEMPOTENCY_MAX_BODY_BYTES");
+  if (cap !== undefined) {
+    settings.requestBodyCapBytes = cap;
+    // The 201 echoes the request JSON, so the stored response must hold a
+    // request at the cap: the response cap (body-cap-bytes) is
+    // max(16384, request cap + 1024), but never above the core's 16 MiB maximum.
+    settings.bodyCapBytes = Math.min(Math.max(16_384, cap + 1024), 16 * 1024 * 1024);
+  }
+  if (env.IDEMPOTENCY_PROFILE) settings.profile = env.IDEMPOTENCY_PROFILE;
+  const required = boolFrom("IDEMPOTENCY_KEY_REQUIRED");
+  if (required !== undefined) settings.keyRequired = required;
+  if (env.IDEMPOTENCY_REPLAY_HEADER !== undefined) settings.replayHeader = env.IDEMPOTENCY_REPLAY_HEADER === "" ? null : env.IDEMPOTENCY_REPLAY_HEADER;
+  const wait = intFrom("IDEMPOTENCY_WAIT_MS");
+  if (wait !== undefined) settings.waitMs = wait;
+  if (env.IDEMPOTENCY_ON_SERVER_ERROR) settings.onServerError = env.IDEMPOTENCY_ON_SERVER_ERROR;
+  return settings;
+}
+
+async function openDatabase(url) {
+  if (/^postgres(ql)?:\/\//.test(url)) {
+    const pool = await createPgPool(url, { max: 10, logger: { warn: log } });
+    await migrate(pool);
+    return { db: pool, describe: `PostgreSQL ${url.replace(/\/\/[^@/]*@/, "//***@")}`, close: () => pool.end() };
+  }
+  const { default: Database } = await import("better-sqlite3");
+  const db = new Database(url, { timeout: 5000 });
+  db.pragma("journal_mode = WAL");
+  db.pragma("synchronous = NORMAL");
+  await migrate(db);
+  return { db, describe: `SQLite ${url}`, close: () => db.close() };
+}
+
+async function main() {
+  const port = intFrom("PORT") ?? 8080;
+  const databaseUrl = env.DATABASE_URL || join(tmpdir(), "idempotency-ledger-serve-node.sqlite");
+  const settings = settingsFromEnv();
+  const database = await openDatabase(databaseUrl);
+  const logger = { error: log, warn: log, info: log };
+  const options = { db: database.db, principal: (c) => c.get("principal"), logger, ...settings };
+  const middleware = idempotency(options); // validates the settings once (the core refuses bad ones)
+
+  let executions = 0;
+  const app = new Hono();
+  // The app's own authentication, before the idempotency layer: the bearer token is the principal.
+  const authenticate = async (c, next) => {
+    const match = /^Bearer (\S+)$/.exec(c.req.header("authorization") ?? "");
+    if (!match) return c.json({ error: "unauthorized" }, 401, { "www-authenticate": "Bearer" });
+    c.set("principal", match[1]);
+    return next();
+  };
+  app.use("/orders", authenticate);
+  app.use("/orders/*", authenticate);
+  app.use("/orders", middleware);
+  app.post("/orders", async (c) => {
+    const delay = Number(c.req.query("delay_ms") ?? 0);
+    if (delay > 0) await new Promise((resolve) => setTimeout(resolve, delay));
+    let request;
+    try {
+      request = await c.req.json();
+    } catch {
+      return c.json({ error: "invalid_json" }, 422);
+    }
+    executions += 1;
+    const id = `ord_${randomUUID()}`;
+    return c.json({ id, request }, 201, { location: `/orders/${id}` });
+  });
+  app.get("/orders/count", (c) => c.json({ count: executions }));
+
+  // Resolve what is in force (the core's defaults for what the environment left unset).
+  const { defaultOptions } = await import("@idempotency/ledger/node");
+  const inForce = defaultOptions(settings);
+  const server = serve({ fetch: app.fetch, hostname: "127.0.0.1", port }, (info) => {
+    log(`serve-node: listening on http://127.0.0.1:${info.port}; database ${database.describe}; settings ${JSON.stringify(inForce)}`);
+  });
+
+  let stopping = false;
+  const stop = (signal) => {
+    if (stopping) return;
+    stopping = true;
+    log(`serve-node: ${signal}: closing`);
+    server.close(async () => {
+      await Promise.resolve(database.close()).catch(() => {});
+      log("serve-node: stopped");
+      process.exit(0);
+    });
+    server.closeAllConnections?.();
+    setTimeout(() => process.exit(0), 5000).unref();
+  };
+  process.on("SIGTERM", () => stop("SIGTERM"));
+  process.on("SIGINT", () => stop("SIGINT"));
+}
+
+main().catch((error) => {
+  log(`serve-node: ${error?.stack ?? error}`);
+  process.exit(1);
+});

@@ -1,0 +1,150 @@
+// The example server of `make serve-node` (examples/node/server.js) as a real
+// process on a free loopback port, driven over HTTP: on a SQLite file, and on
+// PostgreSQL when IDEMPOTENCY_PG_URL is set (make test-postgres).
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { mkdtempSync, rmSync } from "node:fs";
+import { createServer, request as httpRequest } from "node:http";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { after, describe, test } from "node:test";
+import { fileURLToPath } from "node:url";
+import { SKIP_PG, freshSchema } from "./helpers/pg.js";
+
+const SERVER = fileURLToPath(new URL("../examples/node/server.js", import.meta.url));
+const dir = mkdtempSync(join(tmpdir(), "idem-serve-node-"));
+after(() => rmSync(dir, { recursive: true, force: true }));
+
+async function freePort() {
+  const server = createServer();
+  await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const { port } = server.address();
+  await new Promise((resolve) => server.close(resolve));
+  return port;
+}
+
+/** Starts the server; resolves once its first stderr line says where it listens. */
+async function start(env) {
+  const port = await freePort();
+  const child = spawn(process.execPath, [SERVER], { env: { ...process.env, PORT: String(port), ...env }, stdio: ["ignore", "pipe", "pipe"] });
+  let stderr = "";
+  child.stderr.on("data", (d) => (stderr += d));
+  const exited = new Promise((resolve) => child.on("exit", (code, signal) => resolve({ code, signal })));
+  for (let i = 0; i < 300 && !stderr.includes("listening on"); i++) {
+    if (child.exitCode !== null) break;
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+  assert.match(stderr, /^serve-node: listening on http:\/\/127\.0\.0\.1:\d+; database .*; settings \{/, `first line: ${stderr}`);
+  return { port, child, exited, stderr: () => stderr, base: `http://127.0.0.1:${port}` };
+}
+
+async function post(base, { key, body = '{"sku":"A","qty":1}', token = "tok-1", query = "", headers = {} } = {}) {
+  const h = { "content-type": "application/json", ...headers };
+  if (token) h.authorization = `Bearer ${token}`;
+  if (key !== undefined) h["idempotency-key"] = key;
+  const r = await fetch(`${base}/orders${query}`, { method: "POST", headers: h, body });
+  const text = await r.text();
+  return { status: r.status, headers: r.headers, text, json: text ? JSON.parse(text) : undefined };
+}
+
+const count = async (base) => (await (await fetch(`${base}/orders/count`, { headers: { authorization: "Bearer tok-1" } })).json()).count;
+
+/** A chunked body of `total` bytes written lazily; resolves with the status (or the connection error). */
+function chunkedPost(port, total, key) {
+  return new Promise((resolve) => {
+    const req = httpRequest({ host: "127.0.0.1", port, method: "POST", path: "/orders", headers: { authorization: "Bearer tok-1", "idempotency-key": key, "content-type": "application/json" } });
+    const chunk = Buffer.alloc(64 * 1024, 0x61);
+    let sent = 0;
+    let done = false;
+    const pump = () => {
+      while (!done && sent < total) {
+        sent += chunk.length;
+        if (!req.write(chunk)) return req.once("drain", pump);
+      }
+      if (!done) req.end();
+    };
+    req.on("response", (res) => {
+      done = true;
+      res.resume();
+      res.on("end", () => resolve({ status: res.statusCode, sent }));
+      req.destroy();
+    });
+    req.on("error", (error) => {
+      if (!done) resolve({ error: error.code, sent });
+    });
+    pump();
+  });
+}
+
+function suite(name, env, skip) {
+  describe(`make serve-node (${name})`, { skip }, () => {
+    test("retries replay, reuse is 409, a missing bearer is 401, 30 concurrent duplicates run once, the cap is 413, SIGTERM exits 0", async () => {
+      const server = await start(await env());
+      try {
+        const { base, port } = server;
+        const first = await post(base, { key: "order-1" });
+        assert.equal(first.status, 201);
+        assert.equal(first.headers.get("content-type"), "application/json");
+        assert.match(first.json.id, /^ord_/);
+        assert.deepEqual(first.json.request, { sku: "A", qty: 1 });
+        assert.equal(first.headers.get("location"), `/orders/${first.json.id}`);
+        const retry = await post(base, { key: "order-1" });
+        assert.equal(retry.status, 201);
+        assert.equal(retry.text, first.text, "the retry replays the stored answer");
+        assert.equal(retry.headers.get("location"), first.headers.get("location"));
+        assert.equal(await count(base), 1);
+
+        const reused = await post(base, { key: "order-1", body: '{"sku":"B","qty":1}' });
+        assert.equal(reused.status, 409);
+        assert.equal(reused.json.error, "idempotency_key_reused");
+
+        const anonymous = await post(base, { key: "order-2", token: null });
+        assert.equal(anonymous.status, 401);
+        assert.deepEqual(anonymous.json, { error: "unauthorized" }, "the app's own auth, before the idempotency layer");
+        assert.equal(await count(base), 1);
+
+        // 30 concurrent duplicates while the first runs (delay_ms): one execution.
+        const burst = await Promise.all(Array.from({ length: 30 }, () => post(base, { key: "burst", query: "?delay_ms=400" })));
+        const created = burst.filter((r) => r.status === 201);
+        assert.ok(created.length >= 1, "the executor answers 201");
+        for (const r of created) assert.equal(r.text, created[0].text, "every 201 is the executor's body");
+        for (const r of burst.filter((x) => x.status !== 201)) {
+          assert.equal(r.status, 409);
+          assert.equal(r.json.error, "idempotency_key_in_progress");
+        }
+        assert.equal(await count(base), 2, "30 duplicates executed once");
+        assert.equal((await post(base, { key: "burst", query: "?delay_ms=400" })).text, created[0].text);
+
+        // The request body cap: Content-Length before reading, and a chunked body while reading.
+        const big = await post(base, { key: "big", body: JSON.stringify({ pad: "x".repeat(5000) }) });
+        assert.equal(big.status, 413);
+        assert.equal(big.json.error, "idempotency_request_too_large");
+        const chunked = await chunkedPost(port, 8 * 1024 * 1024, "big-chunked");
+        assert.equal(chunked.status, 413, `chunked: ${JSON.stringify(chunked)}`);
+        assert.ok(chunked.sent < 8 * 1024 * 1024, "the server answered before the whole body was sent");
+        assert.equal(await count(base), 2);
+        const atCap = await post(base, { key: "at-cap", body: JSON.stringify({ pad: "y".repeat(4000 - 12) }) });
+        assert.equal(atCap.status, 201, "a request at the cap runs, and its echo is stored (response cap = request cap + 1024)");
+        assert.equal((await post(base, { key: "at-cap", body: JSON.stringify({ pad: "y".repeat(4000 - 12) }) })).text, atCap.text);
+      } finally {
+        server.child.kill("SIGTERM");
+      }
+      const { code, signal } = await server.exited;
+      assert.equal(signal, null);
+      assert.equal(code, 0, `exit after SIGTERM: ${server.stderr()}`);
+    });
+  });
+}
+
+suite("SQLite file", async () => ({ DATABASE_URL: join(dir, `ledger-${Date.now()}.sqlite`), IDEMPOTENCY_MAX_BODY_BYTES: "4000" }), false);
+
+let pg;
+after(async () => pg?.dispose());
+suite(
+  "PostgreSQL",
+  async () => {
+    pg = await freshSchema({ max: 1 });
+    return { DATABASE_URL: pg.url, IDEMPOTENCY_MAX_BODY_BYTES: "4000" };
+  },
+  SKIP_PG,
+);
