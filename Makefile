@@ -35,6 +35,10 @@ demo-postgres: $(COMPONENT_WASM) ## Run the demo on a throwaway local PostgreSQL
 	$(CARGO) build --locked --quiet -p idempotency-ledger --bin idempotency-ledger
 	./scripts/postgres.sh run -- sh -c 'target/debug/idempotency-ledger demo --postgres "$$IDEMPOTENCY_PG_URL"'
 
+serve-node: $(COMPONENT_WASM) ## The example Hono server on Node (PORT=8080, DATABASE_URL=file or postgresql://, IDEMPOTENCY_*) until SIGTERM/SIGINT
+	$(MAKE) --no-print-directory -C bindings/js build
+	cd bindings/js && exec node examples/node/server.js
+
 test: test-rust test-js test-python test-postgres ## Run every suite (Rust, JavaScript, Python, PostgreSQL)
 
 test-rust: check-imports ## Rust: native core tests, then the component under wasmtime over SQLite
@@ -88,7 +92,9 @@ postgres-suites:
 	IDEMPOTENCY_TEST_BACKEND=postgres $(CARGO) test --locked -p idempotency-ledger-host-test --features postgres-tests \
 	  --test spec --test vectors --test concurrency --test failures --test hostile --test postgres
 	$(MAKE) -C bindings/python test-postgres
+	$(MAKE) -C bindings/js test-postgres
 	bindings/python/.venv/bin/python host-test/pg_race.py --rust-worker target/debug/pg-race-worker --keys $(RACE_KEYS)
+	bindings/python/.venv/bin/python host-test/pg_race.py --rust-worker target/debug/pg-race-worker --js-worker bindings/js/test/pg-race-worker.js --keys $(RACE_KEYS)
 
 clean: ## Remove build output
 	$(CARGO) clean

@@ -1,0 +1,200 @@
+// The PostgreSQL adapter (node-postgres) on a real server: one round trip per
+// batch (counted by a TCP proxy between pg and the server), failures as the
+// driver saw them and classified by the core (outcome unknown when the
+// backend is terminated after the batch was sent, pool exhausted, unreachable,
+// busy), and 50 concurrent same-key requests running once.
+import assert from "node:assert/strict";
+import { createServer, connect } from "node:net";
+import { after, before, describe, test } from "node:test";
+import pg from "pg";
+import { handleIdempotentMutation, ledgerFor, migrate } from "../src/node.js";
+import { pgLedger } from "../src/pg.js";
+import { SKIP_PG, freshSchema } from "./helpers/pg.js";
+
+const post = (key, body = '{"sku":"A"}') =>
+  new Request("http://api.test/orders", { method: "POST", headers: { "content-type": "application/json", "idempotency-key": key }, body });
+const quiet = () => {
+  const lines = [];
+  return { lines, logger: { error: (m) => lines.push(m), warn: (m) => lines.push(m), info: (m) => lines.push(m) } };
+};
+
+/** A TCP proxy to the server that counts client->server "flights" (a write after the server last spoke). */
+async function countingProxy(target) {
+  const counts = { flights: 0, chunks: 0 };
+  const sockets = new Set();
+  const server = createServer((client) => {
+    const upstream = connect(target.port, target.host);
+    sockets.add(client);
+    sockets.add(upstream);
+    let serverSpoke = true;
+    client.on("data", (d) => {
+      counts.chunks++;
+      if (serverSpoke) counts.flights++;
+      serverSpoke = false;
+      upstream.write(d);
+    });
+    upstream.on("data", (d) => {
+      serverSpoke = true;
+      client.write(d);
+    });
+    const close = () => {
+      client.destroy();
+      upstream.destroy();
+    };
+    client.on("error", close);
+    upstream.on("error", close);
+    client.on("close", close);
+    upstream.on("close", close);
+  });
+  await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
+  return {
+    port: server.address().port,
+    counts,
+    async close() {
+      for (const s of sockets) s.destroy();
+      await new Promise((resolve) => server.close(resolve));
+    },
+  };
+}
+
+describe("PostgreSQL adapter (pg)", { skip: SKIP_PG }, () => {
+  let pgs;
+  before(async () => {
+    pgs = await freshSchema({ max: 4 });
+    await migrate(pgs.pool);
+  });
+  after(async () => pgs?.dispose());
+
+  test("each batch is one transaction in ONE round trip (counted by a TCP proxy)", async () => {
+    const url = new URL(pgs.url);
+    const proxy = await countingProxy({ host: url.hostname, port: Number(url.port) });
+    url.port = String(proxy.port);
+    const pool = new pg.Pool({ connectionString: url.toString(), max: 1 });
+    try {
+      const ledger = ledgerFor(pgLedger(pool), { sweepEvery: 1, logger: quiet().logger });
+      await pool.query("SELECT 1"); // connect (startup and auth are not batches)
+      const before = proxy.counts.flights;
+      const ran = [];
+      const run = async () => (ran.push(1), { status: 201, body: "{}", headers: { "content-type": "application/json" } });
+      const fresh = await ledger.handle(post("rt-1"), "acct-rt", run);
+      assert.equal(fresh.response.status, 201);
+      await new Promise((resolve) => setTimeout(resolve, 100)); // the background sweep (sweepEvery: 1)
+      assert.equal(proxy.counts.flights - before, 3, "decision, completion, sweep: one flight each");
+      const mid = proxy.counts.flights;
+      const replay = await ledger.handle(post("rt-1"), "acct-rt", run);
+      assert.equal(replay.outcome, "replayed");
+      assert.equal(proxy.counts.flights - mid, 1, "a replay is one round trip");
+      assert.equal(ran.length, 1);
+    } finally {
+      await pool.end();
+      await proxy.close();
+    }
+  });
+
+  test("a backend terminated after the decision batch was sent: outcome unknown (503), the mutation never runs", async () => {
+    const pool = new pg.Pool({ connectionString: pgs.url, max: 1 });
+    pool.on("error", () => {});
+    const holder = await pgs.pool.connect();
+    try {
+      const db = pgLedger(pool);
+      const ledger = ledgerFor(db, { logger: quiet().logger });
+      // Hold the row's lock so the decision batch waits on the server.
+      await holder.query("BEGIN");
+      await holder.query(
+        "INSERT INTO idempotency_keys (principal, key, fingerprint, status, generation, created_at, updated_at) VALUES ('acct-kill', 'k-kill', 'f', 'pending', 1, 0, 0)",
+      );
+      const client = await pool.connect();
+      const { rows } = await client.query("SELECT pg_backend_pid() AS pid");
+      client.release();
+      let ran = false;
+      const handled = ledger.handle(post("k-kill"), "acct-kill", async () => ((ran = true), { status: 201, body: "x" }));
+      await new Promise((resolve) => setTimeout(resolve, 300)); // the batch is on the server, waiting for the lock
+      await pgs.admin.query("SELECT pg_terminate_backend($1)", [rows[0].pid]);
+      const r = await handled;
+      assert.equal(r.outcome, "unavailable");
+      assert.equal(r.response.status, 503);
+      const body = await r.response.json();
+      assert.equal(body.error, "idempotency_ledger_outcome_unknown");
+      assert.equal(r.response.headers.get("retry-after"), "30", "the TTL: the key may stay reserved");
+      assert.equal(r.error.protocolError.val.tag, "outcome-unknown");
+      assert.equal(ran, false);
+    } finally {
+      await holder.query("ROLLBACK").catch(() => {});
+      holder.release();
+      await pool.end();
+    }
+  });
+
+  test("an exhausted pool is busy (503 Retry-After: 1); an unreachable server is 500; nothing runs", async () => {
+    const pool = new pg.Pool({ connectionString: pgs.url, max: 1 });
+    const held = await pool.connect();
+    try {
+      const log = quiet();
+      const ledger = ledgerFor(pgLedger(pool, { connectTimeoutMs: 200 }), { logger: log.logger });
+      let ran = false;
+      const r = await ledger.handle(post("k-pool"), "acct-pool", async () => ((ran = true), { status: 201, body: "x" }));
+      assert.equal(r.response.status, 503);
+      assert.equal(r.response.headers.get("retry-after"), "1");
+      assert.equal(r.error.protocolError.val.tag, "busy");
+      assert.equal(ran, false);
+      assert.match(log.lines[0], /decision failed.*acct-pool/);
+    } finally {
+      held.release();
+      await pool.end();
+    }
+    const closed = await new Promise((resolve) => {
+      const s = createServer();
+      s.listen(0, "127.0.0.1", () => {
+        const { port } = s.address();
+        s.close(() => resolve(port));
+      });
+    });
+    const nowhere = new pg.Pool({ connectionString: `postgresql://postgres@127.0.0.1:${closed}/postgres`, max: 1 });
+    try {
+      const ledger = ledgerFor(pgLedger(nowhere), { logger: quiet().logger });
+      const r = await ledger.handle(post("k-nowhere"), "acct", async () => ({ status: 201, body: "x" }));
+      assert.equal(r.response.status, 500);
+      assert.equal(r.error.protocolError.val.tag, "io");
+    } finally {
+      await nowhere.end();
+    }
+  });
+
+  test("a row lock held past lock_timeout is busy (SQLSTATE 55P03: 503); the connection is reusable after the rollback", async () => {
+    const pool = new pg.Pool({ connectionString: pgs.url, max: 1 });
+    const holder = await pgs.pool.connect();
+    try {
+      const ledger = ledgerFor(pgLedger(pool, { lockTimeoutMs: 100 }), { logger: quiet().logger });
+      await holder.query("BEGIN");
+      await holder.query(
+        "INSERT INTO idempotency_keys (principal, key, fingerprint, status, generation, created_at, updated_at) VALUES ('acct-lock', 'k-lock', 'f', 'pending', 1, 0, 0)",
+      );
+      const r = await ledger.handle(post("k-lock"), "acct-lock", async () => ({ status: 201, body: "x" }));
+      assert.equal(r.response.status, 503);
+      assert.equal(r.error.protocolError.val.tag, "busy");
+      await holder.query("ROLLBACK");
+      const ok = await ledger.handle(post("k-lock"), "acct-lock", async () => ({ status: 201, body: "ok" }));
+      assert.equal(ok.response.status, 201, "the same pooled connection serves the next batch");
+      assert.equal(await ok.response.text(), "ok");
+    } finally {
+      await holder.query("ROLLBACK").catch(() => {});
+      holder.release();
+      await pool.end();
+    }
+  });
+
+  test("50 concurrent same-key requests on a pool of 4: one mutation, the rest replays or 409", async () => {
+    let runs = 0;
+    const mutation = async () => {
+      runs += 1;
+      await new Promise((resolve) => setTimeout(resolve, 50));
+      return { status: 201, body: '{"order":"once"}', headers: { "content-type": "application/json" } };
+    };
+    const responses = await Promise.all(Array.from({ length: 50 }, () => handleIdempotentMutation(post("same"), { DB: pgs.pool }, undefined, "acct-c", mutation)));
+    assert.equal(runs, 1);
+    for (const r of responses) {
+      if (r.status === 201) assert.equal(await r.text(), '{"order":"once"}');
+      else assert.equal(r.status, 409);
+    }
+  });
+});
