@@ -71,15 +71,19 @@ fn failed_claim_never_runs_the_mutation_and_the_ledger_recovers() {
     let db = TestDb::new();
     let clock = ManualClock::new(T0);
     let (mut ledger, probe) = db.instrumented(&clock, Config::default());
-    let database = |code: &str, message: &str| BatchError::Database(DatabaseError { code: Some(code.into()), message: message.into() });
+    // The driver's codes in the ledger's own dialect (SQLite result codes or SQLSTATEs).
+    let pg = db.is_postgres();
+    let database = |sqlite: &str, postgres: &str, message: &str| {
+        BatchError::Database(DatabaseError { code: Some(if pg { postgres } else { sqlite }.into()), message: message.into() })
+    };
     // What the driver saw, and what the core makes of it (docs/SPEC.md 9.2).
     for (error, classified, status) in [
-        (database("5", "database is locked"), "Busy", 503),
+        (database("5", "40001", "database is locked"), "Busy", 503),
         (BatchError::PoolExhausted("every connection busy".into()), "Busy", 503),
-        (database("10", "disk I/O error"), "Io", 500),
+        (database("10", "08006", "disk I/O error"), "Io", 500),
         (BatchError::Unreachable("connection refused".into()), "Io", 500),
-        (database("1", "no such table: idempotency_keys"), "Schema", 500),
-        (database("1299", "NOT NULL constraint failed"), "Constraint", 500),
+        (database("1", "42P01", "no such table: idempotency_keys"), "Schema", 500),
+        (database("1299", "23502", "NOT NULL constraint failed"), "Constraint", 500),
         (BatchError::Host("weird".into()), "Other", 500),
         (BatchError::OutcomeUnknown("connection reset after the batch was sent".into()), "OutcomeUnknown", 503),
     ] {
@@ -131,7 +135,8 @@ fn failed_completion_keeps_the_row_pending_and_reports_it() {
     let db = TestDb::new();
     let clock = ManualClock::new(T0);
     let (mut ledger, probe) = db.instrumented(&clock, Config::default());
-    probe.fail_batch(2, BatchError::Database(DatabaseError { code: Some("SQLITE_FULL".into()), message: "database or disk is full".into() }));
+    let full = if db.is_postgres() { "53100" } else { "SQLITE_FULL" };
+    probe.fail_batch(2, BatchError::Database(DatabaseError { code: Some(full.into()), message: "database or disk is full".into() }));
     let h = ledger
         .handle("p", &order("k", "{}"), |_| Ok::<_, String>(MutationResponse::json(201, "x".repeat(20_000))))
         .expect("handled");
