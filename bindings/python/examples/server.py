@@ -24,14 +24,16 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
+import signal
 import sys
 import tempfile
 import threading
 import uuid
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -140,8 +142,28 @@ def main() -> None:
     app, ledger = build(database, settings)
     shown = database.split("@")[-1] if database.startswith(("postgres://", "postgresql://")) else database
     log.info("listening on http://127.0.0.1:%d database=%s settings=%s", port, shown, json.dumps(ledger.settings, sort_keys=True))
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="info", access_log=False)
+    server = GracefulServer(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="info", access_log=False))
+    server.run()
     ledger.close()
+    log.info("stopped")
+
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn re-raises SIGTERM / SIGINT after its graceful shutdown (the
+    process then dies of the signal); here they only stop serving, so the
+    process exits 0 once in-flight requests are answered."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        def stop(signum: int, frame: Any) -> None:
+            self.should_exit = True
+
+        previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 if __name__ == "__main__":

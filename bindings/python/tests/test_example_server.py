@@ -1,0 +1,109 @@
+"""The example server (examples/server.py, `make serve-python`) as a real
+process over HTTP: on SQLite, and on PostgreSQL in the postgres run."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import pytest
+
+from conftest import PG_URL, pg_schema_url
+
+SERVER = Path(__file__).resolve().parents[1] / "examples" / "server.py"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    def __init__(self, database: str, **env: str) -> None:
+        self.port = _free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        environment = {**os.environ, "PORT": str(self.port), "DATABASE_URL": database, **env}
+        self.proc = subprocess.Popen([sys.executable, str(SERVER)], env=environment, stderr=subprocess.PIPE, text=True)
+        assert self.proc.stderr is not None
+        self.first_line = self.proc.stderr.readline()
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                httpx.get(self.base + "/orders/count", timeout=1)
+                break
+            except httpx.TransportError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the server did not start: {self.first_line}")
+                time.sleep(0.05)
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(30)
+        assert self.proc.stderr is not None
+        self.proc.stderr.close()
+        return code
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def server(request: Any, tmp_path: Path) -> Iterator[Server]:
+    admin = None
+    if request.param == "sqlite":
+        database = str(tmp_path / "example.sqlite")
+    else:
+        import psycopg
+
+        schema = f"ex_{uuid.uuid4().hex[:12]}"
+        admin = psycopg.connect(PG_URL, autocommit=True)
+        admin.execute(f'CREATE SCHEMA "{schema}"')
+        database = pg_schema_url(PG_URL, schema)
+    srv = Server(database, IDEMPOTENCY_MAX_BODY_BYTES="4096")
+    try:
+        yield srv
+    finally:
+        if srv.proc.poll() is None:
+            srv.proc.kill()
+            srv.proc.wait()
+        if admin is not None:
+            admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            admin.close()
+
+
+def test_the_example_server_over_http(server: Server) -> None:
+    assert "127.0.0.1:%d" % server.port in server.first_line and "request_body_cap_bytes" in server.first_line
+    auth = {"Authorization": "Bearer tok-1"}
+    with httpx.Client(base_url=server.base, timeout=30) as c:
+        first = c.post("/orders", json={"sku": "A-1"}, headers={**auth, "Idempotency-Key": "k-1"})
+        retry = c.post("/orders", json={"sku": "A-1"}, headers={**auth, "Idempotency-Key": "k-1"})
+        reuse = c.post("/orders", json={"sku": "B-2"}, headers={**auth, "Idempotency-Key": "k-1"})
+        other = c.post("/orders", json={"sku": "A-1"}, headers={"Authorization": "Bearer tok-2", "Idempotency-Key": "k-1"})
+        no_bearer = c.post("/orders", json={"sku": "A-1"}, headers={"Idempotency-Key": "k-2"})
+        too_big = c.post("/orders", content=b'{"x":"' + b"y" * 5000 + b'"}', headers={**auth, "Idempotency-Key": "k-3", "Content-Type": "application/json"})
+        assert c.get("/orders/count").json() == {"count": 2}
+    assert first.status_code == retry.status_code == 201
+    assert first.content == retry.content and first.json()["request"] == {"sku": "A-1"}
+    assert first.headers["location"] == retry.headers["location"] == f"/orders/{first.json()['id']}"
+    assert first.headers["content-type"] == "application/json"
+    assert reuse.status_code == 409 and reuse.json()["error"] == "idempotency_key_reused"
+    assert other.status_code == 201 and other.json()["id"] != first.json()["id"]  # keys are scoped by principal
+    assert no_bearer.status_code == 401 and no_bearer.json() == {"error": "unauthorized"}
+    assert too_big.status_code == 413 and too_big.json()["error"] == "idempotency_request_too_large"
+
+    async def burst() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=server.base, timeout=30) as c:
+            h = {**auth, "Idempotency-Key": "burst"}
+            return list(await asyncio.gather(*[c.post("/orders?delay_ms=300", json={"n": 1}, headers=h) for _ in range(30)]))
+
+    statuses = sorted(r.status_code for r in asyncio.run(burst()))
+    assert set(statuses) <= {201, 409} and 201 in statuses, statuses
+    assert httpx.get(server.base + "/orders/count").json() == {"count": 3}  # the 30 duplicates executed once
+    assert server.stop() == 0
