@@ -5,19 +5,22 @@ mutation runs exactly once, and every answer is the executor's response or a
 
     bindings/python/.venv/bin/python host-test/pg_race.py --rust-worker target/debug/pg-race-worker [--keys 200]
     bindings/python/.venv/bin/python host-test/pg_race.py --python-only          # 4 Python workers
+    bindings/python/.venv/bin/python host-test/pg_race.py --rust-worker target/debug/pg-race-worker \
+        --js-worker bindings/js/test/pg-race-worker.js                           # 2 Rust + 2 Python + 2 JS
 
 Needs the Python venv (psycopg, idempotency_ledger) and a server
 (--url, default $IDEMPOTENCY_PG_URL; scripts/postgres.sh run -- ... sets it).
 
 The driver creates a fresh schema, migrates the ledger ONCE (Python
 `Ledger.migrate`), creates `race_mutations(key, worker)`, starts 4 OS
-processes (rust, python, rust, python; or 4 Python ones), waits until each
+processes (rust, python, rust, python; or 4 Python ones; with --js-worker a JS
+process after each Python one, 6 in all, or 4 without --rust-worker), waits until each
 is ready, creates the start file, waits for them, then checks:
 
 - each key has exactly one row in race_mutations (one mutation per key);
 - every process answered every key, in order, with 201 and exactly the
   executor's body, or 409; `executed` is claimed exactly by the executor;
-- with Rust workers, at least one Rust and one Python process executed a key;
+- with Rust (JS) workers, at least one process of each language executed a key;
 - every ledger row is completed, and a final replay of every key from Python
   returns the executor's body without running anything.
 
@@ -52,6 +55,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rust-worker", help="path of the Rust pg-race-worker binary")
     p.add_argument("--python-only", action="store_true", help="4 Python workers (no Rust worker needed)")
     p.add_argument("--python-worker", default=str(PYTHON_WORKER), help="the Python worker script (run with this interpreter)")
+    p.add_argument("--js-worker", help="the JS worker script (bindings/js/test/pg-race-worker.js), run with --node")
+    p.add_argument("--node", default=shutil.which("node") or "node", help="the node binary for --js-worker (default: node on PATH)")
     p.add_argument("--keys", type=int, default=200, help="keys per run (default 200)")
     p.add_argument("--prefix", default="", help="key prefix (default: random)")
     p.add_argument("--ready-timeout", type=float, default=120.0, help="seconds to wait for the workers to get ready")
@@ -60,8 +65,12 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not args.url:
         p.error("no PostgreSQL URL: pass --url or set IDEMPOTENCY_PG_URL (scripts/postgres.sh run -- ...)")
-    if not args.python_only and not args.rust_worker:
-        p.error("pass --rust-worker PATH (or --python-only)")
+    if not args.python_only and not args.rust_worker and not args.js_worker:
+        p.error("pass --rust-worker PATH and/or --js-worker PATH (or --python-only)")
+    if args.python_only and args.js_worker:
+        p.error("--python-only runs Python workers only; drop --js-worker")
+    if args.js_worker and not os.path.isfile(args.js_worker):
+        p.error(f"--js-worker {args.js_worker} is not a file")
     if args.rust_worker and not os.access(args.rust_worker, os.X_OK):
         p.error(f"--rust-worker {args.rust_worker} is not an executable file (build it first)")
     if args.keys < 1:
@@ -134,14 +143,23 @@ def main(argv: list[str] | None = None) -> int:
             ledger.migrate()  # once, before any worker starts
         admin.execute(f'CREATE TABLE "{schema}".race_mutations (key TEXT NOT NULL, worker TEXT NOT NULL)')
 
-        langs = ["python"] * 4 if args.python_only else ["rust", "python", "rust", "python"]
+        if args.python_only:
+            langs = ["python"] * 4
+        else:
+            pair = (["rust"] if args.rust_worker else []) + ["python"] + (["js"] if args.js_worker else [])
+            langs = pair * 2
         start_file = tmp / "start"
         workers: list[dict[str, Any]] = []
         for i, lang in enumerate(langs, 1):
             name = f"{lang}-{i}"
             cli = ["--url", args.url, "--schema", schema, "--prefix", prefix, "--keys", str(args.keys), "--name", name,
                    "--start-file", str(start_file)]
-            cmd = [args.rust_worker, *cli] if lang == "rust" else [sys.executable, args.python_worker, *cli]
+            if lang == "rust":
+                cmd = [args.rust_worker, *cli]
+            elif lang == "js":
+                cmd = [args.node, str(Path(args.js_worker).resolve()), *cli]
+            else:
+                cmd = [sys.executable, args.python_worker, *cli]
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
             workers.append({"name": name, "lang": lang, "proc": proc})
         notes = _wait_ready(workers, start_file, args.ready_timeout)
@@ -212,9 +230,9 @@ def main(argv: list[str] | None = None) -> int:
                         violations.append(f"{name}: 409 for {key} although it executed it")
                 else:
                     violations.append(f"{name}: {key} answered {rec['status']} {rec['body'][:200]!r}, expected 201 {expected_body!r} or 409")
-        by_lang = Counter({lang: sum(n for w, n in executed_by.items() if lang_of[w] == lang) for lang in ("rust", "python")})
+        by_lang = Counter({lang: sum(n for w, n in executed_by.items() if lang_of[w] == lang) for lang in ("rust", "python", "js")})
         if not args.python_only:
-            for lang in ("rust", "python"):
+            for lang in sorted(set(langs)):
                 if by_lang[lang] == 0:
                     violations.append(f"no {lang} process executed any key (the race did not mix the languages)")
 
@@ -240,12 +258,12 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     replays += 1
 
-        workers_desc = f"{langs.count('rust')} Rust + {langs.count('python')} Python"
+        workers_desc = " + ".join(f"{langs.count(lang)} {name}" for lang, name in (("rust", "Rust"), ("python", "Python"), ("js", "JS")) if langs.count(lang))
         per_worker = ", ".join(f"{w['name']} {executed_by[w['name']]}" for w in workers)
         print(
-            f"pg race: {len(keys)} keys x 4 processes ({workers_desc}) on one PostgreSQL ledger in {duration:.2f} s: "
+            f"pg race: {len(keys)} keys x {len(workers)} processes ({workers_desc}) on one PostgreSQL ledger in {duration:.2f} s: "
             f"{mutations} mutations (exactly one per key: {'yes' if mutations == len(keys) and not any(len(v) != 1 for v in executors.values()) else 'NO'}), "
-            f"executed by rust {by_lang['rust']} / python {by_lang['python']} ({per_worker}); "
+            f"executed by rust {by_lang['rust']} / python {by_lang['python']} / js {by_lang['js']} ({per_worker}); "
             f"{tally['replayed']} concurrent replays with the executor's body, {tally['409']} 409 in-progress; "
             f"final Python replay of {replays}/{len(keys)} keys returned the executor's body; "
             f"{len(violations)} violation(s)."
