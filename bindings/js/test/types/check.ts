@@ -1,11 +1,15 @@
-// Compiled (not run) by the suite: the README's Worker against the package's types.
-import { handleIdempotentMutation, validateIdempotencyKey, computeFingerprint, type IdempotencyOptions } from "../../src/worker.js";
-import { openLedgerDatabase, handleIdempotentMutation as nodeHandle } from "../../src/node.js";
+// Compiled (not run) by the suite: the README's usage against the package's
+// types, by the package's own name (package.json "exports" -> types/).
+import { handleIdempotentMutation, validateIdempotencyKey, computeFingerprint, type IdempotencyOptions } from "@idempotency/ledger/worker";
+import { openLedgerDatabase, handleIdempotentMutation as nodeHandle, idempotentHandler, pgLedger } from "@idempotency/ledger/node";
+import { idempotency as hono } from "@idempotency/ledger/hono";
+import { idempotency as expressIdempotency } from "@idempotency/ledger/express";
+import { createPgPool } from "@idempotency/ledger/pg";
 
 interface Env {
   DB: { prepare(sql: string): { bind(...v: unknown[]): { run(): Promise<unknown> } }; batch(s: unknown[]): Promise<any[]> };
 }
-const options: IdempotencyOptions = { pendingTtlMs: 60_000, retentionMs: 86_400_000, bodyCapBytes: 8192 };
+const options: IdempotencyOptions = { pendingTtlMs: 60_000, retentionMs: 86_400_000, bodyCapBytes: 8192, profile: "ietf", waitMs: 1000, onServerError: "release", replayHeader: null };
 
 export default {
   async fetch(request: Request, env: Env, ctx: { waitUntil(p: Promise<unknown>): void }): Promise<Response> {
@@ -23,5 +27,13 @@ export default {
 export async function node(): Promise<number> {
   const db = await openLedgerDatabase(":memory:");
   const r = await nodeHandle(new Request("http://x/orders", { method: "POST" }), { DB: db }, undefined, "p", () => ({ status: 200, body: "ok" }));
+  const listener = idempotentHandler({ db, principal: (req) => String(req.headers["x-user"] ?? "") }, async (_req, _res) => {});
+  void listener;
+  const honoMw = hono({ db: (c: { env: Env }) => c.env.DB, principal: () => "acct", include: ["/orders*"] });
+  const expressMw = expressIdempotency({ db, principal: (req) => req.get("x-user"), routes: (method, path) => method === "POST" && path === "/orders" });
+  void honoMw;
+  void expressMw.errors;
+  const pool = await createPgPool("postgresql://localhost/app", { max: 5 });
+  void pgLedger(pool);
   return r.status;
 }

@@ -1,6 +1,6 @@
 // Cloudflare Workers entry (D1).
-import type { ExecutionContextLike, IdempotencyLedger, IdempotencyOptions, LedgerDb, RunMutation, Statement, StatementResult, Core } from "./types.js";
-export * from "./types.js";
+import type { AdapterOptions, PgPoolLike, ExecutionContextLike, IdempotencyLedger, IdempotencyOptions, LedgerDb, RunMutation, Statement, StatementResult, Core } from "./common.js";
+export * from "./common.js";
 
 /** The parts of Cloudflare's D1Database this package uses. */
 export interface D1DatabaseLike {
@@ -17,14 +17,15 @@ export declare function handleIdempotentMutation(
   request: Request,
   env: object,
   ctx: ExecutionContextLike | undefined,
-  principal: string,
+  principal: string | undefined,
   runMutation: RunMutation,
   options?: IdempotencyOptions,
 ): Promise<Response>;
 
-export declare function ledgerFor(db: D1DatabaseLike, options?: IdempotencyOptions): IdempotencyLedger;
+export declare function ledgerFor(db: D1DatabaseLike | PgPoolLike | LedgerDb, options?: IdempotencyOptions): IdempotencyLedger;
 /** Creates the ledger table and index (idempotent; one batch). Prefer `wrangler d1 migrations` with migrations/0001_idempotency_keys.sql. */
-export declare function migrate(db: D1DatabaseLike): Promise<void>;
+export declare function migrate(db: D1DatabaseLike | PgPoolLike | LedgerDb): Promise<void>;
+export declare function pgLedger(pool: PgPoolLike, options?: { connectTimeoutMs?: number; lockTimeoutMs?: number }): LedgerDb;
 export declare function getCore(): Core;
 export declare function d1Ledger(db: D1DatabaseLike): LedgerDb;
 export declare function toD1Value(value: Statement["params"][number]): unknown;
