@@ -37,6 +37,7 @@ _EXECUTED = Outcome.EXECUTED
 _REJECTED = Outcome.REJECTED
 _REPLAYED = Outcome.REPLAYED
 _PASS = Outcome.PASS_THROUGH
+_quick = Result._quick
 _STORED = {"completed": (True, False, False), "released": (False, False, True), "fenced-out": (False, True, False), "failed": (False, False, False)}
 
 
@@ -258,7 +259,17 @@ class Ledger:
             method = _text(method)
         if method.upper() not in self._protected:
             # The core's own policy: an unprotected method never reaches the ledger.
-            return self._pass_through(run_mutation())
+            produced = run_mutation()
+            if type(produced) is MutationResponse:
+                status, raw = produced.status, produced.body
+                if status in self._null_body:
+                    raw = b""
+                elif type(raw) is str:
+                    raw = raw.encode("utf-8")
+                elif type(raw) is not bytes:
+                    return self._pass_through(produced)
+                return _quick(status, list(produced.headers), raw, _PASS)
+            return self._pass_through(produced)
         begun = self._native.begin(principal, method, _text(path_and_query), _headers(headers), _body(body))
         tag = begun[0]
         if tag == "execute":

@@ -100,7 +100,13 @@ class Outcome(enum.Enum):
 class Result:
     """The answer of `Ledger.handle`: the response to send and how it came about."""
 
-    __slots__ = ("status", "headers", "body", "outcome", "reason", "ticket", "stored", "fenced_out", "released", "error")
+    # Class-level defaults: `_quick` (the pass-through fast path) sets only four attributes.
+    reason: Optional[str] = None
+    ticket: Optional[Ticket] = None
+    stored: bool = False
+    fenced_out: bool = False
+    released: bool = False
+    error: "Optional[IdempotencyError]" = None
 
     def __init__(
         self,
@@ -133,6 +139,12 @@ class Result:
         #: UNAVAILABLE: why nothing ran. EXECUTED and not stored: why the
         #: completion write failed (the row stays pending).
         self.error = error
+
+    @classmethod
+    def _quick(cls, status: int, headers: list[Header], body: bytes, outcome: Outcome) -> "Result":
+        r = object.__new__(cls)
+        r.status, r.headers, r.body, r.outcome = status, headers, body, outcome
+        return r
 
     @property
     def response(self) -> Response:
