@@ -71,9 +71,9 @@ def test_fastapi_example(tmp_path: Path, monkeypatch: Any) -> None:
 def test_postgres_example(pg_store: Any, monkeypatch: Any, capsys: Any) -> None:
     from idempotency_ledger import Ledger
 
-    with Ledger.postgres(pg_store.conninfo) as deploy:  # the deploy-time migration the README asks for
+    with Ledger.postgres(pg_store.url_with_schema) as deploy:  # the deploy-time migration the README asks for
         deploy.migrate()
-    monkeypatch.setenv("DATABASE_URL", pg_store.conninfo)
+    monkeypatch.setenv("DATABASE_URL", pg_store.url_with_schema)
     exec(compile(_blocks()[2], "README-postgres", "exec"), {})
     assert capsys.readouterr().out == "executed replayed b'{\"order\":\"o_1\"}'\n"
     assert [(r["principal"], r["status"]) for r in pg_store.rows()] == [("account-42", "completed")]
