@@ -78,7 +78,8 @@ export function headerList(headers) {
 /**
  * Reads a Fetch body, stopping once it passes `cap` bytes (the core's
  * request body cap): returns the bytes, or null when the body is larger (the
- * stream is cancelled; the rest is never read).
+ * rest is never read). The stream is left unread, not cancelled: on Node,
+ * cancelling destroys the socket before the 413 can be written.
  */
 export async function readBodyCapped(body, cap) {
   if (!body) return EMPTY;
@@ -91,7 +92,7 @@ export async function readBodyCapped(body, cap) {
     if (done) break;
     total += value.byteLength;
     if (BigInt(total) > limit) {
-      await reader.cancel("request body over the cap").catch(() => {});
+      reader.releaseLock();
       return null;
     }
     chunks.push(value);

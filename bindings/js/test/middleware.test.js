@@ -5,7 +5,7 @@
 // cap while reading (413 before buffering a multi-MB chunked body; memory
 // stays flat), raised / nothing-changed mutations, the sweep on the core's rule.
 import assert from "node:assert/strict";
-import { createServer, request as httpRequest } from "node:http";
+import { createServer } from "node:http";
 import { after, describe, test } from "node:test";
 import { serve } from "@hono/node-server";
 import express from "express";
@@ -14,6 +14,7 @@ import { idempotency as honoIdempotency, NothingRanError } from "../src/hono-nod
 import { idempotency as expressIdempotency } from "../src/express.js";
 import { idempotentHandler } from "../src/node.js";
 import { freshDb, rows } from "./helpers/sqlite.js";
+import { chunkedUpload } from "./helpers/upload.js";
 
 const servers = [];
 after(async () => {
@@ -49,40 +50,8 @@ async function post(base, path, { key, body = '{"sku":"A"}', user = "acct-1", he
   return { status: r.status, headers: r.headers, text };
 }
 
-/** POSTs `total` bytes chunked (64 KiB a write, generated lazily) and samples this process's RSS meanwhile. */
-function hugeChunkedPost(base, path, total) {
-  const url = new URL(base + path);
-  return new Promise((resolve) => {
-    const rss0 = process.memoryUsage().rss;
-    let peak = rss0;
-    const sampler = setInterval(() => (peak = Math.max(peak, process.memoryUsage().rss)), 5);
-    const req = httpRequest({ host: url.hostname, port: url.port, path: url.pathname, method: "POST", headers: { "x-user": "acct-1", "idempotency-key": "huge", "content-type": "application/json" } });
-    const chunk = Buffer.alloc(64 * 1024, 0x20);
-    let sent = 0;
-    let done = false;
-    const finish = (result) => {
-      if (done) return;
-      done = true;
-      clearInterval(sampler);
-      resolve({ ...result, sent, growth: peak - rss0 });
-    };
-    const pump = () => {
-      while (!done && sent < total) {
-        sent += chunk.length;
-        if (!req.write(chunk)) return req.once("drain", pump);
-      }
-      if (!done) req.end();
-    };
-    req.on("response", (res) => {
-      let text = "";
-      res.on("data", (d) => (text += d));
-      res.on("end", () => finish({ status: res.statusCode, text }));
-      req.destroy();
-    });
-    req.on("error", (error) => finish({ error: error.code }));
-    pump();
-  });
-}
+const hugeChunkedPost = (base, path, total) =>
+  chunkedUpload({ port: Number(new URL(base).port), path, headers: { "x-user": "acct-1", "idempotency-key": "huge", "content-type": "application/json" }, total });
 
 async function checkCommonRules(base, path, executions, { db, log }) {
   const first = await post(base, path, { key: "k1" });

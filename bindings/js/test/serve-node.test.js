@@ -4,12 +4,13 @@
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
-import { createServer, request as httpRequest } from "node:http";
+import { createServer } from "node:http";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, describe, test } from "node:test";
 import { fileURLToPath } from "node:url";
 import { SKIP_PG, freshSchema } from "./helpers/pg.js";
+import { chunkedUpload } from "./helpers/upload.js";
 
 const SERVER = fileURLToPath(new URL("../examples/node/server.js", import.meta.url));
 const dir = mkdtempSync(join(tmpdir(), "idem-serve-node-"));
@@ -49,32 +50,8 @@ async function post(base, { key, body = '{"sku":"A","qty":1}', token = "tok-1", 
 
 const count = async (base) => (await (await fetch(`${base}/orders/count`, { headers: { authorization: "Bearer tok-1" } })).json()).count;
 
-/** A chunked body of `total` bytes written lazily; resolves with the status (or the connection error). */
-function chunkedPost(port, total, key) {
-  return new Promise((resolve) => {
-    const req = httpRequest({ host: "127.0.0.1", port, method: "POST", path: "/orders", headers: { authorization: "Bearer tok-1", "idempotency-key": key, "content-type": "application/json" } });
-    const chunk = Buffer.alloc(64 * 1024, 0x61);
-    let sent = 0;
-    let done = false;
-    const pump = () => {
-      while (!done && sent < total) {
-        sent += chunk.length;
-        if (!req.write(chunk)) return req.once("drain", pump);
-      }
-      if (!done) req.end();
-    };
-    req.on("response", (res) => {
-      done = true;
-      res.resume();
-      res.on("end", () => resolve({ status: res.statusCode, sent }));
-      req.destroy();
-    });
-    req.on("error", (error) => {
-      if (!done) resolve({ error: error.code, sent });
-    });
-    pump();
-  });
-}
+const chunkedPost = (port, total, key) =>
+  chunkedUpload({ port, headers: { authorization: "Bearer tok-1", "idempotency-key": key, "content-type": "application/json" }, total });
 
 function suite(name, env, skip) {
   describe(`make serve-node (${name})`, { skip }, () => {
