@@ -85,15 +85,17 @@ async function main() {
 
   let executions = 0;
   const app = new Hono();
-  // The app's own authentication, before the idempotency layer: the bearer token is the principal.
+  // The app's own authentication of POST /orders, before the idempotency
+  // layer: the bearer token is the principal (the scheme is case-insensitive;
+  // GET /orders/count is open).
   const authenticate = async (c, next) => {
-    const match = /^Bearer (\S+)$/.exec(c.req.header("authorization") ?? "");
+    if (c.req.method !== "POST") return next();
+    const match = /^bearer\s+(\S+)\s*$/i.exec(c.req.header("authorization") ?? "");
     if (!match) return c.json({ error: "unauthorized" }, 401, { "www-authenticate": "Bearer" });
     c.set("principal", match[1]);
     return next();
   };
   app.use("/orders", authenticate);
-  app.use("/orders/*", authenticate);
   app.use("/orders", middleware);
   app.post("/orders", async (c) => {
     const delay = Number(c.req.query("delay_ms") ?? 0);

@@ -1,0 +1,232 @@
+//! `make serve-rust`: the example server every host ships, on axum through
+//! the tower layer. Protecting the route is the `IdempotencyLayer` line; the
+//! rest is an ordinary axum app.
+//!
+//! - 127.0.0.1:$PORT (default 8080); `DATABASE_URL`: a SQLite file path
+//!   (default under the system temp dir) or a `postgresql://` URL.
+//! - `Authorization: Bearer <token>`: the token is the principal; without
+//!   it, 401 from the app's own auth, before the idempotency layer.
+//! - `POST /orders` (protected; `?delay_ms=N` sleeps first): 201
+//!   `{"id":..., "request": <the JSON>}` with `Location: /orders/<id>`.
+//! - `GET /orders/count`: executions of `POST /orders` since start.
+//! - Settings from `IDEMPOTENCY_*` (see `config_from_env`); logs on stderr.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Query, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use idempotency_ledger::{AsyncLedger, AsyncPostgres, AsyncSqlite, Config, IdempotencyLayer, NothingChanged, OnServerError, Profile, Runtime, SystemClock};
+
+/// The principal the app's auth derived (the bearer token).
+#[derive(Clone)]
+struct Principal(String);
+
+#[derive(Default)]
+struct Orders {
+    executions: AtomicU64,
+    started: u64,
+}
+
+#[tokio::main]
+async fn main() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).target(env_logger::Target::Stderr).init();
+    if let Err(e) = run().await {
+        eprintln!("serve: {e}");
+        std::process::exit(1);
+    }
+}
+
+async fn run() -> Result<(), String> {
+    let port: u16 = env_or("PORT", "8080").parse().map_err(|e| format!("PORT: {e}"))?;
+    let database = std::env::var("DATABASE_URL").unwrap_or_else(|_| {
+        std::env::temp_dir().join("idempotency-ledger-serve-rust.sqlite").display().to_string()
+    });
+    let config = config_from_env()?;
+    let runtime = Runtime::shared().map_err(|e| e.to_string())?;
+    let ledger = if database.starts_with("postgres://") || database.starts_with("postgresql://") {
+        let backend = AsyncPostgres::connect(&database, 16).map_err(|e| e.to_string())?;
+        AsyncLedger::new(runtime, backend, config.clone(), SystemClock).await
+    } else {
+        let backend = AsyncSqlite::open(&database).map_err(|e| e.to_string())?;
+        AsyncLedger::new(runtime, backend, config.clone(), SystemClock).await
+    }
+    .map_err(|e| format!("opening the ledger on {}: {e}", redact(&database)))?;
+
+    let orders = Arc::new(Orders { started: now_nanos(), ..Orders::default() });
+    // Only POST /orders goes through the ledger (GET /orders/count never would:
+    // GET is not a protected method; the route filter says so explicitly).
+    let idempotency = IdempotencyLayer::new(ledger, |parts: &axum::http::request::Parts| {
+        parts.extensions.get::<Principal>().map(|p| p.0.clone())
+    })
+    .routes(|parts| parts.uri.path() == "/orders");
+    let app = Router::new()
+        .route("/orders", post(create_order))
+        .route("/orders/count", get(count))
+        .with_state(orders)
+        .layer(idempotency)
+        // Added last, so it runs first: the idempotency layer sees the principal.
+        .layer(middleware::from_fn(bearer_auth));
+
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.map_err(|e| format!("bind 127.0.0.1:{port}: {e}"))?;
+    eprintln!(
+        "serve-rust: listening on http://127.0.0.1:{port}; database {}; settings: {}",
+        redact(&database),
+        describe(&config)
+    );
+    axum::serve(listener, app).with_graceful_shutdown(shutdown()).await.map_err(|e| e.to_string())?;
+    eprintln!("serve-rust: stopped");
+    Ok(())
+}
+
+/// The app's own auth for `POST /orders` (the count is open).
+async fn bearer_auth(mut request: Request, next: Next) -> Response {
+    if !(request.method() == axum::http::Method::POST && request.uri().path() == "/orders") {
+        return next.run(request).await;
+    }
+    // The scheme is case-insensitive (RFC 9110 11.1).
+    let token = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' ').filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer")).map(|(_, token)| token))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .map(str::to_string);
+    match token {
+        Some(token) => {
+            request.extensions_mut().insert(Principal(token));
+            next.run(request).await
+        }
+        None => (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Bearer")],
+            Json(serde_json::json!({"error": "unauthorized", "message": "Send Authorization: Bearer <token>."})),
+        )
+            .into_response(),
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct Delay {
+    delay_ms: Option<u64>,
+}
+
+async fn create_order(State(orders): State<Arc<Orders>>, Query(delay): Query<Delay>, body: Bytes) -> Response {
+    if let Some(ms) = delay.delay_ms {
+        tokio::time::sleep(Duration::from_millis(ms.min(600_000))).await;
+    }
+    let request: serde_json::Value = match serde_json::from_slice(&body) {
+        Ok(value) => value,
+        Err(e) => {
+            // Nothing was created: the layer releases the key, so a corrected
+            // retry with the same key runs.
+            let mut response =
+                (StatusCode::BAD_REQUEST, Json(serde_json::json!({"error": "invalid_json", "message": e.to_string()}))).into_response();
+            response.extensions_mut().insert(NothingChanged);
+            return response;
+        }
+    };
+    let n = orders.executions.fetch_add(1, Ordering::SeqCst) + 1;
+    let id = format!("o_{:x}_{n}", orders.started);
+    (
+        StatusCode::CREATED,
+        [(header::LOCATION, format!("/orders/{id}"))],
+        Json(serde_json::json!({"id": id, "request": request})),
+    )
+        .into_response()
+}
+
+async fn count(State(orders): State<Arc<Orders>>) -> Json<serde_json::Value> {
+    Json(serde_json::json!({"count": orders.executions.load(Ordering::SeqCst)}))
+}
+
+/// The core's defaults for the profile, with what the environment sets.
+fn config_from_env() -> Result<Config, String> {
+    let profile = match env_or("IDEMPOTENCY_PROFILE", "recipe").as_str() {
+        "recipe" => Profile::Recipe,
+        "ietf" => Profile::Ietf,
+        other => return Err(format!("IDEMPOTENCY_PROFILE: {other:?} is not recipe or ietf")),
+    };
+    let mut config = Config::for_profile(profile);
+    let number = |name: &str| -> Result<Option<u64>, String> {
+        std::env::var(name).ok().map(|v| v.parse::<u64>().map_err(|e| format!("{name}: {e}"))).transpose()
+    };
+    if let Some(ttl) = number("IDEMPOTENCY_PENDING_TTL_MS")? {
+        config.pending_ttl_ms = ttl;
+        config.retention_ms = config.retention_ms.max(ttl);
+    }
+    if let Some(cap) = number("IDEMPOTENCY_MAX_BODY_BYTES")? {
+        config.request_body_cap_bytes = cap;
+    }
+    // The response echoes the request, so the stored-response cap must hold
+    // a request at the cap plus the order's own fields.
+    let echo = config.request_body_cap_bytes.saturating_add(1024).min(16 << 20);
+    config.body_cap_bytes = config.body_cap_bytes.max(echo as u32);
+    if let Ok(v) = std::env::var("IDEMPOTENCY_KEY_REQUIRED") {
+        config.key_required = match v.as_str() {
+            "true" | "1" => true,
+            "false" | "0" => false,
+            other => return Err(format!("IDEMPOTENCY_KEY_REQUIRED: {other:?} is not true or false")),
+        };
+    }
+    if let Ok(v) = std::env::var("IDEMPOTENCY_REPLAY_HEADER") {
+        config.replay_header = if v.is_empty() { None } else { Some(v) };
+    }
+    if let Some(wait) = number("IDEMPOTENCY_WAIT_MS")? {
+        config.wait_ms = wait;
+    }
+    if let Ok(v) = std::env::var("IDEMPOTENCY_ON_SERVER_ERROR") {
+        config.on_server_error = match v.as_str() {
+            "store" => OnServerError::Store,
+            "release" => OnServerError::Release,
+            other => return Err(format!("IDEMPOTENCY_ON_SERVER_ERROR: {other:?} is not store or release")),
+        };
+    }
+    // The core validates the whole config when the ledger opens its session.
+    Ok(config)
+}
+
+fn describe(c: &Config) -> String {
+    format!(
+        "profile={:?} pending_ttl_ms={} request_body_cap_bytes={} body_cap_bytes={} key_required={} replay_header={:?} wait_ms={} on_server_error={:?}",
+        c.profile, c.pending_ttl_ms, c.request_body_cap_bytes, c.body_cap_bytes, c.key_required, c.replay_header, c.wait_ms, c.on_server_error
+    )
+}
+
+/// A URL without its password, for the log.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.find('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let user_info = &url[scheme + 3..at];
+            match user_info.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_string())
+}
+
+fn now_nanos() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+}
+
+async fn shutdown() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
