@@ -6,7 +6,7 @@ CORE_MODULE := target/wasm32-unknown-unknown/component/idempotency_ledger_guest.
 COMPONENTIZE := $(CARGO) run --quiet -p idempotency-ledger-componentize --
 GUEST_SOURCES := $(shell find wit guest -name '*.wit' -o -name '*.rs' -o -name 'Cargo.toml') Cargo.toml Cargo.lock
 
-.PHONY: help component wit demo demo-postgres test test-rust test-js test-python serve-python test-postgres postgres-suites check-imports vectors simulate fuzz bench size-profile clean
+.PHONY: serve-rust help component wit demo demo-postgres test test-rust test-js test-python serve-python test-postgres postgres-suites check-imports vectors simulate fuzz bench size-profile clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{ printf "  %-15s %s\n", $$1, $$2 }'
@@ -41,8 +41,10 @@ serve-node: $(COMPONENT_WASM) ## The example Hono server on Node (PORT=8080, DAT
 
 test: test-rust test-js test-python test-postgres ## Run every suite (Rust, JavaScript, Python, PostgreSQL)
 
-test-rust: check-imports ## Rust: native core tests, then the component under wasmtime over SQLite
+test-rust: check-imports ## Rust: native core tests, the component under wasmtime over SQLite, the tower layer and the example server
 	$(CARGO) test --locked
+	$(CARGO) build --locked -p idempotency-ledger --features tower --example serve
+	$(CARGO) test --locked -p idempotency-ledger --features tower --test layer
 
 SEEDS ?= 0..1000
 STEPS ?= 2000
@@ -51,6 +53,10 @@ POSTGRES ?=
 simulate: $(COMPONENT_WASM) ## Deterministic simulation: make simulate SEEDS=0..1000 [STEPS=2000] [COMPONENT=1] [POSTGRES=1]
 	$(CARGO) build --locked --quiet -p idempotency-ledger-host-test --bin simulate
 	$(if $(POSTGRES),./scripts/postgres.sh run --) target/debug/simulate --seeds $(SEEDS) --steps $(STEPS) $(if $(COMPONENT),--component) $(if $(POSTGRES),--postgres)
+
+serve-rust: $(COMPONENT_WASM) ## The example server (axum + the tower layer) on 127.0.0.1:$$PORT (default 8080); DATABASE_URL = a SQLite path or postgresql://
+	$(CARGO) build --locked --release -p idempotency-ledger --features tower --example serve
+	exec target/release/examples/serve
 
 bench: $(COMPONENT_WASM) ## Benchmarks side by side (Rust, JS, Python); writes bench/RESULTS.md
 	./scripts/bench.sh
