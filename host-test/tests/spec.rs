@@ -710,6 +710,20 @@ fn spec9_on_server_error_release_frees_the_key_for_an_immediate_retry() {
 }
 
 #[test]
+fn spec9_a_mutation_that_changed_nothing_releases_the_key() {
+    let db = TestDb::new();
+    let mut ledger = db.ledger(&ManualClock::new(T0));
+    let orders = Orders::new();
+    let invalid = ledger
+        .handle(P, &order("k", "{}"), |_| Ok::<_, String>(MutationResponse::json(422, r#"{"error":"sku missing"}"#).nothing_changed()))
+        .expect("handled");
+    assert_eq!((invalid.response.status, body(&invalid)), (422, r#"{"error":"sku missing"}"#), "sent as it is");
+    assert!(matches!(invalid.outcome, Outcome::Executed { stored: Stored::Released, .. }));
+    assert_eq!(row_count(&db), 0, "not stored: the key is free");
+    assert!(matches!(handle(&mut ledger, P, &order("k", "{}"), &orders).outcome, Outcome::Executed { stored: Stored::Completed, .. }));
+}
+
+#[test]
 fn spec9_release_never_frees_a_row_taken_over_or_completed() {
     let db = TestDb::new();
     let clock = ManualClock::new(T0);

@@ -899,6 +899,7 @@ impl NativeLedger {
                 BodyArg::Text(t) => Body::Text(t),
                 BodyArg::Bytes(b) => Body::Bytes(b),
             },
+            nothing_changed: false,
         };
         let wit_ticket = ticket.to_wit();
         let done = py.detach(|| -> Result<(Response, Stored, bool), Error> {

@@ -95,7 +95,7 @@ impl Ledger {
         };
         let principal = principal.unwrap_or_default();
         if request.body.len() as u64 > self.policy.request_body_cap_bytes {
-            let rejection = self.call(|s, store, session| s.call_body_too_large(store, session)).map_err(|e| self.unavailable(e, None))?;
+            let rejection = self.body_too_large().map_err(|e| self.unavailable(e, None))?;
             return Ok(rejected(rejection));
         }
         let fingerprint = sha256_hex(protected.fingerprint_prefix.as_bytes(), &request.body);
@@ -109,6 +109,12 @@ impl Ledger {
             Err(error) => return Err(self.unavailable(error, Some((principal, &protected.key)))),
         };
         match mutation(request) {
+            Ok(produced) if produced.nothing_changed => {
+                let released = self.abandon(&ticket, wit::AbandonReason::NothingChanged, "");
+                let stored = if released { Stored::Released } else { Stored::FencedOut };
+                let response = produced.into_pass_through(&self.policy.null_body_statuses);
+                Ok(Handled { response, outcome: Outcome::Executed { ticket, stored }, sweep_due: false })
+            }
             Ok(produced) => Ok(self.finish(ticket, &produced)),
             Err(error) => {
                 let released = self.abandon(&ticket, wit::AbandonReason::Raised, &error.to_string());
@@ -245,6 +251,17 @@ impl Ledger {
         &self.policy
     }
 
+    /// The 413 for a body found over `request-body-cap-bytes` while reading it.
+    pub fn body_too_large(&mut self) -> Result<wit::Rejection, Error> {
+        self.call(|s, store, session| s.call_body_too_large(store, session))
+    }
+
+    /// The core's fingerprint prefix of a request head (hash it, then the body).
+    pub fn fingerprint_prefix(&mut self, request: &Request) -> Result<String, Error> {
+        let head = request.head();
+        self.call(|s, store, session| s.call_fingerprint_prefix(store, session, &head))
+    }
+
     /// The fingerprint computed entirely inside the component.
     pub fn fingerprint_in_component(&mut self, request: &Request) -> Result<String, Error> {
         let head = request.head();
@@ -254,8 +271,7 @@ impl Ledger {
     /// The fingerprint from the component's prefix and a native SHA-256
     /// (what `handle` uses): equal to [`Ledger::fingerprint_in_component`].
     pub fn fingerprint(&mut self, request: &Request) -> Result<String, Error> {
-        let head = request.head();
-        let prefix = self.call(|s, store, session| s.call_fingerprint_prefix(store, session, &head))?;
+        let prefix = self.fingerprint_prefix(request)?;
         Ok(sha256_hex(prefix.as_bytes(), &request.body))
     }
 

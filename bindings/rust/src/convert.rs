@@ -78,11 +78,22 @@ pub struct MutationResponse {
     pub status: u16,
     pub headers: Vec<(String, String)>,
     pub body: Body,
+    /// The mutation changed nothing (a validation failure, say): the
+    /// reservation is released instead of storing this response, so a
+    /// corrected retry with the same key runs. See [`MutationResponse::nothing_changed`].
+    pub nothing_changed: bool,
 }
 
 impl MutationResponse {
     pub fn new(status: u16, body: Body) -> MutationResponse {
-        MutationResponse { status, headers: Vec::new(), body }
+        MutationResponse { status, headers: Vec::new(), body, nothing_changed: false }
+    }
+
+    /// Marks a response of a mutation that changed nothing: it is sent as
+    /// it is, not stored, and the key is released (docs/SPEC.md 9.3).
+    pub fn nothing_changed(mut self) -> MutationResponse {
+        self.nothing_changed = true;
+        self
     }
 
     /// A JSON body with `Content-Type: application/json`.

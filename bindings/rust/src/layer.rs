@@ -173,6 +173,7 @@ where
                 status: parts.status.as_u16(),
                 headers: parts.headers.iter().map(|(n, v)| (n.as_str().to_string(), latin1(v.as_bytes()))).collect(),
                 body: Body::Bytes(body.to_vec()),
+                nothing_changed: false,
             };
             let handled: Handled = ledger.finish(ticket, &produced).await;
             if handled.sweep_due {

@@ -130,6 +130,12 @@ impl AsyncLedger {
             Begun::Execute(ticket) => ticket,
         };
         match mutation(request).await {
+            Ok(produced) if produced.nothing_changed => {
+                let released = self.abandon(&ticket, wit::AbandonReason::NothingChanged, "").await;
+                let stored = if released { Stored::Released } else { Stored::FencedOut };
+                let response = produced.into_pass_through(&self.inner.policy.null_body_statuses);
+                Ok(Handled { response, outcome: Outcome::Executed { ticket, stored }, sweep_due: false })
+            }
             Ok(produced) => {
                 let handled = self.finish(ticket, &produced).await;
                 if handled.sweep_due {

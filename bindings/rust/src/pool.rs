@@ -68,7 +68,19 @@ impl LedgerPool {
         config: Config,
         clock: impl Clock + 'static,
     ) -> Result<LedgerPool, Error> {
-        let pool = LedgerPool {
+        let pool = LedgerPool::lazy(new_backend, config, clock)?;
+        pool.with(|ledger| ledger.migrate())??;
+        Ok(pool)
+    }
+
+    /// A pool that opens nothing until its first use and does not migrate
+    /// (run the migration once at deploy time, as on PostgreSQL).
+    pub fn lazy(
+        new_backend: impl Fn() -> Result<Box<dyn SqlBackend>, Error> + Send + Sync + 'static,
+        config: Config,
+        clock: impl Clock + 'static,
+    ) -> Result<LedgerPool, Error> {
+        Ok(LedgerPool {
             inner: Arc::new(PoolInner {
                 new_backend: Box::new(new_backend),
                 runtime: Runtime::shared()?,
@@ -77,9 +89,7 @@ impl LedgerPool {
                 idle: Mutex::new(Vec::new()),
                 sweeper: OnceLock::new(),
             }),
-        };
-        pool.with(|ledger| ledger.migrate())??;
-        Ok(pool)
+        })
     }
 
     /// Runs `f` with a ledger of the pool (for example `ledger.handle(...)`).

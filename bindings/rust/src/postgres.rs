@@ -116,13 +116,21 @@ struct PoolInner {
     /// One worker drives the connections' I/O and runs every batch; the
     /// ledgers' threads wait on a channel.
     runtime: Option<tokio::runtime::Runtime>,
+    /// The process that built the pool: after `fork()` its runtime thread and
+    /// sockets belong to the parent, so a child never uses them.
+    pid: u32,
 }
 
 impl Drop for PoolInner {
     fn drop(&mut self) {
-        // Dropping a runtime inside an async context would panic; this never blocks.
         if let Some(runtime) = self.runtime.take() {
-            runtime.shutdown_background();
+            if self.pid == std::process::id() {
+                // Dropping a runtime inside an async context would panic; this never blocks.
+                runtime.shutdown_background();
+            } else {
+                // A forked child: the runtime's threads do not exist here.
+                std::mem::forget(runtime);
+            }
         }
     }
 }
@@ -136,13 +144,13 @@ impl PostgresPool {
             let _entered = runtime.enter();
             build_pool(url, max_size)?
         };
-        Ok(PostgresPool { inner: Arc::new(PoolInner { pool, runtime: Some(runtime) }) })
+        Ok(PostgresPool { inner: Arc::new(PoolInner { pool, runtime: Some(runtime), pid: std::process::id() }) })
     }
 
     /// Wraps a pool you built. It must be built with
     /// `.runtime(deadpool_postgres::Runtime::Tokio1)` for its timeouts.
     pub fn from_pool(pool: Pool) -> Result<PostgresPool, Error> {
-        Ok(PostgresPool { inner: Arc::new(PoolInner { pool, runtime: Some(pool_runtime()?) }) })
+        Ok(PostgresPool { inner: Arc::new(PoolInner { pool, runtime: Some(pool_runtime()?), pid: std::process::id() }) })
     }
 
     /// A backend for one [`crate::Ledger`]; it borrows a pooled connection
@@ -182,6 +190,11 @@ AsyncPostgres there (or call it from a thread outside the runtime)"
             ));
         }
         let inner = &self.pool.inner;
+        if inner.pid != std::process::id() {
+            return Err(BatchError::Unreachable(
+                "this PostgreSQL pool was built before fork(); a child process builds its own".into(),
+            ));
+        }
         let Some(runtime) = inner.runtime.as_ref() else {
             return Err(BatchError::Unreachable("the PostgreSQL pool is shut down".into()));
         };

@@ -22,8 +22,14 @@ impl SqliteBackend {
     /// Opens (creating if needed) a database file in WAL mode with a busy
     /// timeout, so several connections and processes can share it.
     pub fn open(path: impl AsRef<Path>) -> rusqlite::Result<Self> {
+        SqliteBackend::open_with(path, DEFAULT_BUSY_TIMEOUT)
+    }
+
+    /// [`SqliteBackend::open`] with another busy timeout (how long a writer
+    /// waits for another's lock before the batch fails as busy).
+    pub fn open_with(path: impl AsRef<Path>, busy_timeout: Duration) -> rusqlite::Result<Self> {
         let conn = Connection::open(path)?;
-        conn.busy_timeout(DEFAULT_BUSY_TIMEOUT)?;
+        conn.busy_timeout(busy_timeout)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         Ok(SqliteBackend { conn })
