@@ -27,6 +27,7 @@ pub mod fingerprint;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod headers;
+pub mod json;
 pub mod log;
 pub mod machine;
 pub mod responses;

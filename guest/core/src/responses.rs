@@ -373,8 +373,7 @@ pub fn shape(config: &Config, response: MutationResponse) -> Shaped {
     }
 }
 
-/// `{"name":"value",...}` in the given order (serde_json escaping matches
-/// `JSON.stringify` for the strings `is_storable_value` admits).
+/// `{"name":"value",...}` in the given order (escaped as `JSON.stringify` does).
 pub fn encode_headers(headers: &[Header]) -> String {
     let mut out = String::from("{");
     for (i, h) in headers.iter().enumerate() {
@@ -390,8 +389,7 @@ pub fn encode_headers(headers: &[Header]) -> String {
 }
 
 pub(crate) fn json_string(s: &str) -> String {
-    // Serialising a &str cannot fail.
-    serde_json::to_string(s).unwrap_or_else(|_| String::from("\"\""))
+    crate::json::string(s)
 }
 
 /// Decodes a stored `response_headers` column, keeping the stored order;
@@ -399,10 +397,9 @@ pub(crate) fn json_string(s: &str) -> String {
 /// string values.
 pub fn decode_headers(json: Option<&str>) -> Option<Vec<Header>> {
     let Some(json) = json else { return Some(Vec::new()) };
-    let OrderedStrings(pairs) = serde_json::from_str(json).ok()?;
+    let pairs = crate::json::string_object(json)?;
     let mut headers: Vec<Header> = Vec::with_capacity(pairs.len());
     for (name, value) in pairs {
-        let value = value?;
         if !is_token(&name)
             || !is_storable_value(&value)
             || headers.iter().any(|h| h.name.eq_ignore_ascii_case(&name))
@@ -412,31 +409,4 @@ pub fn decode_headers(json: Option<&str>) -> Option<Vec<Header>> {
         headers.push(Header { name, value });
     }
     Some(headers)
-}
-
-/// A JSON object read in document order; a non-string value becomes `None`.
-struct OrderedStrings(Vec<(String, Option<String>)>);
-
-impl<'de> serde::Deserialize<'de> for OrderedStrings {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Visitor;
-        impl<'de> serde::de::Visitor<'de> for Visitor {
-            type Value = OrderedStrings;
-            fn expecting(&self, f: &mut core::fmt::Formatter) -> core::fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let mut pairs = Vec::new();
-                while let Some((name, value)) = map.next_entry::<String, serde_json::Value>()? {
-                    let value = match value {
-                        serde_json::Value::String(s) => Some(s),
-                        _ => None,
-                    };
-                    pairs.push((name, value));
-                }
-                Ok(OrderedStrings(pairs))
-            }
-        }
-        deserializer.deserialize_map(Visitor)
-    }
 }
