@@ -22,12 +22,14 @@ use crate::convert::*;
 pub trait Protocol {
     fn plan_decision(&mut self, p: &str, k: &str, fp: &str, now: i64) -> Result<Vec<wit::Statement>, String>;
     fn decide(&mut self, p: &str, k: &str, fp: &str, now: i64, r: Vec<wit::StatementResult>) -> Result<Decision, String>;
+    /// The completion batch, the caller's response, and whether the caller
+    /// gets the mutation's own body (one the ledger could not store, `ietf`).
     fn plan_completion(
         &mut self,
         t: &core::Ticket,
         m: &core::MutationResponse,
         now: i64,
-    ) -> Result<(Vec<wit::Statement>, core::Response), String>;
+    ) -> Result<(Vec<wit::Statement>, core::Response, bool), String>;
     fn finish_completion(&mut self, r: Vec<wit::StatementResult>) -> Result<bool, String>;
     fn plan_sweep(&mut self, now: i64) -> Result<Vec<wit::Statement>, String>;
     fn finish_sweep(&mut self, r: Vec<wit::StatementResult>) -> Result<u64, String>;
@@ -48,8 +50,11 @@ impl Protocol for Native {
         t: &core::Ticket,
         m: &core::MutationResponse,
         now: i64,
-    ) -> Result<(Vec<wit::Statement>, core::Response), String> {
-        self.0.plan_completion(t, m.clone(), now).map(|plan| (statements_to_wit(&plan.statements), plan.response)).map_err(|e| e.to_string())
+    ) -> Result<(Vec<wit::Statement>, core::Response, bool), String> {
+        self.0
+            .plan_completion(t, m.clone(), now)
+            .map(|plan| (statements_to_wit(&plan.statements), plan.response, plan.send_mutation_body))
+            .map_err(|e| e.to_string())
     }
     fn finish_completion(&mut self, r: Vec<wit::StatementResult>) -> Result<bool, String> {
         self.0
@@ -96,10 +101,10 @@ impl Protocol for Component {
         t: &core::Ticket,
         m: &core::MutationResponse,
         now: i64,
-    ) -> Result<(Vec<wit::Statement>, core::Response), String> {
+    ) -> Result<(Vec<wit::Statement>, core::Response, bool), String> {
         let (t, m) = (ticket_to_wit(t), mutation_to_wit(m));
         self.steps(|s, store, session| s.call_plan_completion(store, session, &t, &m, now))
-            .map(|plan| (plan.statements, response_to_core(plan.response)))
+            .map(|plan| (plan.statements, response_to_core(plan.response), plan.send_mutation_body))
     }
     fn finish_completion(&mut self, r: Vec<wit::StatementResult>) -> Result<bool, String> {
         self.steps(|s, store, session| s.call_finish_completion(store, session, wit::CompletionAction::Store, &r))
@@ -182,6 +187,8 @@ pub struct Report {
 }
 
 struct Sim<'a> {
+    /// The profile's replay marker, which every replay must carry last.
+    replay_header: Option<String>,
     rng: Rng,
     now: i64,
     protocol: &'a mut dyn Protocol,
@@ -196,7 +203,13 @@ struct Sim<'a> {
 }
 
 /// Runs one seed; Err carries the violated invariant and the trace.
-pub fn run_seed(seed: u64, steps: u64, protocol: &mut dyn Protocol, mut backend: Box<dyn SqlBackend>) -> Result<Report, String> {
+pub fn run_seed(
+    seed: u64,
+    steps: u64,
+    protocol: &mut dyn Protocol,
+    mut backend: Box<dyn SqlBackend>,
+    config: &Config,
+) -> Result<Report, String> {
     let dialect = backend.dialect();
     let setup: Vec<wit::Statement> = dialect
         .statements()
@@ -207,6 +220,7 @@ pub fn run_seed(seed: u64, steps: u64, protocol: &mut dyn Protocol, mut backend:
         .collect();
     backend.execute_batch(&setup).map_err(|e| format!("setup: {e:?}"))?;
     let mut sim = Sim {
+        replay_header: config.replay_header.clone(),
         rng: Rng::new(seed),
         now: 1_767_225_600_000,
         protocol,
@@ -423,8 +437,14 @@ impl Sim<'_> {
                 self.log(format!("w{w} {p}/{k}: EXECUTES gen {} (incarnation {})", ticket.generation, ticket.created_at));
                 self.workers[w] = Worker::Executing { request, ticket, started: now };
             }
-            Decision::Replay(response) => {
+            Decision::Replay(mut response) => {
                 self.report.replays += 1;
+                if let Some(marker) = &self.replay_header {
+                    match response.headers.pop() {
+                        Some(h) if h.name.eq_ignore_ascii_case(marker) && h.value == "true" => {}
+                        other => return Err(format!("{p}/{k}: a replay without the marker {marker}: {other:?}")),
+                    }
+                }
                 let created = *self.current.get(&key).ok_or_else(|| format!("{p}/{k}: replay of an unknown row"))?;
                 let inc = &self.incarnations[&(p.into(), k.into(), created)];
                 if inc.fingerprint != f {
@@ -467,7 +487,16 @@ impl Sim<'_> {
             headers: vec![core::Header::new("content-type", "application/json")],
             body: core::ResponseBody::Text(body),
         };
-        let (plan, response) = self.protocol.plan_completion(&ticket, &produced, self.now)?;
+        let (plan, response, body_omitted) = self.protocol.plan_completion(&ticket, &produced, self.now)?;
+        // What replays must return: under `ietf` a body the ledger could not
+        // store is left out and marked; the caller got the real one.
+        let response = if body_omitted {
+            let mut headers = response.headers;
+            headers.push(core::Header::new("idempotency-body-omitted", "true"));
+            core::Response { status: response.status, headers, body: None }
+        } else {
+            response
+        };
         let results = match self.batch(plan) {
             Ok(results) => results,
             Err(e) => {
@@ -587,9 +616,18 @@ pub enum SimDb<'a> {
 }
 
 /// The simulation's settings: a short TTL and retention so takeovers and
-/// sweeps happen within a run.
-fn sim_config(dialect: idempotency_ledger::Dialect) -> Config {
-    Config { pending_ttl_ms: TTL as u64, retention_ms: RETENTION as u64, sweep_batch: 2, body_cap_bytes: 200, dialect, ..Config::default() }
+/// sweeps happen within a run; odd seeds speak the `ietf` profile (replay
+/// markers, bodies over the cap omitted instead of stored as 500).
+pub fn sim_config(dialect: idempotency_ledger::Dialect, seed: u64) -> Config {
+    let profile = if seed % 2 == 1 { core::Profile::Ietf } else { core::Profile::Recipe };
+    Config {
+        pending_ttl_ms: TTL as u64,
+        retention_ms: RETENTION as u64,
+        sweep_batch: 2,
+        body_cap_bytes: 200,
+        dialect,
+        ..Config::for_profile(profile)
+    }
 }
 
 /// A backend that only states the dialect the session plans in.
@@ -615,18 +653,18 @@ pub fn run_seeds(seeds: impl Iterator<Item = u64>, steps: u64, component: bool, 
         })
     };
     let dialect = new_backend()?.dialect();
-    let config = sim_config(dialect);
-    // The component's session plans in the database's dialect; its own
-    // backend is never called (the simulation runs every batch itself).
-    let planner = StatesDialect(dialect);
-    let mut protocol: Box<dyn Protocol> = if component {
-        Box::new(Component(Ledger::new(crate::runtime(), planner, config.clone(), ManualClock::new(0)).map_err(|e| e.to_string())?))
-    } else {
-        Box::new(Native(core::Session::open(config).map_err(|e| e.to_string())?))
-    };
     for seed in seeds {
+        let config = sim_config(dialect, seed);
+        // The component's session plans in the database's dialect; its own
+        // backend is never called (the simulation runs every batch itself).
+        let mut protocol: Box<dyn Protocol> = if component {
+            let planner = StatesDialect(dialect);
+            Box::new(Component(Ledger::new(crate::runtime(), planner, config.clone(), ManualClock::new(0)).map_err(|e| e.to_string())?))
+        } else {
+            Box::new(Native(core::Session::open(config.clone()).map_err(|e| e.to_string())?))
+        };
         let protocol: &mut dyn Protocol = protocol.as_mut();
-        let r = run_seed(seed, steps, protocol, new_backend()?)?;
+        let r = run_seed(seed, steps, protocol, new_backend()?, &config)?;
         total.steps += r.steps;
         total.checks += r.checks;
         total.executions += r.executions;
