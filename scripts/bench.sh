@@ -9,7 +9,10 @@ started=$(date +%s)
 cargo build --locked --release -p idempotency-ledger-bench
 # Rust and Python compare PostgreSQL with SQLite on a throwaway local server.
 ./scripts/postgres.sh run -- ./target/release/idempotency-ledger-bench "$tmp/rust.md"
-if [ -f bindings/js/Makefile ]; then make -s --no-print-directory -C bindings/js bench | tee "$tmp/js.md"; fi
+# The JS bench compares the pg ledger with a bare INSERT on the same throwaway server.
+if [ -f bindings/js/Makefile ]; then
+  ./scripts/postgres.sh run -- make -s --no-print-directory -C bindings/js bench | tee "$tmp/js.md"
+fi
 if [ -f bindings/python/Makefile ]; then
   ./scripts/postgres.sh run -- make -s --no-print-directory -C bindings/python bench | tee "$tmp/python.md"
 fi

@@ -1,4 +1,4 @@
-// Cold-start baseline: the bench Worker's /bare route without the idempotency package.
+// Start-cost baseline: bench/worker.js without the idempotency package (the same D1 insert, the same answer).
 const insert = (env) =>
   env.DB.prepare("INSERT INTO orders (id, principal, sku, qty, created_at) VALUES (?, ?, ?, ?, ?)")
     .bind(crypto.randomUUID(), "bench", "B", 1, Date.now())
@@ -6,6 +6,7 @@ const insert = (env) =>
 
 export default {
   async fetch(request, env) {
+    if (new URL(request.url).pathname === "/probe") return Response.json(null);
     await request.arrayBuffer();
     await insert(env);
     return new Response('{"ok":true}', { status: 201, headers: { "content-type": "application/json" } });

@@ -246,9 +246,14 @@ export class IdempotencyLedger {
     return this.session.admit(head, principal);
   }
 
-  /** The fingerprint of a head and raw body bytes: Web Crypto over the core's prefix. */
+  /** The fingerprint of a head and raw body bytes: SHA-256 over the core's prefix and the body. */
   async fingerprint(head, body) {
-    return sha256Hex(this.session.fingerprintPrefix(head), body);
+    return this.fingerprintOf(this.session.fingerprintPrefix(head), body);
+  }
+
+  /** Lowercase hex SHA-256 of the core's fingerprint prefix (UTF-8) followed by the body. */
+  fingerprintOf(prefix, body) {
+    return sha256Hex(prefix, body);
   }
 
   /** One decision round trip: claim, fenced takeover and lookup in ONE batch. Returns the WIT `decision`. */
@@ -295,7 +300,7 @@ export class IdempotencyLedger {
     const who = String(principal);
     let decision;
     try {
-      const fingerprint = await sha256Hex(fingerprintPrefix, body);
+      const fingerprint = await this.fingerprintOf(fingerprintPrefix, body);
       decision = await this.decideWaiting(who, key, fingerprint);
     } catch (error) {
       return this.#unavailable(error, who, key);
