@@ -2,6 +2,7 @@
 CARGO ?= cargo
 COMPONENT_WASM := target/component/idempotency_ledger.wasm
 COMPONENT_CWASM := target/component/idempotency_ledger.cwasm
+PACKAGED_WASM := bindings/rust/component/idempotency_ledger.wasm
 CORE_MODULE := target/wasm32-unknown-unknown/component/idempotency_ledger_guest.wasm
 COMPONENTIZE := $(CARGO) run --quiet -p idempotency-ledger-componentize --
 GUEST_SOURCES := $(shell find wit guest -name '*.wit' -o -name '*.rs' -o -name 'Cargo.toml') Cargo.toml Cargo.lock
@@ -11,7 +12,7 @@ GUEST_SOURCES := $(shell find wit guest -name '*.wit' -o -name '*.rs' -o -name '
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{ printf "  %-15s %s\n", $$1, $$2 }'
 
-component: $(COMPONENT_WASM) ## Build the component (wasm32-unknown-unknown, wrapped with wit-component)
+component: $(COMPONENT_WASM) $(PACKAGED_WASM) ## Build the component (wasm32-unknown-unknown, wrapped with wit-component)
 
 $(COMPONENT_WASM): $(GUEST_SOURCES)
 	./scripts/ensure-wasm-target.sh
@@ -19,6 +20,10 @@ $(COMPONENT_WASM): $(GUEST_SOURCES)
 	@mkdir -p $(dir $@)
 	$(COMPONENTIZE) new $(CORE_MODULE) -o $@
 	$(COMPONENTIZE) precompile $@ -o $(COMPONENT_CWASM)
+
+# The copy that travels inside the Rust crate's package (cargo package).
+$(PACKAGED_WASM): $(COMPONENT_WASM)
+	@mkdir -p $(dir $@) && cp $< $@
 
 wit: $(COMPONENT_WASM) ## Print the component's WIT world (what wasm-tools component wit prints)
 	$(COMPONENTIZE) wit $(COMPONENT_WASM)

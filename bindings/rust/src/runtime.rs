@@ -2,7 +2,7 @@
 //! and instances that each hold one open `session` resource.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 use wasmtime::component::{Component, HasSelf, Linker, ResourceAny};
 use wasmtime::{Engine, Store, StoreLimits, StoreLimitsBuilder};
@@ -12,7 +12,7 @@ use crate::{wit, Config, Error, ProtocolError, SqlBackend};
 
 pub(crate) mod bindings {
     wasmtime::component::bindgen!({
-        path: "../../wit",
+        path: "wit",
         world: "core",
         imports: { default: trappable },
         trappable_error_type: {
@@ -215,16 +215,18 @@ infallible!(String, wit::Response, wit::Rejection, wit::LedgerError, wit::LogLin
 /// Instances for callers that run the step API (no ledger import): lent for
 /// one call at a time, never across an `.await`, so a handful serve any
 /// number of concurrent requests.
+#[cfg(feature = "tokio")]
 pub(crate) struct Instances {
     runtime: Runtime,
     config: Config,
-    idle: Mutex<Vec<Instance>>,
+    idle: std::sync::Mutex<Vec<Instance>>,
 }
 
+#[cfg(feature = "tokio")]
 impl Instances {
     pub(crate) fn new(runtime: Runtime, config: Config) -> Result<Instances, Error> {
         let first = runtime.instantiate(&config, Box::new(NoBackend))?;
-        Ok(Instances { runtime, config, idle: Mutex::new(vec![first]) })
+        Ok(Instances { runtime, config, idle: std::sync::Mutex::new(vec![first]) })
     }
 
     pub(crate) fn call<T: IntoProtocolResult>(

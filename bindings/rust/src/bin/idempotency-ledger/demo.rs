@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use idempotency_ledger::wit::{Statement, Value};
 use idempotency_ledger::{
-    url_with_options, Config, Handled, HandleError, Ledger, ManualClock, MutationResponse, Outcome, PostgresPool,
+    Config, Handled, HandleError, Ledger, ManualClock, MutationResponse, Outcome,
     Request, Runtime, SqlBackend, SqliteBackend, Stored,
 };
 
@@ -40,7 +40,11 @@ impl Target {
                 let path = path.clone();
                 Ok(Box::new(move || Ok(Box::new(SqliteBackend::open(&path).map_err(|e| e.to_string())?))))
             }
+            #[cfg(not(feature = "postgres"))]
+            Target::Postgres(url) => Err(format!("{url}: this build has no PostgreSQL support (feature `postgres`)")),
+            #[cfg(feature = "postgres")]
             Target::Postgres(url) => {
+                use idempotency_ledger::{url_with_options, PostgresPool};
                 let url = url_with_options(url, &format!("-c search_path={DEMO_SCHEMA}"));
                 let pool = PostgresPool::connect(&url, 4).map_err(|e| e.to_string())?;
                 let reset = [format!("DROP SCHEMA IF EXISTS {DEMO_SCHEMA} CASCADE"), format!("CREATE SCHEMA {DEMO_SCHEMA}")]
