@@ -4,6 +4,7 @@
 //! argument). Timings are medians (and p99) after warm-up; nothing here is a
 //! pass/fail test.
 
+mod axum_bench;
 mod native;
 
 use std::fmt::Write as _;
@@ -176,6 +177,8 @@ fn main() {
             let _ = writeln!(md, "\n### PostgreSQL vs SQLite\n\nSkipped: IDEMPOTENCY_PG_URL is not set (`make bench` sets it).");
         }
     }
+
+    axum_bench::run(&mut md, dir.path());
 
     // ---- scale ----
     let _ = writeln!(md, "\n### Throughput on one SQLite file (WAL), fresh requests, one Ledger per thread\n");
