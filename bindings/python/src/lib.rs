@@ -10,14 +10,14 @@
 //! classification and log wording all come from the core.
 
 use std::path::PathBuf;
-use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idempotency_ledger::wit;
 use idempotency_ledger::{
-    fallback_error_response, sha256_hex, Body, Clock, Config, Dialect, Error, Ledger, MutationResponse, OnServerError,
-    PostgresPool, Profile, Request, Response, Runtime, SqlBackend, SqliteBackend, Stored, SystemClock,
+    fallback_error_response, sha256_hex, Body, Clock, Config, Dialect, Error, HandleError, Ledger, LedgerPool, MutationResponse,
+    OnServerError, Outcome, PostgresBackend, PostgresPool, Profile, Request, Response, Runtime, SqlBackend, SqliteBackend, Stored,
+    SystemClock,
 };
 use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -273,114 +273,96 @@ fn value_from_py(v: &Bound<'_, PyAny>) -> PyResult<wit::Value> {
     Err(PyTypeError::new_err(format!("unsupported SQL value {v}")))
 }
 
-/// How a pool makes backends.
+/// Where a ledger's backends come from.
 #[derive(Clone)]
 enum Source {
     Sqlite { path: PathBuf, busy_timeout: Duration },
-    Postgres { url: String, max_size: usize },
+    /// `lock_timeout`: the `SET LOCAL lock_timeout` literal each batch runs
+    /// first, when the caller chose one (the crate's BEGIN sets 5 s).
+    Postgres { url: String, max_size: usize, lock_timeout: Option<String> },
     Callback { run: Arc<Py<PyAny>>, dialect: Dialect },
 }
 
-enum Opener {
-    Sqlite { path: PathBuf, busy_timeout: Duration },
-    Postgres(PostgresPool),
-    Callback { run: Arc<Py<PyAny>>, dialect: Dialect },
-}
-
-fn open_sqlite(path: &PathBuf, busy_timeout: Duration) -> Result<SqliteBackend, Error> {
-    let setup = |e: rusqlite::Error| Error::Setup(format!("sqlite {}: {e}", path.display()));
-    let conn = rusqlite::Connection::open(path).map_err(setup)?;
-    conn.busy_timeout(busy_timeout).map_err(setup)?;
-    conn.pragma_update(None, "journal_mode", "WAL").map_err(setup)?;
-    conn.pragma_update(None, "synchronous", "NORMAL").map_err(setup)?;
-    Ok(SqliteBackend::from_connection(conn))
-}
-
-impl Opener {
-    fn new(source: &Source) -> Result<Opener, Error> {
-        Ok(match source {
-            Source::Sqlite { path, busy_timeout } => Opener::Sqlite { path: path.clone(), busy_timeout: *busy_timeout },
-            Source::Postgres { url, max_size } => Opener::Postgres(PostgresPool::connect(url, *max_size)?),
-            Source::Callback { run, dialect } => Opener::Callback { run: run.clone(), dialect: *dialect },
-        })
-    }
-
-    fn backend(&self) -> Result<Box<dyn SqlBackend>, Error> {
-        Ok(match self {
-            Opener::Sqlite { path, busy_timeout } => Box::new(open_sqlite(path, *busy_timeout)?),
-            Opener::Postgres(pool) => Box::new(pool.backend()),
-            Opener::Callback { run, dialect } => Box::new(PyBackend { run: run.clone(), dialect: *dialect }),
-        })
-    }
-}
-
-// ------------------------------------------------------------------ the pool
-
-/// Ledgers (a backend plus a component instance each) lent to one thread at a
-/// time; a background thread runs the sweeps the core asks for.
-struct Pool {
-    opener: Opener,
-    runtime: Runtime,
-    config: Config,
-    clock: NativeClock,
-    idle: Mutex<Vec<Ledger>>,
-    sweeper: OnceLock<SyncSender<()>>,
-}
-
-impl Pool {
-    fn new(source: &Source, config: Config, clock: NativeClock) -> Result<Pool, Error> {
-        Ok(Pool {
-            opener: Opener::new(source)?,
-            runtime: Runtime::shared()?,
-            config,
-            clock,
-            idle: Mutex::new(Vec::new()),
-            sweeper: OnceLock::new(),
-        })
-    }
-
-    fn connect(&self) -> Result<Ledger, Error> {
-        Ledger::new(self.runtime.clone(), self.opener.backend()?, self.config.clone(), self.clock.clone())
-    }
-
-    fn with<R>(&self, f: impl FnOnce(&mut Ledger) -> R) -> Result<R, Error> {
-        let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        let mut ledger = match idle {
-            Some(l) => l,
-            None => self.connect()?,
-        };
-        let result = f(&mut ledger);
-        self.idle.lock().unwrap_or_else(|p| p.into_inner()).push(ledger);
-        Ok(result)
-    }
-
-    fn sweep_in_background(self: &Arc<Pool>) {
-        let sender = self.sweeper.get_or_init(|| spawn_sweeper(Arc::downgrade(self)));
-        match sender.try_send(()) {
-            Ok(()) | Err(TrySendError::Full(())) => {}
-            Err(TrySendError::Disconnected(())) => {}
+impl Source {
+    fn dialect(&self) -> Dialect {
+        match self {
+            Source::Sqlite { .. } => Dialect::Sqlite,
+            Source::Postgres { .. } => Dialect::Postgres,
+            Source::Callback { dialect, .. } => *dialect,
         }
     }
-}
 
-/// One thread per pool, holding a weak reference: it ends with the pool.
-fn spawn_sweeper(pool: Weak<Pool>) -> SyncSender<()> {
-    let (sender, wake) = sync_channel::<()>(1);
-    let _ = std::thread::Builder::new().name("idempotency-sweeper".into()).spawn(move || {
-        while wake.recv().is_ok() {
-            let Some(pool) = pool.upgrade() else { return };
-            let swept = pool.with(|ledger| {
-                // Batch after batch while the core says `more`.
-                if let Err(error) = ledger.sweep_all() {
-                    ledger.log(&wit::LogEvent::SweepFailed(error.protocol_error()));
-                }
-            });
-            if let Err(error) = swept {
-                log::warn!(target: "idempotency_ledger", "[idempotency] sweep failed: {error}");
+    /// The crate's pool of ledgers on this source: it opens nothing and
+    /// migrates nothing until used (a PostgreSQL URL is parsed here, so a bad
+    /// one fails now; no connection is made).
+    fn pool(&self, config: Config, clock: NativeClock) -> Result<LedgerPool, Error> {
+        match self {
+            Source::Sqlite { path, busy_timeout } => {
+                let (path, busy_timeout) = (path.clone(), *busy_timeout);
+                let open = move || -> Result<Box<dyn SqlBackend>, Error> {
+                    let backend = SqliteBackend::open_with(&path, busy_timeout)
+                        .map_err(|e| Error::Setup(format!("sqlite {}: {e}", path.display())))?;
+                    Ok(Box::new(backend))
+                };
+                LedgerPool::lazy(open, config, clock)
+            }
+            Source::Postgres { url, max_size, lock_timeout } => {
+                let pool = PostgresPool::connect(url, *max_size)?;
+                let set = lock_timeout.as_ref().map(|literal| wit::Statement {
+                    sql: format!("SET LOCAL lock_timeout = '{literal}'"),
+                    params: Vec::new(),
+                });
+                let open = move || -> Result<Box<dyn SqlBackend>, Error> {
+                    Ok(match &set {
+                        None => Box::new(pool.backend()),
+                        Some(set) => Box::new(LockTimeout { inner: pool.backend(), set: set.clone() }),
+                    })
+                };
+                LedgerPool::lazy(open, config, clock)
+            }
+            Source::Callback { run, dialect } => {
+                let (run, dialect) = (run.clone(), *dialect);
+                LedgerPool::lazy(move || Ok(Box::new(PyBackend { run: run.clone(), dialect })), config, clock)
             }
         }
-    });
-    sender
+    }
+}
+
+/// `lock_timeout` as PostgreSQL reads it: whole seconds as `Ns`, else `Nms`;
+/// 0 (do not wait) is `1ms`, since PostgreSQL reads 0 as "wait forever".
+fn lock_timeout_literal(ms: u64) -> String {
+    match ms {
+        0 => "1ms".into(),
+        ms if ms % 1000 == 0 => format!("{}s", ms / 1000),
+        ms => format!("{ms}ms"),
+    }
+}
+
+/// The crate's PostgreSQL backend with the caller's lock timeout: each batch
+/// runs `SET LOCAL lock_timeout` first, inside the crate's transaction (after
+/// its `BEGIN ...; SET LOCAL lock_timeout = '5s'`) and in the same flight, so
+/// it is still one transaction in one round trip.
+struct LockTimeout {
+    inner: PostgresBackend,
+    set: wit::Statement,
+}
+
+impl SqlBackend for LockTimeout {
+    fn execute_batch(&mut self, statements: &[wit::Statement]) -> Result<Vec<wit::StatementResult>, wit::BatchError> {
+        let mut batch = Vec::with_capacity(statements.len() + 1);
+        batch.push(self.set.clone());
+        batch.extend_from_slice(statements);
+        let mut results = self.inner.execute_batch(&batch)?;
+        if results.len() != batch.len() {
+            return Err(wit::BatchError::Host(format!("{} results for {} statements", results.len(), batch.len())));
+        }
+        results.remove(0);
+        Ok(results)
+    }
+
+    fn dialect(&self) -> Dialect {
+        Dialect::Postgres
+    }
 }
 
 // ------------------------------------------------------------------ conversions to Python
@@ -618,14 +600,18 @@ enum Begun {
 
 struct State {
     pid: u32,
-    pool: Option<Arc<Pool>>,
+    pool: Option<LedgerPool>,
     closed: bool,
 }
 
-/// One ledger shared by every thread of a process: a pool of (backend,
-/// component instance) pairs. After `fork()` the child never touches the
-/// parent's connections, PostgreSQL pool or runtime: they are abandoned
-/// (leaked, never closed) and rebuilt on first use.
+/// One ledger shared by every thread of a process: the crate's `LedgerPool`
+/// (a backend and a component instance per concurrently active thread; due
+/// sweeps on its background thread). After `fork()` the child never touches
+/// the parent's pool: it is abandoned (leaked, never dropped, since closing an
+/// inherited SQLite connection could checkpoint or unlink the parent's WAL)
+/// and the child builds its own on first use. (An inherited PostgresPool
+/// would answer `unreachable` and never shut the parent's runtime down; the
+/// child does not use it either.)
 #[pyclass(frozen, module = "idempotency_ledger._native")]
 pub struct NativeLedger {
     source: Source,
@@ -640,24 +626,25 @@ pub struct NativeLedger {
 impl NativeLedger {
     fn build(py: Python<'_>, source: Source, settings: Option<&Bound<'_, PyDict>>, clock: Option<Py<PyAny>>) -> PyResult<NativeLedger> {
         let mut config = config_from_settings(py, settings)?;
-        config.dialect = match &source {
-            Source::Sqlite { .. } => Dialect::Sqlite,
-            Source::Postgres { .. } => Dialect::Postgres,
-            Source::Callback { dialect, .. } => *dialect,
-        };
+        config.dialect = source.dialect();
         let clock = match clock {
             Some(c) if !c.is_none(py) => NativeClock::Python(Arc::new(c)),
             _ => NativeClock::System,
         };
         // The core validates the settings once, here: an instance with a
-        // session open on them (no database access yet).
-        let probe_clock = clock.clone();
-        let probe_config = config.clone();
+        // session open on them (no database access yet). Then the pool,
+        // which opens nothing yet (a PostgreSQL URL is parsed).
+        let (probe_clock, probe_config) = (clock.clone(), config.clone());
         let opened = py.detach(move || -> Result<(Config, wit::RequestPolicy), Error> {
             let ledger = Ledger::new(Runtime::shared()?, Unused(probe_config.dialect), probe_config, probe_clock)?;
             Ok((ledger.config().clone(), ledger.policy().clone()))
         });
         let (config, policy) = opened.map_err(|e| error_object(py, &e))?;
+        let (pool_source, pool_config, pool_clock) = (source.clone(), config.clone(), clock.clone());
+        let pool = py.detach(move || pool_source.pool(pool_config, pool_clock)).map_err(|e| match e {
+            Error::Setup(message) => PyValueError::new_err(message),
+            other => error_object(py, &other),
+        })?;
         Ok(NativeLedger {
             source,
             config,
@@ -665,18 +652,15 @@ impl NativeLedger {
             protected: policy.protected_methods,
             request_body_cap: policy.request_body_cap_bytes,
             null_body: policy.null_body_statuses,
-            state: Mutex::new(State { pid: std::process::id(), pool: None, closed: false }),
+            state: Mutex::new(State { pid: std::process::id(), pool: Some(pool), closed: false }),
         })
     }
 
-    /// This process's pool, built on first use (and again in a forked child).
-    fn pool(&self) -> Result<Arc<Pool>, Error> {
+    /// This process's pool (built again, on first use, in a forked child).
+    fn pool(&self) -> Result<LedgerPool, Error> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let pid = std::process::id();
         if state.pid != pid {
-            // A forked child: the parent's connections, pool threads and
-            // sockets are not ours. Never close them (that could checkpoint
-            // or unlink the parent's WAL, or end its PostgreSQL sessions).
             if let Some(inherited) = state.pool.take() {
                 std::mem::forget(inherited);
             }
@@ -688,7 +672,7 @@ impl NativeLedger {
         if let Some(pool) = &state.pool {
             return Ok(pool.clone());
         }
-        let pool = Arc::new(Pool::new(&self.source, self.config.clone(), self.clock.clone())?);
+        let pool = self.source.pool(self.config.clone(), self.clock.clone())?;
         state.pool = Some(pool.clone());
         Ok(pool)
     }
@@ -708,15 +692,7 @@ impl NativeLedger {
     }
 
     fn begin_native(&self, principal: Option<&str>, request: &Request) -> Begun {
-        let pool = match self.pool() {
-            Ok(p) => p,
-            Err(e) => {
-                let response = fallback_error_response(&self.config, &e);
-                return Begun::Unavailable(e, response);
-            }
-        };
-        let lent = pool.with(|ledger| begin_on(ledger, principal, request));
-        match lent {
+        match self.with(|ledger| begin_on(ledger, principal, request)) {
             Ok(begun) => begun,
             Err(e) => {
                 log::error!(target: "idempotency_ledger", "[idempotency] request not executed: {e}");
@@ -729,22 +705,73 @@ impl NativeLedger {
     fn begun_py<'py>(&self, py: Python<'py>, begun: Begun) -> PyResult<Bound<'py, PyTuple>> {
         Ok(match begun {
             Begun::Pass => PyTuple::new(py, ["pass"])?,
-            Begun::Rejected(reason, r) => {
-                let (s, h, b) = response_py(py, r);
-                (("reject", reason_name(reason), s, h, b)).into_pyobject(py)?
-            }
+            Begun::Rejected(reason, r) => rejected_py(py, reason, r)?,
             Begun::Replayed(r) => {
                 let (s, h, b) = response_py(py, r);
                 (("replay", s, h, b)).into_pyobject(py)?
             }
             Begun::Execute(t) => (("execute", Ticket::from_wit(t))).into_pyobject(py)?,
-            Begun::Unavailable(e, r) => {
-                let (s, h, b) = response_py(py, r);
-                let exception = error_object(py, &e).into_value(py);
-                (("unavailable", exception, s, h, b)).into_pyobject(py)?
-            }
+            Begun::Unavailable(e, r) => unavailable_py(py, &e, r)?,
         })
     }
+}
+
+fn rejected_py<'py>(py: Python<'py>, reason: wit::RejectionReason, r: Response) -> PyResult<Bound<'py, PyTuple>> {
+    let (s, h, b) = response_py(py, r);
+    ("reject", reason_name(reason), s, h, b).into_pyobject(py)
+}
+
+fn unavailable_py<'py>(py: Python<'py>, e: &Error, r: Response) -> PyResult<Bound<'py, PyTuple>> {
+    let (s, h, b) = response_py(py, r);
+    ("unavailable", error_object(py, e).into_value(py), s, h, b).into_pyobject(py)
+}
+
+fn stored_py(py: Python<'_>, stored: Stored) -> (&'static str, Option<Py<PyAny>>) {
+    match stored {
+        Stored::Completed => ("completed", None),
+        Stored::Released => ("released", None),
+        Stored::FencedOut => ("fenced-out", None),
+        Stored::Failed(e) => ("failed", Some(error_object(py, &e).into_value(py).into_any())),
+    }
+}
+
+/// A mutation run by `NativeLedger::handle` that raised: the exception, and
+/// how the core's abandon line describes it.
+struct Raised {
+    error: PyErr,
+    detail: String,
+}
+
+impl std::fmt::Display for Raised {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.detail)
+    }
+}
+
+/// Runs the Python mutation for the crate's `handle`: `run()` returns
+/// `(status, headers, body, nothing_changed)` (the Python side normalised it)
+/// or raises.
+fn run_mutation(run: &Py<PyAny>) -> Result<MutationResponse, Raised> {
+    Python::attach(|py| {
+        let produced = run.call0(py).and_then(|out| out.extract::<(u16, Vec<(String, String)>, BodyArg, bool)>(py));
+        match produced {
+            Ok((status, headers, body, nothing_changed)) => Ok(MutationResponse {
+                status,
+                headers,
+                body: match body {
+                    BodyArg::Text(t) => Body::Text(t),
+                    BodyArg::Bytes(b) => Body::Bytes(b),
+                },
+                nothing_changed,
+            }),
+            Err(error) => {
+                let name = error.get_type(py).name().map(|n| n.to_string()).unwrap_or_else(|_| "Exception".into());
+                let text = error.value(py).str().map(|s| s.to_string()).unwrap_or_default();
+                let detail = if text.is_empty() { name } else { format!("{name}: {text}") };
+                Err(Raised { error, detail })
+            }
+        }
+    })
 }
 
 /// Admission, the body cap, the fingerprint, the decision (polling while the
@@ -761,7 +788,7 @@ fn begin_on(ledger: &mut Ledger, principal: Option<&str>, request: &Request) -> 
     };
     let principal = principal.unwrap_or_default();
     if request.body.len() as u64 > ledger.policy().request_body_cap_bytes {
-        return match body_too_large(ledger) {
+        return match ledger.body_too_large() {
             Ok(r) => Begun::Rejected(r.reason, response_of(r.response)),
             Err(error) => unavailable(ledger, error, principal, &protected.key),
         };
@@ -794,19 +821,6 @@ fn response_of(r: wit::Response) -> Response {
     }
 }
 
-fn body_too_large(ledger: &mut Ledger) -> Result<wit::Rejection, Error> {
-    ledger
-        .with_component(|core, store, session| core.idempotency_ledger_session().session().call_body_too_large(store, session))?
-        .map_err(Error::Trap)
-}
-
-fn head_of(request: &Request) -> wit::RequestHead {
-    wit::RequestHead {
-        method: request.method.clone(),
-        path_and_query: request.path_and_query.clone(),
-        headers: request.headers.iter().map(|(n, v)| wit::Header { name: n.clone(), value: v.clone() }).collect(),
-    }
-}
 
 fn abandon_reason(name: &str) -> PyResult<wit::AbandonReason> {
     match name {
@@ -826,11 +840,24 @@ impl NativeLedger {
     }
 
     /// A ledger on PostgreSQL through the crate's pool (tokio-postgres +
-    /// deadpool, TLS from the URL's sslmode). Connects lazily.
+    /// deadpool, TLS from the URL's sslmode). Connects lazily. With
+    /// `lock_timeout_ms`, each batch sets that `lock_timeout` (else the
+    /// crate's 5 s).
     #[staticmethod]
-    #[pyo3(signature = (url, max_size=10, settings=None, clock=None))]
-    fn postgres(py: Python<'_>, url: String, max_size: usize, settings: Option<&Bound<'_, PyDict>>, clock: Option<Py<PyAny>>) -> PyResult<NativeLedger> {
-        NativeLedger::build(py, Source::Postgres { url, max_size }, settings, clock)
+    #[pyo3(signature = (url, max_size=10, settings=None, clock=None, lock_timeout_ms=None))]
+    fn postgres(
+        py: Python<'_>,
+        url: String,
+        max_size: usize,
+        settings: Option<&Bound<'_, PyDict>>,
+        clock: Option<Py<PyAny>>,
+        lock_timeout_ms: Option<u64>,
+    ) -> PyResult<NativeLedger> {
+        if max_size == 0 {
+            return Err(PyValueError::new_err("max_size must be at least 1"));
+        }
+        let lock_timeout = lock_timeout_ms.map(lock_timeout_literal);
+        NativeLedger::build(py, Source::Postgres { url, max_size, lock_timeout }, settings, clock)
     }
 
     /// A ledger whose batches run in Python: `run(statements) -> [(rows,
@@ -861,6 +888,54 @@ impl NativeLedger {
     /// Creates the table and index if missing.
     fn migrate(&self, py: Python<'_>) -> PyResult<()> {
         self.run(py, |l| l.migrate())
+    }
+
+    /// The whole SPEC through the crate's `LedgerPool::handle`: `run()` is
+    /// the mutation (returning `(status, headers, body, nothing_changed)`),
+    /// called at most once, with the GIL, between the decision and the
+    /// completion. Answers `("pass", s, h, b)`, `("reject", reason, s, h,
+    /// b)`, `("replay", s, h, b)`, `("executed", ticket, s, h, b, stored,
+    /// error)`, `("unavailable", error, s, h, b)` or `("raised", exception,
+    /// ticket, released)`; never raises for a ledger failure.
+    #[pyo3(signature = (principal, method, path, headers, body, run))]
+    #[allow(clippy::too_many_arguments)]
+    fn handle<'py>(
+        &self,
+        py: Python<'py>,
+        principal: Option<String>,
+        method: String,
+        path: String,
+        headers: Vec<(String, String)>,
+        body: Vec<u8>,
+        run: Py<PyAny>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let request = NativeLedger::head(method, path, headers, body);
+        let handled = py.detach(|| match self.pool() {
+            Ok(pool) => pool.handle(principal.as_deref(), &request, |_| run_mutation(&run)),
+            Err(error) => {
+                let response = fallback_error_response(&self.config, &error);
+                Err(HandleError::Unavailable { error, response })
+            }
+        });
+        let handled = match handled {
+            Ok(handled) => handled,
+            Err(HandleError::Unavailable { error, response }) => return unavailable_py(py, &error, response),
+            Err(HandleError::Mutation { error, ticket, released }) => {
+                let ticket = ticket.map(Ticket::from_wit);
+                return ("raised", error.error.into_value(py), ticket, released).into_pyobject(py);
+            }
+        };
+        let (s, h, b) = response_py(py, handled.response);
+        Ok(match handled.outcome {
+            Outcome::PassThrough => ("pass", s, h, b).into_pyobject(py)?,
+            Outcome::Rejected(reason) => ("reject", reason_name(reason), s, h, b).into_pyobject(py)?,
+            Outcome::Replayed => ("replay", s, h, b).into_pyobject(py)?,
+            Outcome::Executed { ticket, stored } => {
+                let (stored, error) = stored_py(py, stored);
+                ("executed", Ticket::from_wit(ticket), s, h, b, stored, error).into_pyobject(py)?
+            }
+            Outcome::Unavailable(error) => ("unavailable", error_object(py, &error).into_value(py), s, h, b).into_pyobject(py)?,
+        })
     }
 
     /// Admission, body cap, fingerprint and decision (waiting while the core
@@ -902,27 +977,22 @@ impl NativeLedger {
             nothing_changed: false,
         };
         let wit_ticket = ticket.to_wit();
-        let done = py.detach(|| -> Result<(Response, Stored, bool), Error> {
+        let done = py.detach(|| -> Result<(Response, Stored), Error> {
             let pool = self.pool()?;
             let handled = pool.with(|ledger| ledger.finish(wit_ticket, &produced))?;
             let stored = match handled.outcome {
-                idempotency_ledger::Outcome::Executed { stored, .. } => stored,
+                Outcome::Executed { stored, .. } => stored,
                 _ => Stored::Completed,
             };
             if handled.sweep_due {
                 pool.sweep_in_background();
             }
-            Ok((handled.response, stored, handled.sweep_due))
+            Ok((handled.response, stored))
         });
         match done {
-            Ok((response, stored, _)) => {
+            Ok((response, stored)) => {
                 let (s, h, b) = response_py(py, response);
-                let (name, error) = match stored {
-                    Stored::Completed => ("completed", None),
-                    Stored::Released => ("released", None),
-                    Stored::FencedOut => ("fenced-out", None),
-                    Stored::Failed(e) => ("failed", Some(error_object(py, &e).into_value(py).into_any())),
-                };
+                let (name, error) = stored_py(py, stored);
                 Ok((s, h, b, name, error))
             }
             Err(e) => {
@@ -984,18 +1054,13 @@ impl NativeLedger {
 
     /// The core's 413 for a body found larger than the cap while reading it.
     fn body_too_large<'py>(&self, py: Python<'py>) -> PyResult<PyResponse<'py>> {
-        let r = self.run(py, body_too_large)?;
+        let r = self.run(py, |l| l.body_too_large())?;
         Ok(wit_response_py(py, r.response))
     }
 
     fn fingerprint_prefix(&self, py: Python<'_>, method: String, path: String, headers: Vec<(String, String)>) -> PyResult<String> {
-        let head = head_of(&NativeLedger::head(method, path, headers, Vec::new()));
-        self.run(py, move |l| {
-            l.with_component(|core, store, session| {
-                core.idempotency_ledger_session().session().call_fingerprint_prefix(store, session, &head)
-            })?
-            .map_err(Error::Trap)
-        })
+        let request = NativeLedger::head(method, path, headers, Vec::new());
+        self.run(py, move |l| l.fingerprint_prefix(&request))
     }
 
     /// SPEC 4: the core's prefix hashed natively with the body.
@@ -1021,8 +1086,8 @@ impl NativeLedger {
         Ok(response_py(py, response))
     }
 
-    /// Logs a line the core words for a failure of the host's own making
-    /// around a mutation (for example the app raised): `abandon` does that.
+    /// Drops this process's pool (its connections close once no call holds
+    /// them); every later call fails closed with `io`.
     fn close(&self) {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         state.closed = true;

@@ -107,99 +107,64 @@ def ledger(db_path: Path, clock: ManualClock) -> Any:
         yield ledger
 
 
-# Two copies of SQLite must never open the same file in one process (their
-# POSIX locks clobber each other): the extension bundles its own SQLite, so
-# files a `Ledger(path)` uses are arranged and inspected through it (a
-# NativeSession's raw SQL). Files used through Python's sqlite3 instead
-# (`Ledger(sqlite3_connection)`: ConnectionProxy, python_connection) are
-# registered here and inspected with sqlite3.
-PYTHON_SQLITE_PATHS: set[str] = set()
+# The extension links the process's libsqlite3 (the library Python's sqlite3
+# module loaded), so tests arrange and inspect ledger files with sqlite3 while
+# the ledger has them open: one SQLite library per process, one set of locks.
 
 
 def python_connection(path: Path, **kwargs: Any) -> sqlite3.Connection:
     """A sqlite3 connection for a ledger that runs on Python's sqlite3."""
-    PYTHON_SQLITE_PATHS.add(str(path))
     kwargs.setdefault("isolation_level", None)
     kwargs.setdefault("check_same_thread", False)
     kwargs.setdefault("timeout", 5)
-    return sqlite3.connect(path, **kwargs)
+    conn: sqlite3.Connection = sqlite3.connect(path, **kwargs)
+    return conn
 
 
-def native_sql(path: Path, statements: list[tuple[str, list[Any]]]) -> list[list[list[Any]]]:
-    """Runs statements in one transaction through the extension's SQLite."""
-    from idempotency_ledger.session import Session
-
-    answer = Session({}, str(path)).call("sql", statements=[[sql, params] for sql, params in statements])
-    assert "ok" in answer, answer
-    return answer["ok"]  # type: ignore[no-any-return]
+def _blob_aware(value: Any) -> Any:
+    return {"blob": len(value)} if isinstance(value, bytes) else value
 
 
-def _python_side(path: Path) -> bool:
-    return str(path) in PYTHON_SQLITE_PATHS
-
-
-def rows(db_path: Path) -> list[dict[str, Any]]:
-    if not _python_side(db_path):
-        found = native_sql(db_path, [(f"SELECT {', '.join(COLUMNS)} FROM idempotency_keys ORDER BY principal, key", [])])[0]
-        return [dict(zip(COLUMNS, r)) for r in found]
-    conn = sqlite3.connect(db_path)
+def sqlite_sql(path: Path, statements: list[tuple[str, list[Any]]]) -> list[list[list[Any]]]:
+    """Runs statements in one transaction with Python's sqlite3; the rows of
+    each (blobs as {"blob": length}, text that is not UTF-8 decoded with
+    replacement)."""
+    conn = sqlite3.connect(path, timeout=10, isolation_level=None)
     try:
         conn.text_factory = lambda b: b.decode("utf-8", "replace")
-        cur = conn.execute(f"SELECT {', '.join(COLUMNS)} FROM idempotency_keys ORDER BY principal, key")
-        out = []
-        for r in cur.fetchall():
-            out.append({c: ({"blob": len(v)} if isinstance(v, bytes) else v) for c, v in zip(COLUMNS, r)})
+        conn.execute("BEGIN IMMEDIATE")
+        out = [[[_blob_aware(v) for v in row] for row in conn.execute(sql, params).fetchall()] for sql, params in statements]
+        conn.execute("COMMIT")
         return out
     finally:
         conn.close()
 
 
+def rows(db_path: Path) -> list[dict[str, Any]]:
+    found = sqlite_sql(db_path, [(f"SELECT {', '.join(COLUMNS)} FROM idempotency_keys ORDER BY principal, key", [])])[0]
+    return [dict(zip(COLUMNS, r)) for r in found]
+
+
 def insert_rows(db_path: Path, items: list[dict[str, Any]]) -> None:
-    if not _python_side(db_path):
-        for row in items:
-            for value in row.values():
-                assert value is None or isinstance(value, (str, int)) and not isinstance(value, bool), row
-        insert = f"INSERT INTO idempotency_keys ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
-        if items:
-            native_sql(db_path, [(insert, [row[c] for c in COLUMNS]) for row in items])
-        return
-    conn = sqlite3.connect(db_path)
-    try:
-        with conn:
-            for row in items:
-                for value in row.values():
-                    assert value is None or isinstance(value, (str, int)) and not isinstance(value, bool), row
-                conn.execute(
-                    f"INSERT INTO idempotency_keys ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
-                    [row[c] for c in COLUMNS],
-                )
-    finally:
-        conn.close()
+    for row in items:
+        for value in row.values():
+            assert value is None or isinstance(value, (str, int)) and not isinstance(value, bool), row
+    insert = f"INSERT INTO idempotency_keys ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
+    if items:
+        sqlite_sql(db_path, [(insert, [row[c] for c in COLUMNS]) for row in items])
 
 
 def record_order(db_path: Path) -> None:
     """The application's own write (a table of its own in the same file)."""
-    if not _python_side(db_path):
-        native_sql(db_path, [("CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY, note TEXT)", []),
-                             ("INSERT INTO orders (note) VALUES ('made')", [])])
-        return
-    conn = sqlite3.connect(db_path, timeout=10)
-    with conn:
-        conn.execute("CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY, note TEXT)")
-        conn.execute("INSERT INTO orders (note) VALUES ('made')")
-    conn.close()
+    sqlite_sql(db_path, [("CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY, note TEXT)", []),
+                         ("INSERT INTO orders (note) VALUES ('made')", [])])
 
 
 def order_count(db_path: Path) -> int:
-    if not _python_side(db_path):
-        native_sql(db_path, [("CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY, note TEXT)", [])])
-        return int(native_sql(db_path, [("SELECT count(*) FROM orders", [])])[0][0][0])
-    conn = sqlite3.connect(db_path, timeout=10)
-    try:
-        exists = conn.execute("SELECT count(*) FROM sqlite_master WHERE name = 'orders'").fetchone()[0]
-        return conn.execute("SELECT count(*) FROM orders").fetchone()[0] if exists else 0
-    finally:
-        conn.close()
+    exists, = sqlite_sql(db_path, [("SELECT count(*) FROM sqlite_master WHERE name = 'orders'", [])])
+    if not exists[0][0]:
+        return 0
+    return int(sqlite_sql(db_path, [("SELECT count(*) FROM orders", [])])[0][0][0])
 
 
 def post(ledger: Ledger, key: str | None, mutation: Callable[[], Any], *, body: bytes = b'{"sku":"A-1"}', principal: str = "acct-1",
@@ -244,7 +209,6 @@ class ConnectionProxy:
     _own = ("_conn", "executes", "faults", "before", "statements")
 
     def __init__(self, path: Path, **kwargs: Any) -> None:
-        PYTHON_SQLITE_PATHS.add(str(path))
         kwargs.setdefault("isolation_level", None)
         kwargs.setdefault("check_same_thread", False)
         kwargs.setdefault("timeout", 5)

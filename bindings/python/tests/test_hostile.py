@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from conftest import T0, ConnectionProxy, Mutation, insert_rows, native_sql, post, rows
-from idempotency_ledger import InvalidArgument, InvalidConfig, Ledger, MalformedResult, MutationResponse, Outcome, ticket_of
+from conftest import T0, ConnectionProxy, Mutation, insert_rows, sqlite_sql, post, rows
+from idempotency_ledger import InvalidArgument, InvalidConfig, Ledger, MalformedResult, MutationResponse, NothingChanged, Outcome, ticket_of
 
 FP = "0" * 64
 
@@ -101,11 +101,21 @@ def test_response_bodies_statuses_and_headers_that_cannot_be_stored(ledger: Ledg
 
 
 def test_mutation_returning_garbage_raises_with_the_ticket(ledger: Ledger, db_path: Path) -> None:
-    for i, produced in enumerate([None, (70_000, [], b""), ("201", [], b""), (201, [], 42)]):
-        with pytest.raises((TypeError, ValueError)) as info:
+    cases: list[tuple[Any, type[Exception]]] = [(None, TypeError), ((70_000, [], b""), ValueError), (("201", [], b""), TypeError),
+                                                 ((201, [], 42), TypeError), ((-1, [], b""), ValueError)]
+    for i, (produced, raised) in enumerate(cases):
+        with pytest.raises(raised) as info:
             post(ledger, f"g{i}", lambda p=produced: p)
-        assert ticket_of(info.value) is not None
+        assert ticket_of(info.value) is not None and getattr(info.value, "idempotency_released") is False
     assert {r["status"] for r in rows(db_path)} == {"pending"}
+    # NothingChanged with an unusable response: the key is released all the
+    # same (nothing changed), then the response's error is raised.
+    def nothing(response: Any) -> Any:
+        raise NothingChanged(response)
+
+    with pytest.raises(ValueError, match="0..65535") as info:
+        post(ledger, "nc", lambda: nothing((99_999, [], b"")))
+    assert getattr(info.value, "idempotency_released") is True and "nc" not in {r["key"] for r in rows(db_path)}
 
 
 def test_corrupt_stored_rows_answer_500_and_never_execute(ledger: Ledger, db_path: Path) -> None:
@@ -120,7 +130,7 @@ def test_corrupt_stored_rows_answer_500_and_never_execute(ledger: Ledger, db_pat
         row("unknown-status", "archived", 201, "{}"),
         row("empty-status", "", None, None),
     ])
-    native_sql(db_path, [
+    sqlite_sql(db_path, [
         ("INSERT INTO idempotency_keys VALUES ('acct', 'blob-body', ?, 'completed', 1, 200, X'FFFE', '{}', ?, ?)", [FP, T0, T0]),
         ("INSERT INTO idempotency_keys VALUES ('acct', 'bad-utf8', ?, 'completed', 1, 200, CAST(X'FF' AS TEXT), '{}', ?, ?)", [FP, T0, T0]),
     ])

@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from conftest import T0, ConnectionProxy, ManualClock, Mutation, Store, native_sql, post, rows
+from conftest import T0, ConnectionProxy, ManualClock, Mutation, Store, sqlite_sql, post, rows
 from idempotency_ledger import Ledger, LedgerUnavailable, MutationResponse, Outcome, ticket_of
 
 JSON = ("content-type", "application/json")
@@ -120,7 +120,7 @@ def test_2_schema_is_exact_and_migrate_is_idempotent(ledger: Ledger, store: Stor
     if store.kind == "postgres":
         _check_postgres_schema(ledger, store)
         return
-    info = native_sql(store.path, [("PRAGMA table_info(idempotency_keys)", [])])[0]  # type: ignore[attr-defined]
+    info = sqlite_sql(store.path, [("PRAGMA table_info(idempotency_keys)", [])])[0]  # type: ignore[attr-defined]
     cols = [tuple(r[1:6]) for r in info]
     assert cols == [
         ("principal", "TEXT", 1, None, 1),
@@ -134,7 +134,7 @@ def test_2_schema_is_exact_and_migrate_is_idempotent(ledger: Ledger, store: Stor
         ("created_at", "INTEGER", 1, None, 0),
         ("updated_at", "INTEGER", 1, None, 0),
     ]
-    index, mode = native_sql(store.path, [  # type: ignore[attr-defined]
+    index, mode = sqlite_sql(store.path, [  # type: ignore[attr-defined]
         ("SELECT sql FROM sqlite_master WHERE name = 'idx_idempotency_keys_updated_at'", []),
         ("PRAGMA journal_mode", []),
     ])

@@ -134,8 +134,10 @@ class DbapiConnectionBatch:
                 raise BatchFailure("database", driver_code(error), str(error) or type(error).__name__) from error
 
 
-def connection_batch(connection: Any, dialect: Optional[str]) -> tuple[BatchFn, str]:
-    """The batch callback and the dialect for a connection the caller brought."""
+def connection_batch(connection: Any, dialect: Optional[str], *, busy_timeout_ms: int = 5000) -> tuple[BatchFn, str]:
+    """The batch callback and the dialect for a connection the caller brought
+    (`busy_timeout_ms`: a psycopg connection's `lock_timeout` per batch; a
+    sqlite3 connection keeps its own timeout)."""
     if isinstance(connection, sqlite3.Connection) or hasattr(connection, "total_changes"):
         if dialect not in (None, "sqlite"):
             raise ValueError("a sqlite3 connection speaks the sqlite dialect")
@@ -144,7 +146,7 @@ def connection_batch(connection: Any, dialect: Optional[str]) -> tuple[BatchFn, 
     if module == "psycopg":
         from .postgres import ConnectionBatch
 
-        return ConnectionBatch(connection), "postgres"
+        return ConnectionBatch(connection, busy_timeout_ms=busy_timeout_ms), "postgres"
     if not callable(getattr(connection, "cursor", None)):
         raise TypeError(
             "Ledger takes a SQLite path, a sqlite3 or DB-API connection, or a psycopg_pool.ConnectionPool "

@@ -122,9 +122,138 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
+def _conninfo_pairs(conninfo: str) -> list[tuple[str, str]]:
+    """The parameters of a libpq `key=value` string (values quoted with '...'
+    and backslash escapes, as libpq reads them)."""
+    pairs: list[tuple[str, str]] = []
+    i, n = 0, len(conninfo)
+    while True:
+        while i < n and conninfo[i].isspace():
+            i += 1
+        if i >= n:
+            return pairs
+        start = i
+        while i < n and conninfo[i] != "=" and not conninfo[i].isspace():
+            i += 1
+        key = conninfo[start:i]
+        while i < n and conninfo[i].isspace():
+            i += 1
+        if not key or i >= n or conninfo[i] != "=":
+            raise ValueError(f"connection string: expected key=value at {conninfo[start:start + 20]!r}")
+        i += 1
+        while i < n and conninfo[i].isspace():
+            i += 1
+        value: list[str] = []
+        quoted = i < n and conninfo[i] == "'"
+        i += quoted
+        while i < n:
+            c = conninfo[i]
+            if c == "\\" and i + 1 < n:
+                value.append(conninfo[i + 1])
+                i += 2
+                continue
+            if (quoted and c == "'") or (not quoted and c.isspace()):
+                i += quoted
+                break
+            value.append(c)
+            i += 1
+        else:
+            if quoted:
+                raise ValueError("connection string: unterminated quoted value")
+        pairs.append((key, "".join(value)))
+
+
+def _conninfo_with(url: str, params: Mapping[str, Any], options: str = "") -> str:
+    """`url` (a `postgresql://` URL or a libpq `key=value` string) with
+    `params` set (replacing the same keys) and `options` (server settings,
+    `-c name=value ...`) appended to its `options`."""
+    extra: list[tuple[str, str]] = []
+    for key, value in params.items():
+        if not isinstance(key, str) or not key or not key.replace("_", "").isalnum():
+            raise ValueError(f"connect_kwargs: {key!r} is not a connection parameter name")
+        if value is not None:
+            extra.append((key, str(int(value) if isinstance(value, bool) else value)))
+    if not extra and not options:
+        return url
+    is_url = url.startswith(("postgres://", "postgresql://"))
+    if is_url:
+        from urllib.parse import unquote
+
+        base, _, query = url.partition("?")
+        pairs = [(unquote(k), unquote(v)) for k, _, v in (item.partition("=") for item in query.split("&") if item)]
+    else:
+        pairs = _conninfo_pairs(url)
+    merged = [(k, v) for k, v in pairs if k not in {key for key, _ in extra}] + extra
+    if options:
+        current = " ".join(v for k, v in merged if k == "options")
+        merged = [(k, v) for k, v in merged if k != "options"] + [("options", f"{current} {options}".strip())]
+    if is_url:
+        from urllib.parse import quote
+
+        return f"{base}?" + "&".join(f"{quote(k, safe='')}={quote(v, safe='')}" for k, v in merged)
+
+    def literal(value: str) -> str:
+        if value and not any(c.isspace() or c in "'\\" for c in value):
+            return value
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+    return " ".join(f"{k}={literal(v)}" for k, v in merged)
+
+
+def _lock_timeout_literal(ms: int) -> str:
+    """PostgreSQL's `lock_timeout` for `ms` milliseconds; 0 (do not wait) is
+    '1ms', since PostgreSQL reads 0 as "wait forever"."""
+    if isinstance(ms, bool) or not isinstance(ms, int) or ms < 0:
+        raise ValueError("busy_timeout_ms must be a non-negative int")
+    if ms == 0:
+        return "1ms"
+    return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
+
+
 def _is_psycopg_pool(database: Any) -> bool:
     module = sys.modules.get("psycopg_pool")
     return module is not None and isinstance(database, (module.ConnectionPool, module.AsyncConnectionPool))
+
+
+def _checked(produced: Any) -> tuple[int, list[tuple[str, str]], Union[str, bytes]]:
+    status, headers, body = _unpack(produced)
+    if isinstance(status, bool) or not isinstance(status, int):
+        raise TypeError(f"the mutation's status {status!r} is not an int")
+    if not 0 <= status <= 65535:
+        raise ValueError(f"the mutation's status {status!r} is not an int in 0..65535")
+    return status, headers, body
+
+
+class _Mutation:
+    """`run_mutation` as the extension calls it: `(status, headers, body,
+    nothing_changed)`. `NothingChanged` becomes its response marked
+    nothing-changed (the core releases the key and sends it as it is). One
+    without a response (or with one that is unusable) is released all the
+    same, and `raise_after` is raised once it is."""
+
+    __slots__ = ("run", "nothing_changed", "raise_after")
+
+    def __init__(self, run: Callable[[], Produced]) -> None:
+        self.run = run
+        self.nothing_changed: Optional[NothingChanged] = None
+        self.raise_after: Optional[BaseException] = None
+
+    def __call__(self) -> tuple[int, list[tuple[str, str]], Union[str, bytes], bool]:
+        try:
+            produced = self.run()
+        except NothingChanged as error:
+            self.nothing_changed = error
+            if error.response is None:
+                self.raise_after = error
+            else:
+                try:
+                    status, headers, body = _checked(error.response)
+                    return (status, headers, body, True)
+                except Exception as bad:
+                    self.raise_after = bad
+            return (204, [], b"", True)
+        status, headers, body = _checked(produced)
+        return (status, headers, body, False)
 
 
 class Ledger:
@@ -155,7 +284,6 @@ class Ledger:
         dialect: Optional[str] = None,
         **settings: Any,
     ) -> None:
-        self._owned_backend: Any = None
         if isinstance(database, _native.NativeLedger):
             native = database
         elif isinstance(database, (str, bytes, os.PathLike)):
@@ -168,7 +296,7 @@ class Ledger:
         else:
             from ._dbapi import connection_batch
 
-            run, found = connection_batch(database, dialect)
+            run, found = connection_batch(database, dialect, busy_timeout_ms=busy_timeout_ms)
             native = _native.NativeLedger.callback(run, found, settings, clock)
         self._native = native
         protected, cap, null_body = native.policy()
@@ -178,12 +306,38 @@ class Ledger:
         self._null_body = frozenset(null_body)
 
     @classmethod
-    def postgres(cls, url: str, *, max_size: int = 10, clock: Optional[Callable[[], int]] = None, **settings: Any) -> "Ledger":
-        """A ledger on PostgreSQL at `url` (`postgresql://...`, TLS per its
-        `sslmode`), through the Rust crate's connection pool (at most
-        `max_size` connections; connects lazily). Run `migrate()` once at
-        deploy time."""
-        return cls(_native.NativeLedger.postgres(url, max_size, settings, clock))
+    def postgres(
+        cls,
+        url: str,
+        *,
+        max_size: int = 10,
+        busy_timeout_ms: Optional[int] = None,
+        connect_kwargs: Optional[Mapping[str, Any]] = None,
+        clock: Optional[Callable[[], int]] = None,
+        **settings: Any,
+    ) -> "Ledger":
+        """A ledger on PostgreSQL at `url` (`postgresql://...` or a libpq
+        `key=value` string; TLS per its `sslmode` and `sslrootcert`), through
+        the Rust crate's connection pool (at most `max_size` connections,
+        made lazily; a request waits up to 5 s for one, then answers 503).
+        Run `migrate()` once at deploy time.
+
+        `busy_timeout_ms`: each batch's `lock_timeout` (how long a statement
+        waits for a row lock before the batch fails as busy; default the
+        crate's 5 s; 0 means 1 ms, never "wait forever"). `connect_kwargs`:
+        connection parameters added to `url` (`sslmode`, `sslrootcert`,
+        `application_name`, `connect_timeout`, `options`, ...).
+        """
+        if isinstance(max_size, bool) or not isinstance(max_size, int) or max_size < 1:
+            raise ValueError("max_size must be an int >= 1")
+        if busy_timeout_ms is not None and (isinstance(busy_timeout_ms, bool) or not isinstance(busy_timeout_ms, int) or busy_timeout_ms < 0):
+            raise ValueError("busy_timeout_ms must be a non-negative int")
+        # The sessions' own lock_timeout too: the crate prepares each
+        # statement on a new connection before the batch's transaction (and
+        # its SET LOCAL) begins, and that wait must be bounded as well.
+        lock_timeout = _lock_timeout_literal(5000 if busy_timeout_ms is None else busy_timeout_ms)
+        url = _conninfo_with(url, connect_kwargs or {}, f"-c lock_timeout={lock_timeout}")
+        return cls(_native.NativeLedger.postgres(url, max_size, settings, clock, busy_timeout_ms))
 
     # ---------------------------------------------------------------- properties
 
@@ -270,11 +424,30 @@ class Ledger:
                     return self._pass_through(produced)
                 return _quick(status, list(produced.headers), raw, _PASS)
             return self._pass_through(produced)
-        begun = self._native.begin(principal, method, _text(path_and_query), _headers(headers), _body(body))
-        tag = begun[0]
-        if tag == "execute":
-            return self._run(begun[1], run_mutation)
-        return self._begun_result(begun, run_mutation)
+        call = _Mutation(run_mutation)
+        out = self._native.handle(principal, method, _text(path_and_query), _headers(headers), _body(body), call)
+        tag = out[0]
+        if tag == "executed":
+            ticket, stored = out[1], out[5]
+            nothing = call.nothing_changed
+            if nothing is None:
+                flags = _STORED[stored]
+                return Result(out[2], out[3], out[4], _EXECUTED, ticket=ticket, stored=flags[0], fenced_out=flags[1], released=flags[2], error=out[6])
+            released = stored == "released"
+            if call.raise_after is not None:
+                _attach(call.raise_after, ticket, released)
+                raise call.raise_after
+            return Result(out[2], out[3], out[4], Outcome.RELEASED, ticket=ticket, released=released)
+        if tag == "raised":
+            error = out[1]
+            if out[2] is not None:
+                _attach(error, out[2], out[3])
+            raise error
+        if tag == "pass":
+            if call.nothing_changed is not None:
+                raise call.nothing_changed  # no reservation to release: as a plain call would
+            return Result(out[1], out[2], out[3], _PASS)
+        return self._begun_result(out, None)
 
     def _begun_result(self, begun: tuple[Any, ...], run_mutation: Optional[Callable[[], Produced]]) -> Result:
         tag = begun[0]
@@ -292,22 +465,6 @@ class Ledger:
         if status in self._null_body:
             body = b""
         return Result(status, headers, body.encode("utf-8") if isinstance(body, str) else body, outcome, **details)
-
-    def _run(self, ticket: Ticket, run_mutation: Callable[[], Produced]) -> Result:
-        try:
-            produced = run_mutation()
-            status, headers, body = _unpack(produced)
-        except NothingChanged as nothing:
-            released = self._native.abandon(ticket, "nothing-changed", "")
-            if nothing.response is None:
-                _attach(nothing, ticket, released)
-                raise
-            return self._pass_through(nothing.response, Outcome.RELEASED, ticket=ticket, released=released)
-        except BaseException as error:
-            released = self._native.abandon(ticket, "raised", _describe(error))
-            _attach(error, ticket, released)
-            raise
-        return self._finish(ticket, status, headers, body)
 
     def _finish(self, ticket: Ticket, status: Any, headers: list[tuple[str, str]], body: Union[str, bytes]) -> Result:
         try:

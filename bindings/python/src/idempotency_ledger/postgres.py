@@ -28,6 +28,7 @@ from psycopg import pq
 from psycopg.rows import tuple_row
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
+from ._ledger import _lock_timeout_literal
 from ._native import BatchFailure
 
 log = logging.getLogger("idempotency_ledger")
@@ -46,11 +47,7 @@ def _message(error: BaseException) -> str:
 def lock_timeout_literal(ms: int) -> str:
     """`SET LOCAL lock_timeout` for `ms` milliseconds; 0 (do not wait) is
     '1ms', since PostgreSQL reads 0 as "wait forever"."""
-    if isinstance(ms, bool) or not isinstance(ms, int) or ms < 0:
-        raise ValueError("busy_timeout_ms must be a non-negative int")
-    if ms == 0:
-        return "1ms"
-    return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
+    return _lock_timeout_literal(ms)
 
 
 def _value(v: Any) -> Any:
@@ -170,6 +167,18 @@ def _give_back(pool: ConnectionPool[Any], conn: "psycopg.Connection[Any]", resto
     pool.putconn(conn)
 
 
+def _timed_out(pool: ConnectionPool[Any], error: PoolTimeout, failed_before: int) -> BatchFailure:
+    """What a pool that gave no connection in time saw: a server it could
+    not connect to (a connection attempt failed while we waited, or it never
+    made one, or it could still grow: unreachable), or every connection in
+    use (exhausted)."""
+    stats = pool.get_stats()
+    failed, made = stats.get("connections_errors", 0), stats.get("connections_num", 0)
+    if failed > failed_before or (failed and not made) or stats.get("pool_size", 0) < pool.max_size:
+        return BatchFailure("unreachable", None, f"{_message(error)} (the pool could not open a connection)")
+    return BatchFailure("pool-exhausted", None, f"{_message(error)} (all {pool.max_size} connections in use)")
+
+
 class PoolBatch:
     """Batches on connections borrowed from a `psycopg_pool.ConnectionPool`
     (thread-safe: each batch takes its own connection and gives it back)."""
@@ -184,12 +193,11 @@ class PoolBatch:
     def _getconn(self) -> "psycopg.Connection[Any]":
         pool = self.pool
         for _ in range((pool.max_size or 1) + 1):
+            failed_before = pool.get_stats().get("connections_errors", 0)
             try:
                 conn: psycopg.Connection[Any] = pool.getconn()
             except PoolTimeout as error:
-                if pool.get_stats().get("pool_size", 0) >= pool.max_size:
-                    raise BatchFailure("pool-exhausted", None, f"{_message(error)} (all {pool.max_size} connections in use)") from error
-                raise BatchFailure("unreachable", None, f"{_message(error)} (the pool could not open a connection)") from error
+                raise _timed_out(pool, error, failed_before) from error
             except PoolClosed as error:
                 raise BatchFailure("unreachable", None, f"the psycopg pool is closed: {_message(error)}") from error
             if not _stale(conn):
