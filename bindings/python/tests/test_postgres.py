@@ -1,29 +1,41 @@
-"""PostgreSQL specifics against a real server (IDEMPOTENCY_PG_URL): one
-transaction and one round trip per batch, the SQLSTATE -> ledger-error
-mapping end to end, broken and exhausted connections, pools the caller owns,
-racing takeovers, fork. (The SPEC rows and the shared vectors run on
-PostgreSQL in test_spec.py and test_conformance.py.)"""
+"""PostgreSQL specifics against a real server (IDEMPOTENCY_PG_URL), on both
+ways in: `Ledger.postgres(url)` (the Rust crate's pool, "crate") and
+`Ledger(psycopg_pool.ConnectionPool)` (batches run by psycopg in Python,
+"psycopg"). One transaction and one round trip per batch, each batch's lock
+timeout, SQLSTATEs classified by the core end to end (injected by triggers on
+the real server), broken, killed and exhausted connections, an unreachable
+server, TLS, connection parameters, racing takeovers, fork. (The SPEC rows
+and the shared vectors run on PostgreSQL in test_spec.py and
+test_conformance.py.)"""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Optional
+from urllib.parse import quote, urlsplit
 
 import psycopg
 import psycopg_pool
 import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from conftest import T0, ManualClock, Mutation, PostgresStore, post
+from conftest import PG_URL, REQUIRE_PG, T0, ManualClock, Mutation, PostgresStore, pg_schema_url, post
 from idempotency_ledger import Ledger, LedgerUnavailable, MutationResponse, Outcome
 
 pytestmark = pytest.mark.postgres
 
 
 FP_BODY = b'{"sku":"A-1"}'
+KINDS = ["crate", "psycopg"]
+# A sweep the core asks for would add batches (and round trips) in the
+# background; one execution in a million asks for one.
+NO_SWEEPS: dict[str, Any] = {"sweep_every": 1_000_000}
 
 
 @pytest.fixture
@@ -31,26 +43,56 @@ def pg(pg_store: PostgresStore) -> PostgresStore:
     return pg_store
 
 
-def _ledger(pg: PostgresStore, **kwargs: Any) -> Ledger:
-    """A migrated ledger whose connections carry the schema as application_name."""
-    connect_kwargs = {"application_name": pg.schema, **kwargs.pop("connect_kwargs", {})}
-    ledger = pg.ledger(connect_kwargs=connect_kwargs, **kwargs)
-    ledger.migrate()
-    return ledger
+LedgerFactory = Callable[..., Ledger]
+
+
+@pytest.fixture
+def make(pg: PostgresStore) -> Iterator[LedgerFactory]:
+    """Builds migrated ledgers on `pg` whose connections carry the schema as
+    their application_name; closes them (and the psycopg pools) afterwards."""
+    ledgers: list[Ledger] = []
+    pools: list[psycopg_pool.ConnectionPool[Any]] = []
+
+    def build(kind: str, *, max_size: int = 4, busy_timeout_ms: Optional[int] = None, pool_timeout: float = 5.0,
+              migrate: bool = True, **settings: Any) -> Ledger:
+        if kind == "crate":
+            extra: dict[str, Any] = {} if busy_timeout_ms is None else {"busy_timeout_ms": busy_timeout_ms}
+            ledger = Ledger.postgres(pg.url_with_schema, max_size=max_size, connect_kwargs={"application_name": pg.schema}, **extra, **settings)
+        else:
+            pool: psycopg_pool.ConnectionPool[Any] = psycopg_pool.ConnectionPool(
+                pg.conninfo, min_size=1, max_size=max_size, timeout=pool_timeout, open=True,
+                kwargs={"application_name": pg.schema, "autocommit": True},
+            )
+            pools.append(pool)
+            ledger = Ledger(pool, busy_timeout_ms=5000 if busy_timeout_ms is None else busy_timeout_ms, **settings)
+            setattr(ledger, "_test_pool", pool)
+        ledgers.append(ledger)
+        if migrate:
+            ledger.migrate()
+        return ledger
+
+    yield build
+    for ledger in ledgers:
+        ledger.close()
+    for pool in pools:
+        pool.close()
+
+
+def _pool_of(ledger: Ledger) -> psycopg_pool.ConnectionPool[Any]:
+    """The caller's pool behind a `Ledger(pool)` (its batch callback's)."""
+    pool: psycopg_pool.ConnectionPool[Any] = getattr(ledger, "_test_pool")
+    return pool
 
 
 def _ledger_pids(pg: PostgresStore, waiting_on_lock: bool = False) -> list[int]:
     extra = " AND wait_event_type = 'Lock'" if waiting_on_lock else ""
-    return [r[0] for r in pg.sql(f"SELECT pid FROM pg_stat_activity WHERE application_name = %s{extra}", [pg.schema])]
+    return [r[0] for r in pg.sql(f"SELECT pid FROM pg_stat_activity WHERE application_name = %s{extra} ORDER BY pid", [pg.schema])]
 
 
 def _terminate(pg: PostgresStore, pids: list[int]) -> None:
     for pid in pids:
         assert pg.sql("SELECT pg_terminate_backend(%s)", [pid]) == [(True,)]
-    deadline = time.monotonic() + 10
-    while set(pids) & set(r[0] for r in pg.sql("SELECT pid FROM pg_stat_activity")):
-        assert time.monotonic() < deadline, "terminated backends did not exit"
-        time.sleep(0.01)
+    _wait_for(lambda: not set(pids) & {r[0] for r in pg.sql("SELECT pid FROM pg_stat_activity")}, "the terminated backends to exit")
 
 
 def _wait_for(predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
@@ -60,11 +102,22 @@ def _wait_for(predicate: Callable[[], bool], what: str, timeout: float = 10.0) -
         time.sleep(0.005)
 
 
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then closed)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 # ------------------------------------------------------- one transaction, one trip
 
 
-def test_each_batch_is_one_read_committed_transaction_with_a_lock_timeout(pg: PostgresStore, clock: ManualClock) -> None:
-    ledger = _ledger(pg, clock=clock, busy_timeout_ms=250)
+@pytest.mark.parametrize("busy,lock_timeout", [(None, "5s"), (250, "250ms"), (0, "1ms"), (30_000, "30s")])
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_batch_is_one_read_committed_transaction_with_its_lock_timeout(
+    make: LedgerFactory, pg: PostgresStore, kind: str, busy: Optional[int], lock_timeout: str
+) -> None:
+    ledger = make(kind, busy_timeout_ms=busy, **NO_SWEEPS)
     # Every INSERT/UPDATE/DELETE statement on the ledger table logs the
     # transaction it ran in and that transaction's settings.
     pg.sql("CREATE TABLE tx_log (seq BIGSERIAL, op TEXT, xid BIGINT, isolation TEXT, lock_timeout TEXT)")
@@ -79,20 +132,103 @@ def test_each_batch_is_one_read_committed_transaction_with_a_lock_timeout(pg: Po
     # Decision: claim (INSERT) + takeover (UPDATE) in ONE transaction; completion: its own.
     assert [op for op, *_ in log] == ["INSERT", "UPDATE", "UPDATE"]
     assert log[0][1] == log[1][1] != log[2][1]
-    assert {(iso, lt) for _, _, iso, lt in log} == {("read committed", "250ms")}
-    # The session default is untouched (SET LOCAL): a plain query on a pooled connection sees it.
-    with ledger.pool.connection() as conn:
-        assert conn.execute("SHOW lock_timeout").fetchone() == ("0",)
-        assert conn.autocommit is True
+    assert {(iso, lt) for _, _, iso, lt in log} == {("read committed", lock_timeout)}
+    # SET LOCAL: the session's own setting is untouched after the batch.
+    if kind == "psycopg":
+        with _pool_of(ledger).connection() as conn:
+            assert conn.execute("SHOW lock_timeout").fetchone() == ("0",)
+            assert conn.autocommit is True
+    else:
+        assert pg.sql("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND state LIKE 'idle in transaction%%'",
+                      [pg.schema]) == [(0,)]
 
 
-def test_each_batch_is_one_network_round_trip(pg: PostgresStore, tmp_path: Path) -> None:
+class FlightCounter:
+    """A TCP proxy on loopback in front of the server that counts flights:
+    runs of bytes from the client with no answer from the server in between.
+    One flight the server answers is one network round trip."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.upstream = upstream
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.listener.getsockname()[1])
+        self.flights = 0
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.upstream)
+            last = [0]  # 0: nothing yet, 1: the client spoke last, 2: the server did
+            threading.Thread(target=self._pipe, args=(client, server, 1, last), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(server, client, 2, last), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket, me: int, last: list[int]) -> None:
+        while True:
+            try:
+                data = source.recv(1 << 16)
+            except OSError:
+                break
+            if not data:
+                break
+            with self._lock:  # counted before it is forwarded: the answer cannot come first
+                if last[0] != me:
+                    last[0] = me
+                    self.flights += me == 1
+            try:
+                sink.sendall(data)
+            except OSError:
+                break
+        for s in (source, sink):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def count(self) -> int:
+        time.sleep(0.05)  # let the proxy threads finish counting
+        with self._lock:
+            return self.flights
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+@pytest.mark.parametrize("busy", [None, 250])
+def test_each_crate_batch_is_one_network_round_trip(pg: PostgresStore, busy: Optional[int]) -> None:
+    server = urlsplit(PG_URL)
+    proxy = FlightCounter((server.hostname or "127.0.0.1", server.port or 5432))
+    url = pg_schema_url(f"postgresql://{server.username or 'postgres'}@127.0.0.1:{proxy.port}{server.path or '/postgres'}", pg.schema)
+    extra: dict[str, Any] = {} if busy is None else {"busy_timeout_ms": busy}
+    try:
+        with Ledger.postgres(url, max_size=1, **extra, **NO_SWEEPS) as ledger:
+            ledger.migrate()
+            # Connecting and preparing each statement once cost extra trips.
+            assert post(ledger, "warm-up", Mutation()).outcome == Outcome.EXECUTED
+            assert post(ledger, "warm-up", Mutation()).outcome == Outcome.REPLAYED
+            trips = []
+            before = proxy.count()
+            assert post(ledger, "k-1", Mutation()).outcome == Outcome.EXECUTED
+            trips.append(proxy.count() - before)
+            before = proxy.count()
+            assert post(ledger, "k-1", Mutation()).outcome == Outcome.REPLAYED
+            trips.append(proxy.count() - before)
+    finally:
+        proxy.close()
+    assert trips == [2, 1], "fresh: decision + completion; replay: decision"
+
+
+def test_each_psycopg_batch_is_one_network_round_trip(pg: PostgresStore, tmp_path: Path) -> None:
     # A caller's pool of plain (non-autocommit) connections, one connection,
     # traced by libpq: every message on the wire, in order.
     trace = tmp_path / "libpq.trace"
     pool = psycopg_pool.ConnectionPool(pg.conninfo, min_size=1, max_size=1, open=True)
     try:
-        ledger = Ledger(pool)
+        ledger = Ledger(pool, **NO_SWEEPS)
         ledger.migrate()
         with open(trace, "w") as out:
             with pool.connection() as conn:
@@ -134,37 +270,49 @@ def test_each_batch_is_one_network_round_trip(pg: PostgresStore, tmp_path: Path)
     assert parsed[1][2].startswith("UPDATE idempotency_keys") and "status = 'completed'" in parsed[1][2]
 
 
-def test_pass_through_borrows_no_connection(pg: PostgresStore) -> None:
-    ledger = pg.ledger()  # never migrated: any ledger access would fail
-    m = Mutation(status=200, body="hello")
-    before = ledger.pool.get_stats().get("requests_num", 0)
-    r = post(ledger, "k", m, method="GET")
-    assert (r.outcome, r.status, r.body, m.calls) == (Outcome.PASS_THROUGH, 200, b"hello", 1)
-    assert ledger.pool.get_stats().get("requests_num", 0) == before
+@pytest.mark.parametrize("kind", KINDS)
+def test_pass_through_borrows_no_connection(make: LedgerFactory, pg: PostgresStore, kind: str) -> None:
+    # Never migrated: any ledger access would fail.
+    ledger, optional = make(kind, migrate=False), make(kind, migrate=False, key_required=False)
+    before = [_pool_of(lg).get_stats().get("requests_num", 0) for lg in (ledger, optional)] if kind == "psycopg" else []
+    for lg, key, method in ((ledger, "k", "GET"), (optional, None, "POST")):
+        m = Mutation(status=200, body="hello")
+        r = post(lg, key, m, method=method)
+        assert (r.outcome, r.status, r.body, m.calls) == (Outcome.PASS_THROUGH, 200, b"hello", 1)
+    if kind == "psycopg":
+        assert [_pool_of(lg).get_stats().get("requests_num", 0) for lg in (ledger, optional)] == before
+    else:
+        assert _ledger_pids(pg) == []  # the crate's pool never even connected
 
 
 def test_dialect_and_schema(pg: PostgresStore, tmp_path: Path) -> None:
     ledger = pg.ledger()
-    assert ledger.dialect == "postgres" and ledger.single_connection is False
+    assert ledger.dialect == "postgres" and ledger.settings["dialect"] == "postgres"
     assert "generation BIGINT" in ledger.schema()[0] and "created_at BIGINT" in ledger.schema()[0]
     with Ledger(tmp_path / "x.sqlite") as lite:
-        assert lite.dialect == "sqlite" and lite.pool is None and "BIGINT" not in lite.schema()[0]
+        assert lite.dialect == "sqlite" and "BIGINT" not in lite.schema()[0]
 
 
-# ------------------------------------------------------------- error mapping
+# --------------------------------------------- failures, classified by the core
 
 
+# SPEC 9.2: busy 40001 40P01 55P03 57014 53300; io classes 08 53 57 58 XX and
+# 25006; constraint class 23; schema class 42; anything else other.
 INJECTED = [
-    ("40001", "busy"), ("40P01", "busy"), ("55P03", "busy"), ("57014", "busy"),
+    ("40001", "busy"), ("40P01", "busy"), ("55P03", "busy"), ("57014", "busy"), ("53300", "busy"),
     ("23505", "constraint"), ("23514", "constraint"),
     ("42P01", "schema"), ("42703", "schema"),
-    ("22012", "other"), ("XX000", "other"),
+    ("08006", "io"), ("53100", "io"), ("58030", "io"), ("XX000", "io"), ("25006", "io"),
+    ("22012", "other"), ("P0001", "other"),
 ]
 
 
 @pytest.mark.parametrize("sqlstate,reason", INJECTED)
-def test_sqlstate_maps_to_ledger_error_and_the_ledger_carries_on(pg: PostgresStore, sqlstate: str, reason: str) -> None:
-    ledger = _ledger(pg, max_size=1)
+@pytest.mark.parametrize("kind", KINDS)
+def test_sqlstate_is_classified_by_the_core_and_the_ledger_carries_on(
+    make: LedgerFactory, pg: PostgresStore, kind: str, sqlstate: str, reason: str
+) -> None:
+    ledger = make(kind, max_size=1)
     # The claim's INSERT raises the SQLSTATE from a trigger while `inject` holds it.
     pg.sql("CREATE TABLE inject (code TEXT)")
     pg.sql(
@@ -181,9 +329,9 @@ def test_sqlstate_maps_to_ledger_error_and_the_ledger_carries_on(pg: PostgresSto
     assert (r.outcome, m.calls) == (Outcome.UNAVAILABLE, 0)
     assert r.status == (503 if reason == "busy" else 500)
     assert (r.header("retry-after") == "1") == (reason == "busy")
-    assert isinstance(r.error, LedgerUnavailable) and r.error.reason == reason
+    assert isinstance(r.error, LedgerUnavailable) and r.error.reason == reason, r.error
     if reason != "busy":
-        assert f"injected {sqlstate}" in r.error.message
+        assert f"injected {sqlstate}" in r.error.message and sqlstate in r.error.message
     assert pg.rows() == []
     pg.sql("DELETE FROM inject")
     # Same Ledger, same (only) pooled connection: rolled back, reusable.
@@ -192,8 +340,9 @@ def test_sqlstate_maps_to_ledger_error_and_the_ledger_carries_on(pg: PostgresSto
     assert _ledger_pids(pg) == pids  # the same session throughout: rolled back, never discarded
 
 
-def test_dropped_table_is_a_schema_error_then_migrate_recovers(pg: PostgresStore) -> None:
-    ledger = _ledger(pg, max_size=1)
+@pytest.mark.parametrize("kind", KINDS)
+def test_dropped_table_is_a_schema_error_then_migrate_recovers(make: LedgerFactory, pg: PostgresStore, kind: str) -> None:
+    ledger = make(kind, max_size=1)
     assert post(ledger, "a", Mutation()).outcome == Outcome.EXECUTED
     pg.sql("DROP TABLE idempotency_keys")
     m = Mutation()
@@ -205,8 +354,9 @@ def test_dropped_table_is_a_schema_error_then_migrate_recovers(pg: PostgresStore
     assert post(ledger, "b", m).outcome == Outcome.EXECUTED and m.calls == 1
 
 
-def test_constraint_violation_is_constraint(pg: PostgresStore) -> None:
-    ledger = _ledger(pg)
+@pytest.mark.parametrize("kind", KINDS)
+def test_constraint_violation_is_constraint(make: LedgerFactory, pg: PostgresStore, kind: str) -> None:
+    ledger = make(kind)
     pg.sql("ALTER TABLE idempotency_keys ADD CONSTRAINT no_forbidden CHECK (key <> 'forbidden')")
     m = Mutation()
     r = post(ledger, "forbidden", m)
@@ -215,8 +365,9 @@ def test_constraint_violation_is_constraint(pg: PostgresStore) -> None:
     assert post(ledger, "allowed", m).outcome == Outcome.EXECUTED
 
 
-def test_vanished_row_between_claim_and_lookup_is_409_retry(pg: PostgresStore) -> None:
-    ledger = _ledger(pg)
+@pytest.mark.parametrize("kind", KINDS)
+def test_vanished_row_between_claim_and_lookup_is_409_retry(make: LedgerFactory, pg: PostgresStore, kind: str) -> None:
+    ledger = make(kind)
     m = Mutation()
     post(ledger, "k", m)
     # The takeover UPDATE (part of every decision batch) is followed, inside
@@ -229,8 +380,11 @@ def test_vanished_row_between_claim_and_lookup_is_409_retry(pg: PostgresStore) -
     assert m.calls == 1
 
 
-def test_terminated_idle_connection_is_replaced_before_use(pg: PostgresStore, caplog: Any) -> None:
-    ledger = _ledger(pg, min_size=1, max_size=1)
+# ------------------------------------------------------------------ connections
+
+
+def test_terminated_idle_psycopg_connection_is_replaced_before_use(make: LedgerFactory, pg: PostgresStore, caplog: Any) -> None:
+    ledger = make("psycopg", max_size=1)
     assert post(ledger, "a", Mutation()).outcome == Outcome.EXECUTED
     pids = _ledger_pids(pg)
     assert len(pids) == 1
@@ -243,8 +397,31 @@ def test_terminated_idle_connection_is_replaced_before_use(pg: PostgresStore, ca
     assert _ledger_pids(pg) and _ledger_pids(pg) != pids
 
 
-def test_connection_killed_mid_batch_fails_closed_then_recovers(pg: PostgresStore) -> None:
-    ledger = _ledger(pg, max_size=1, busy_timeout_ms=30_000)
+def test_terminated_idle_crate_connection_fails_closed_at_most_once_then_reconnects(make: LedgerFactory, pg: PostgresStore) -> None:
+    ledger = make("crate", max_size=1)
+    assert post(ledger, "a", Mutation()).outcome == Outcome.EXECUTED
+    pids = _ledger_pids(pg)
+    assert len(pids) == 1
+    _terminate(pg, pids)
+    # The crate discards a connection found closed when it is taken from the
+    # pool (deadpool's recycle check, then its own before sending): at most
+    # the first batch meets the dead connection, and nothing runs on it.
+    answers = []
+    for key in ("b", "c", "d"):
+        m = Mutation()
+        r = post(ledger, key, m)
+        answers.append(r.outcome)
+        if r.outcome == Outcome.UNAVAILABLE:
+            assert (r.status, m.calls) == (500, 0) and isinstance(r.error, LedgerUnavailable) and r.error.reason == "io", r.error
+        else:
+            assert (r.outcome, m.calls) == (Outcome.EXECUTED, 1)
+    assert answers.count(Outcome.UNAVAILABLE) <= 1 and answers[-2:] == [Outcome.EXECUTED] * 2, answers
+    assert _ledger_pids(pg) and not set(_ledger_pids(pg)) & set(pids)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_connection_killed_mid_batch_fails_closed_then_recovers(make: LedgerFactory, pg: PostgresStore, kind: str) -> None:
+    ledger = make(kind, max_size=1, busy_timeout_ms=30_000)
     m = Mutation()
     answer: dict[str, Any] = {}
     blocker = psycopg.connect(pg.conninfo)
@@ -259,40 +436,95 @@ def test_connection_killed_mid_batch_fails_closed_then_recovers(pg: PostgresStor
         blocker.rollback()
         blocker.close()
     r = answer["r"]
-    assert (r.status, r.outcome, m.calls) == (500, Outcome.UNAVAILABLE, 0)
-    assert isinstance(r.error, LedgerUnavailable) and r.error.reason == "io", r.error
+    # The server rolls the batch back and ends the session with FATAL 57P01.
+    # A driver that reads that error reports it (class 57: io, 500); one that
+    # only sees the connection drop after sending (over TLS, libpq) reports
+    # the outcome as unknown (503 with the TTL as Retry-After). Either way
+    # nothing ran.
+    assert (r.outcome, m.calls) == (Outcome.UNAVAILABLE, 0), r.error
+    assert isinstance(r.error, LedgerUnavailable), r.error
+    assert (r.status, r.error.reason) in ((500, "io"), (503, "outcome-unknown")), r.error
+    if r.error.reason == "outcome-unknown":
+        assert r.header("retry-after") == str(ledger.settings["pending_ttl_ms"] // 1000)
     assert pg.rows() == []
     ok = post(ledger, "k", m)  # the broken connection was discarded, not pooled
     assert (ok.outcome, m.calls) == (Outcome.EXECUTED, 1)
 
 
-def test_exhausted_pool_is_busy_503(pg: PostgresStore) -> None:
-    ledger = _ledger(pg, max_size=1, pool_timeout=0.2)
-    held = ledger.pool.getconn()
+def test_exhausted_psycopg_pool_is_busy_503(make: LedgerFactory) -> None:
+    ledger = make("psycopg", max_size=1, pool_timeout=0.2)
+    pool = _pool_of(ledger)
+    held = pool.getconn()
     try:
         m = Mutation()
         r = post(ledger, "k", m)
     finally:
-        ledger.pool.putconn(held)
+        pool.putconn(held)
     assert (r.status, r.header("retry-after"), m.calls) == (503, "1", 0)
     assert isinstance(r.error, LedgerUnavailable) and r.error.reason == "busy"
     assert post(ledger, "k", m).outcome == Outcome.EXECUTED
 
 
-def test_unreachable_server_is_io_500() -> None:
-    # Nothing listens on loopback port 1: every connection attempt is refused.
-    with Ledger.postgres("postgresql://postgres@127.0.0.1:1/postgres", pool_timeout=0.3, connect_kwargs={"connect_timeout": 1}) as ledger:
-        m = Mutation()
-        r = post(ledger, "k", m)
+def test_exhausted_crate_pool_is_busy_503(make: LedgerFactory, pg: PostgresStore) -> None:
+    # One connection, held by a batch waiting on a table lock; another
+    # request waits the crate's 5 s for a connection, then answers busy.
+    ledger = make("crate", max_size=1, busy_timeout_ms=60_000)
+    first, second = Mutation(), Mutation()
+    answer: dict[str, Any] = {}
+    blocker = psycopg.connect(pg.conninfo)
+    try:
+        blocker.execute("LOCK TABLE idempotency_keys IN ACCESS EXCLUSIVE MODE")
+        t = threading.Thread(target=lambda: answer.setdefault("r", post(ledger, "first", first)))
+        t.start()
+        _wait_for(lambda: bool(_ledger_pids(pg, waiting_on_lock=True)), "the first batch to hold the only connection")
+        began = time.monotonic()
+        r = post(ledger, "second", second)
+        waited = time.monotonic() - began
+    finally:
+        blocker.rollback()
+        blocker.close()
+    t.join(30)
+    assert (r.status, r.header("retry-after"), r.outcome, second.calls) == (503, "1", Outcome.UNAVAILABLE, 0)
+    assert isinstance(r.error, LedgerUnavailable) and r.error.reason == "busy"
+    assert 4.0 <= waited < 30, waited
+    assert (answer["r"].outcome, first.calls) == (Outcome.EXECUTED, 1)  # the held batch went on once the lock went
+    assert post(ledger, "second", second).outcome == Outcome.EXECUTED and second.calls == 1
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_unreachable_server_is_io_500(kind: str) -> None:
+    port = _closed_port()
+    m = Mutation()
+    if kind == "crate":
+        with Ledger.postgres(f"postgresql://postgres@127.0.0.1:{port}/postgres", connect_kwargs={"connect_timeout": 1}) as ledger:
+            began = time.monotonic()
+            r = post(ledger, "k", m)
+    else:
+        pool: psycopg_pool.ConnectionPool[Any] = psycopg_pool.ConnectionPool(
+            f"postgresql://postgres@127.0.0.1:{port}/postgres", min_size=0, max_size=1, timeout=0.5, open=True,
+            kwargs={"connect_timeout": 1},
+        )
+        try:
+            with Ledger(pool) as ledger:
+                began = time.monotonic()
+                r = post(ledger, "k", m)
+        finally:
+            pool.close()
     assert (r.status, r.outcome, m.calls) == (500, Outcome.UNAVAILABLE, 0)
-    assert isinstance(r.error, LedgerUnavailable) and r.error.reason == "io"
+    assert isinstance(r.error, LedgerUnavailable) and r.error.reason == "io", r.error
+    assert time.monotonic() - began < 10
 
 
-def test_closed_ledger_fails_closed(pg: PostgresStore) -> None:
-    ledger = _ledger(pg)
-    pool = ledger.pool
+@pytest.mark.parametrize("kind", KINDS)
+def test_closed_ledger_fails_closed(make: LedgerFactory, pg: PostgresStore, kind: str) -> None:
+    ledger = make(kind)
+    assert post(ledger, "a", Mutation()).outcome == Outcome.EXECUTED
     ledger.close()
-    assert pool.closed  # the pool Ledger.postgres built is closed with it
+    if kind == "crate":
+        # The pool Ledger.postgres built is closed with it: its sessions end.
+        _wait_for(lambda: _ledger_pids(pg) == [], "the closed ledger's connections to end")
+    else:
+        assert not _pool_of(ledger).closed  # a caller's pool stays open
     m = Mutation()
     r = post(ledger, "k", m)
     assert (r.status, m.calls) == (500, 0)
@@ -305,13 +537,134 @@ def test_async_pool_is_refused(pg: PostgresStore) -> None:
         Ledger(pool)
 
 
-# -------------------------------------------------------------------- races
+# ------------------------------------------------------------ lock timeout, options
 
 
-def test_eight_threads_race_one_stale_takeover(pg: PostgresStore) -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_busy_timeout_is_how_long_a_batch_waits_for_a_lock(make: LedgerFactory, pg: PostgresStore, kind: str) -> None:
+    ledger = make(kind, busy_timeout_ms=300)
+    m = Mutation()
+    with pg.writers_blocked():  # another transaction holds the table lock meanwhile
+        began = time.monotonic()
+        r = post(ledger, "k", m)
+        waited = time.monotonic() - began
+    assert (r.status, r.header("retry-after"), r.outcome, m.calls) == (503, "1", Outcome.UNAVAILABLE, 0)
+    assert isinstance(r.error, LedgerUnavailable) and r.error.reason == "busy"
+    assert 0.25 <= waited < 3.0, waited  # not the default 5 s
+    assert post(ledger, "k", m).outcome == Outcome.EXECUTED
+
+
+def test_busy_timeout_becomes_the_lock_timeout() -> None:
+    from idempotency_ledger.postgres import lock_timeout_literal
+
+    assert [lock_timeout_literal(ms) for ms in (5000, 250, 1500, 0)] == ["5s", "250ms", "1500ms", "1ms"]  # 0: never "wait forever"
+    bad: Any
+    for bad in (-1, True, 1.5, "5s"):
+        with pytest.raises(ValueError, match="busy_timeout_ms"):
+            Ledger.postgres("postgresql://postgres@127.0.0.1:1/postgres", busy_timeout_ms=bad)
+
+
+@pytest.mark.parametrize("form", ["url", "key=value"])
+def test_connect_kwargs_are_connection_parameters(pg: PostgresStore, form: str) -> None:
+    base = PG_URL if form == "url" else make_conninfo("", **conninfo_to_dict(PG_URL))
+    assert base.startswith("postgresql://") == (form == "url")
+    name = f"{pg.schema} it's a name"  # a space and a quote survive either form
+    with Ledger.postgres(base, max_size=1, connect_kwargs={"application_name": name, "options": f"-c search_path={pg.schema}"}) as ledger:
+        ledger.migrate()
+        assert post(ledger, "k", Mutation()).outcome == Outcome.EXECUTED
+        assert pg.sql("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [name]) == [(1,)]
+    assert [r["key"] for r in pg.rows()] == ["k"]  # in the schema the options named
+
+
+def test_a_bad_url_or_connection_parameter_fails_at_construction() -> None:
+    with pytest.raises(ValueError, match="sslmode"):
+        Ledger.postgres("postgresql://postgres@127.0.0.1:1/postgres?sslmode=sometimes")
+    with pytest.raises(ValueError, match="invalid connection string|no_such_parameter"):
+        Ledger.postgres("postgresql://postgres@127.0.0.1:1/postgres", connect_kwargs={"no_such_parameter": "1"})
+    with pytest.raises(ValueError, match="max_size"):
+        Ledger.postgres("postgresql://postgres@127.0.0.1:1/postgres", max_size=0)
+
+
+# ---------------------------------------------------------------------------- TLS
+
+
+@pytest.fixture
+def pg_ca() -> str:
+    ca = os.environ.get("IDEMPOTENCY_PG_CA", "")
+    if not ca or not os.path.isfile(ca):
+        message = "IDEMPOTENCY_PG_CA names no CA file (scripts/postgres.sh run -- ... exports it)"
+        if REQUIRE_PG:
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    return ca
+
+
+def _tls_of(pg: PostgresStore, application_name: str) -> list[tuple[Any, ...]]:
+    return pg.sql(
+        "SELECT s.ssl, s.version FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) WHERE a.application_name = %s",
+        [application_name],
+    )
+
+
+@pytest.mark.parametrize("form", ["url", "connect_kwargs"])
+def test_tls_verify_full_against_the_servers_ca(pg: PostgresStore, pg_ca: str, form: str) -> None:
+    name = f"{pg.schema}-tls"
+    if form == "url":
+        url = f"{pg.url_with_schema}&sslmode=verify-full&sslrootcert={quote(pg_ca, safe='')}&application_name={name}"
+        ledger = Ledger.postgres(url, max_size=1)
+    else:
+        ledger = Ledger.postgres(pg.url_with_schema, max_size=1,
+                                 connect_kwargs={"sslmode": "verify-full", "sslrootcert": pg_ca, "application_name": name})
+    with ledger:
+        ledger.migrate()
+        assert post(ledger, "k", Mutation()).outcome == Outcome.EXECUTED
+        assert post(ledger, "k", Mutation()).outcome == Outcome.REPLAYED
+        tls = _tls_of(pg, name)
+    assert len(tls) == 1 and tls[0][0] is True and tls[0][1] in ("TLSv1.2", "TLSv1.3"), tls
+
+
+def test_tls_verify_full_refuses_a_certificate_the_roots_do_not_sign(pg: PostgresStore, pg_ca: str) -> None:
+    # The system's roots never signed the throwaway server's certificate.
+    with Ledger.postgres(pg.url_with_schema, max_size=1, connect_kwargs={"sslmode": "verify-full", "sslrootcert": "system"}) as ledger:
+        m = Mutation()
+        r = post(ledger, "k", m)
+    assert (r.status, r.outcome, m.calls) == (500, Outcome.UNAVAILABLE, 0)
+    assert isinstance(r.error, LedgerUnavailable) and r.error.reason == "io", r.error
+    assert "certificate" in r.error.message.lower() or "tls" in r.error.message.lower(), r.error.message
+
+
+def test_sslmode_disable_is_plain_text(pg: PostgresStore, pg_ca: str) -> None:
+    name = f"{pg.schema}-plain"
+    with Ledger.postgres(pg.url_with_schema, max_size=1, connect_kwargs={"sslmode": "disable", "application_name": name}) as ledger:
+        ledger.migrate()
+        assert post(ledger, "k", Mutation()).outcome == Outcome.EXECUTED
+        assert _tls_of(pg, name) == [(False, None)]
+
+
+def test_tls_verify_full_on_a_callers_psycopg_pool(pg: PostgresStore, pg_ca: str) -> None:
+    name = f"{pg.schema}-pool-tls"
+    pool: psycopg_pool.ConnectionPool[Any] = psycopg_pool.ConnectionPool(
+        pg.conninfo, min_size=1, max_size=1, open=True,
+        kwargs={"sslmode": "verify-full", "sslrootcert": pg_ca, "application_name": name, "autocommit": True},
+    )
+    try:
+        with Ledger(pool) as ledger:
+            ledger.migrate()
+            assert post(ledger, "k", Mutation()).outcome == Outcome.EXECUTED
+            tls = _tls_of(pg, name)
+    finally:
+        pool.close()
+    assert len(tls) == 1 and tls[0][0] is True, tls
+
+
+# -------------------------------------------------------------------- races, fork
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_eight_threads_race_one_stale_takeover(make: LedgerFactory, pg: PostgresStore, kind: str) -> None:
     """READ COMMITTED: the fenced takeover re-checks its WHERE on the latest
     row version, so exactly one of 8 racing requests takes the row over."""
-    ledger = _ledger(pg, max_size=8)
+    ledger = make(kind, max_size=8)
     fingerprint = ledger.fingerprint("POST", "/orders", [("Content-Type", "application/json")], FP_BODY)
     pg.insert_rows([{
         "principal": "acct-1", "key": "stale", "fingerprint": fingerprint, "status": "pending", "generation": 1,
@@ -346,40 +699,69 @@ def test_eight_threads_race_one_stale_takeover(pg: PostgresStore) -> None:
     assert [(r["generation"], r["status"]) for r in pg.rows()] == [(2, "completed")]
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
-def test_a_forked_child_builds_its_own_pool(pg: PostgresStore) -> None:
-    ledger = _ledger(pg)
-    assert post(ledger, "parent-1", Mutation()).outcome == Outcome.EXECUTED
-    parent_pool = ledger.pool
+def _in_child(body: Callable[[], str]) -> str:
+    """Runs `body` in a forked child; returns what it reported (it must exit 0)."""
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: report and leave without running any atexit/finalizer of the parent's
         code = 1
         try:
-            r = post(ledger, "child", Mutation())
-            code = 0 if (r.outcome == Outcome.EXECUTED and ledger.pool is not parent_pool) else 2
-            os.write(write, f"{r.outcome.value} {r.status}".encode())
+            os.write(write, body().encode())
+            code = 0
+        except BaseException as error:
+            os.write(write, f"child failed: {error!r}".encode())
         finally:
             os._exit(code)
     os.close(write)
     _, status = os.waitpid(pid, 0)
-    report = os.read(read, 100).decode()
+    report = os.read(read, 1000).decode()
     os.close(read)
     assert os.waitstatus_to_exitcode(status) == 0, report
-    # The parent's pool and sessions were left alone by the child.
-    assert ledger.pool is parent_pool
+    return report
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_forked_child_builds_its_own_crate_pool(make: LedgerFactory, pg: PostgresStore) -> None:
+    ledger = make("crate", max_size=1)
+    assert post(ledger, "parent-1", Mutation()).outcome == Outcome.EXECUTED
+    parent_pids = _ledger_pids(pg)
+    assert len(parent_pids) == 1
+
+    def child() -> str:
+        r = post(ledger, "child", Mutation())
+        with psycopg.connect(pg.conninfo, autocommit=True) as conn:
+            pids = [row[0] for row in conn.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s", [pg.schema])]
+        return json.dumps([r.outcome.value, r.status, sorted(pids)])
+
+    outcome, status, pids = json.loads(_in_child(child))
+    assert (outcome, status) == ("executed", 201), pids
+    # The child opened a session of its own next to the parent's, which it never used.
+    assert parent_pids[0] in pids and len(pids) == 2, pids
+    # The parent's pool and session were left alone by the child.
     assert post(ledger, "child", Mutation()).outcome == Outcome.REPLAYED
+    assert post(ledger, "parent-2", Mutation()).outcome == Outcome.EXECUTED
+    _wait_for(lambda: _ledger_pids(pg) == parent_pids, "the child's session to end")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_callers_psycopg_pool_does_not_follow_a_fork(make: LedgerFactory, pg: PostgresStore) -> None:
+    ledger = make("psycopg", max_size=1)
+    assert post(ledger, "parent-1", Mutation()).outcome == Outcome.EXECUTED
+
+    def child() -> str:
+        m = Mutation()
+        r = post(ledger, "child", m)
+        reason = r.error.reason if isinstance(r.error, LedgerUnavailable) else None
+        return f"{r.outcome.value} {r.status} {reason} {m.calls}"
+
+    # Fails closed in the child (the pool's sockets and threads are the parent's).
+    assert _in_child(child) == "unavailable 500 io 0"
+    assert post(ledger, "child", Mutation()).outcome == Outcome.EXECUTED
     assert post(ledger, "parent-2", Mutation()).outcome == Outcome.EXECUTED
 
 
-def test_clock_is_stored_as_bigint_milliseconds(pg: PostgresStore, clock: ManualClock) -> None:
-    ledger = _ledger(pg, clock=clock)
+def test_clock_is_stored_as_bigint_milliseconds(make: LedgerFactory, pg: PostgresStore, clock: ManualClock) -> None:
+    ledger = make("crate", clock=clock)
     post(ledger, "k", Mutation())
     assert [(r["created_at"], r["updated_at"]) for r in pg.rows()] == [(T0, T0)]
     assert pg.sql("SELECT pg_typeof(created_at)::text FROM idempotency_keys") == [("bigint",)]
-
-
-def test_busy_timeout_becomes_the_lock_timeout() -> None:
-    from idempotency_ledger.postgres import lock_timeout_literal
-
-    assert [lock_timeout_literal(ms) for ms in (5000, 250, 1500, 0)] == ["5s", "250ms", "1500ms", "1ms"]  # 0: never "wait forever"
