@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import platform
 import sqlite3
 import statistics
@@ -188,6 +189,15 @@ def fmt(us: float) -> str:
     return f"{us:,.1f}" if us < 100 else f"{us:,.0f}"
 
 
+def _package_sqlite_version() -> str:
+    """The SQLite the extension runs on (it links the process's libsqlite3)."""
+    from idempotency_ledger.session import Session
+
+    with tempfile.TemporaryDirectory() as tmp:
+        answer = Session({}, os.path.join(tmp, "version.sqlite")).call("sql", statements=[["SELECT sqlite_version()", []]])
+    return str(answer["ok"][0][0][0])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=5)
@@ -203,8 +213,13 @@ def main() -> None:
     out = []
     out.append("## Python host (native extension: PyO3 over the Rust host crate, wasmtime, Rust SQLite backend)")
     out.append("")
+    package_sqlite = _package_sqlite_version()
+    if package_sqlite == sqlite3.sqlite_version:
+        which = f"SQLite {package_sqlite} (the system libsqlite3, in the package and in plain Python's sqlite3)"
+    else:
+        which = f"SQLite {package_sqlite} in the package, {sqlite3.sqlite_version} in plain Python's sqlite3"
     out.append(
-        f"Python {platform.python_version()} ({platform.python_implementation()}), SQLite {sqlite3.sqlite_version} for plain Python, "
+        f"Python {platform.python_version()} ({platform.python_implementation()}), {which}, "
         f"{platform.machine()}. Command: `make -C bindings/python bench` (`bench/bench.py --rounds {args.rounds} --per-round {args.per_round}`); took {took:.0f} s."
     )
     out.append("")

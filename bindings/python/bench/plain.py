@@ -89,7 +89,7 @@ class PlainResult(NamedTuple):
     fenced_out: bool = False
 
 
-class _Object(list):  # a JSON object's (name, value) pairs, in document order
+class _Object(list[tuple[str, Any]]):  # a JSON object's (name, value) pairs, in document order
     pass
 
 
