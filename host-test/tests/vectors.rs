@@ -118,36 +118,6 @@ fn config_json(c: &Config) -> Json {
     })
 }
 
-fn wit_config_to_core(w: wit::Config) -> Config {
-    Config {
-        protected_methods: w.protected_methods,
-        fingerprint_headers: w.fingerprint_headers,
-        replay_headers: w.replay_headers,
-        pending_ttl_ms: w.pending_ttl_ms,
-        retention_ms: w.retention_ms,
-        body_cap_bytes: w.body_cap_bytes,
-        request_body_cap_bytes: w.request_body_cap_bytes,
-        sweep_batch: w.sweep_batch,
-        sweep_every: w.sweep_every,
-        dialect: match w.dialect {
-            wit::Dialect::Sqlite => Dialect::Sqlite,
-            wit::Dialect::Postgres => Dialect::Postgres,
-        },
-        profile: match w.profile {
-            wit::Profile::Recipe => Profile::Recipe,
-            wit::Profile::Ietf => Profile::Ietf,
-        },
-        key_required: w.key_required,
-        replay_header: w.replay_header,
-        in_progress_retry_ms: w.in_progress_retry_ms,
-        wait_ms: w.wait_ms,
-        on_server_error: match w.on_server_error {
-            wit::OnServerError::Store => OnServerError::Store,
-            wit::OnServerError::Release => OnServerError::Release,
-        },
-    }
-}
-
 // ---- inputs ----
 
 fn headers(v: &Json) -> Vec<core::Header> {
@@ -662,7 +632,7 @@ fn run_config(v: &Json) {
         .with_component(|core, store, _| core.idempotency_ledger_session().call_default_config(store, wit_profile))
         .expect("instance")
         .expect("no trap");
-    assert_eq!(config_json(&wit_config_to_core(defaults)), config_json(&Config::for_profile(c.profile)), "{}: component defaults", v["id"]);
+    assert_eq!(config_json(&Config::from(defaults)), config_json(&Config::for_profile(c.profile)), "{}: component defaults", v["id"]);
     let opened = ledger
         .with_component(|core, store, _| -> Result<Config, core::ProtocolError> {
             let wit_config = wit::Config::from(&c);
@@ -670,7 +640,7 @@ fn run_config(v: &Json) {
             let handle = session.call_open(&mut *store, &wit_config).expect("no trap").map_err(error_to_core)?;
             let config = session.call_config(&mut *store, handle).expect("no trap");
             handle.resource_drop(&mut *store).expect("drop the session");
-            Ok(wit_config_to_core(config))
+            Ok(Config::from(config))
         })
         .expect("instance");
     check(opened, "component");

@@ -6,40 +6,20 @@
 // stays flat), raised / nothing-changed mutations, the sweep on the core's rule.
 import assert from "node:assert/strict";
 import { createServer } from "node:http";
-import { after, describe, test } from "node:test";
-import { serve } from "@hono/node-server";
+import { describe, test } from "node:test";
 import express from "express";
 import { Hono } from "hono";
 import { idempotency as honoIdempotency, NothingRanError } from "../src/hono-node.js";
 import { idempotency as expressIdempotency } from "../src/express.js";
 import { idempotentHandler } from "../src/node.js";
+import { honoServer, listen } from "./helpers/servers.js";
 import { freshDb, rows } from "./helpers/sqlite.js";
 import { chunkedUpload } from "./helpers/upload.js";
-
-const servers = [];
-after(async () => {
-  for (const s of servers) await new Promise((resolve) => s.close(resolve));
-});
 
 const quiet = () => {
   const lines = [];
   return { lines, logger: { error: (m) => lines.push(m), warn: (m) => lines.push(m), info: (m) => lines.push(m) } };
 };
-
-async function listen(server) {
-  await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
-  servers.push(server);
-  return `http://127.0.0.1:${server.address().port}`;
-}
-
-async function honoServer(app) {
-  return new Promise((resolve) => {
-    const server = serve({ fetch: app.fetch, hostname: "127.0.0.1", port: 0 }, (info) => {
-      servers.push(server);
-      resolve(`http://127.0.0.1:${info.port}`);
-    });
-  });
-}
 
 async function post(base, path, { key, body = '{"sku":"A"}', user = "acct-1", headers = {} } = {}) {
   const h = { "content-type": "application/json", ...headers };

@@ -3,37 +3,17 @@
 // stored answer; with a wait shorter than the first request, they get the 409.
 import assert from "node:assert/strict";
 import { createServer } from "node:http";
-import { after, describe, test } from "node:test";
-import { serve } from "@hono/node-server";
+import { describe, test } from "node:test";
 import express from "express";
 import { Hono } from "hono";
 import { idempotency as honoIdempotency } from "../src/hono-node.js";
 import { idempotency as expressIdempotency } from "../src/express.js";
 import { idempotentHandler } from "../src/node.js";
+import { honoServer, listen } from "./helpers/servers.js";
 import { freshDb } from "./helpers/sqlite.js";
-
-const servers = [];
-after(async () => {
-  for (const s of servers) await new Promise((resolve) => s.close(resolve));
-});
 
 const logger = { error() {}, warn() {}, info() {} };
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
-
-async function listen(server) {
-  await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
-  servers.push(server);
-  return `http://127.0.0.1:${server.address().port}`;
-}
-
-async function honoServer(app) {
-  return new Promise((resolve) => {
-    const server = serve({ fetch: app.fetch, hostname: "127.0.0.1", port: 0 }, (info) => {
-      servers.push(server);
-      resolve(`http://127.0.0.1:${info.port}`);
-    });
-  });
-}
 
 const post = async (base, key) => {
   const r = await fetch(`${base}/orders`, {

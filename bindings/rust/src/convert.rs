@@ -177,6 +177,39 @@ impl From<&Config> for wit::Config {
     }
 }
 
+/// A config the component returned (`default-config`, `session.config`).
+impl From<wit::Config> for Config {
+    fn from(w: wit::Config) -> Config {
+        Config {
+            protected_methods: w.protected_methods,
+            fingerprint_headers: w.fingerprint_headers,
+            replay_headers: w.replay_headers,
+            pending_ttl_ms: w.pending_ttl_ms,
+            retention_ms: w.retention_ms,
+            body_cap_bytes: w.body_cap_bytes,
+            request_body_cap_bytes: w.request_body_cap_bytes,
+            sweep_batch: w.sweep_batch,
+            sweep_every: w.sweep_every,
+            dialect: match w.dialect {
+                wit::Dialect::Sqlite => Dialect::Sqlite,
+                wit::Dialect::Postgres => Dialect::Postgres,
+            },
+            profile: match w.profile {
+                wit::Profile::Recipe => Profile::Recipe,
+                wit::Profile::Ietf => Profile::Ietf,
+            },
+            key_required: w.key_required,
+            replay_header: w.replay_header,
+            in_progress_retry_ms: w.in_progress_retry_ms,
+            wait_ms: w.wait_ms,
+            on_server_error: match w.on_server_error {
+                wit::OnServerError::Store => OnServerError::Store,
+                wit::OnServerError::Release => OnServerError::Release,
+            },
+        }
+    }
+}
+
 pub(crate) fn config_to_wit(c: &Config) -> wit::Config {
     wit::Config {
         protected_methods: c.protected_methods.clone(),
