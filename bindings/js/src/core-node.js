@@ -1,4 +1,4 @@
-// The component on Node: the core modules read from generated/ and compiled
+// The component on Node: the core module read from generated/ and compiled
 // once per process, instantiated on first use.
 import { readFileSync } from "node:fs";
 import { Core, CORE_MODULE_NAMES } from "./runtime.js";

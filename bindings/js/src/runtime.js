@@ -1,14 +1,14 @@
-// The idempotency core component (transpiled by jco) and the calls into it.
+// The idempotency core component (bound by ./component.js) and the calls into it.
 // Platform-neutral: the caller supplies the compiled core modules, so this file
 // never compiles WebAssembly from bytes (Workers forbid that at run time).
 //
 // Everything the protocol decides is asked of the core through one `session`
 // resource per settings object (WIT idempotency:ledger@0.2.0): the host only
 // converts values, runs SQL and applies the answers.
-import { instantiate } from "../generated/core.js";
+import { CORE_MODULE, instantiate } from "./component.js";
 
-/** The core modules jco split the component into, by file name. */
-export const CORE_MODULE_NAMES = ["core.core.wasm", "core.core2.wasm", "core.core3.wasm"];
+/** The core modules the component is instantiated from, by file name (generated/). */
+export const CORE_MODULE_NAMES = [CORE_MODULE];
 
 /** A protocol call failed: `protocolError` is the WIT `protocol-error`. Nothing ran on its account. */
 export class IdempotencyError extends Error {
@@ -163,14 +163,16 @@ export class Session {
   #resource;
   #epoch;
   #config;
+  #opened;
   #policy;
 
   constructor(core, config) {
     this.#core = core;
     this.#epoch = core.epoch;
+    this.#opened = config;
     this.#resource = core.call((c) => c.session.Session.open(config));
-    this.#config = this.#resource.config();
-    this.#policy = this.#resource.policy();
+    this.#config = null; // read on first use (defaultOptions): not on a Worker's first request
+    this.#policy = this.call((s) => s.policy());
   }
 
   get core() {
@@ -179,6 +181,7 @@ export class Session {
 
   /** The settings in force (WIT config, validated). */
   get config() {
+    if (this.#config === null) this.#config = this.call((s) => s.config());
     return this.#config;
   }
 
@@ -199,7 +202,7 @@ export class Session {
 
   #live() {
     if (this.#epoch !== this.#core.epoch) {
-      this.#resource = this.#core.call((c) => c.session.Session.open(this.#config));
+      this.#resource = this.#core.call((c) => c.session.Session.open(this.#opened));
       this.#epoch = this.#core.epoch;
     }
     return this.#resource;
