@@ -20,8 +20,9 @@ export function isD1(db) {
 /**
  * `wrapOther(db)` wraps the databases only one platform has (better-sqlite3
  * on Node); LedgerDbs, D1 bindings and pg pools are recognised everywhere.
+ * `digest(prefix, body)` is the platform's SHA-256 (hex; Web Crypto unless given).
  */
-export function makeApi(getCore, wrapOther = () => null, describeDb = "a LedgerDb, a D1 binding or a pg.Pool") {
+export function makeApi(getCore, wrapOther = () => null, describeDb = "a LedgerDb, a D1 binding or a pg.Pool", { digest = sha256Hex } = {}) {
   const wrapped = new WeakMap(); // db -> LedgerDb
   const ledgers = new WeakMap(); // LedgerDb -> WeakMap(options -> IdempotencyLedger)
 
@@ -44,7 +45,7 @@ export function makeApi(getCore, wrapOther = () => null, describeDb = "a LedgerD
     if (!byOptions) ledgers.set(ledgerDb, (byOptions = new WeakMap()));
     const key = options ?? NO_OPTIONS;
     let ledger = byOptions.get(key);
-    if (!ledger) byOptions.set(key, (ledger = new IdempotencyLedger(getCore(), ledgerDb, key)));
+    if (!ledger) byOptions.set(key, (ledger = new IdempotencyLedger(getCore(), ledgerDb, key, { digest })));
     return ledger;
   }
 
@@ -93,7 +94,7 @@ export function makeApi(getCore, wrapOther = () => null, describeDb = "a LedgerD
   async function computeFingerprint(method, pathAndQuery, headers, bodyBytes, options = NO_OPTIONS) {
     const session = sessionFor(getCore(), options, "sqlite");
     const prefix = session.fingerprintPrefix({ method, pathAndQuery, headers: headerList(headers) });
-    return sha256Hex(prefix, bodyBytes ?? new Uint8Array(0));
+    return digest(prefix, bodyBytes ?? new Uint8Array(0));
   }
 
   /** The fingerprint of a Fetch Request (reads a clone's body). */

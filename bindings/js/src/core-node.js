@@ -1,5 +1,6 @@
 // The component on Node: the core module read from generated/ and compiled
-// once per process, instantiated on first use.
+// once per process, instantiated on first use; and Node's SHA-256.
+import { createHash } from "node:crypto";
 import { readFileSync } from "node:fs";
 import { Core, CORE_MODULE_NAMES } from "./runtime.js";
 
@@ -24,3 +25,20 @@ export function getCore() {
 export function newCore() {
   return new Core(getCoreModule);
 }
+
+/**
+ * Lowercase hex SHA-256 of `prefix` (UTF-8) followed by `body`, with
+ * node:crypto: synchronous (Web Crypto on Node costs a thread-pool round trip
+ * per digest).
+ */
+export function sha256HexSync(prefix, body) {
+  const hash = createHash("sha256").update(prefix, "utf8");
+  if (typeof body === "string") hash.update(body, "utf8");
+  else if (ArrayBuffer.isView(body)) hash.update(body);
+  else if (body instanceof ArrayBuffer) hash.update(new Uint8Array(body));
+  else if (body !== undefined && body !== null) throw new TypeError("body must be an ArrayBuffer, a typed array or a string");
+  return hash.digest("hex");
+}
+
+/** What makeApi takes from the Node platform. */
+export const NODE_PLATFORM = { digest: sha256HexSync };

@@ -3,12 +3,12 @@
 // abandoned (the core says whether its reservation is released) instead of
 // its error page being stored. Node only (better-sqlite3 or pg).
 import { makeApi } from "./api.js";
-import { getCore } from "./core-node.js";
+import { getCore, NODE_PLATFORM } from "./core-node.js";
 import { adapterOptions } from "./middleware.js";
 import { handleNode, markRaised } from "./node-http.js";
 import { isBetterSqlite, sqliteLedger } from "./sqlite.js";
 
-const api = makeApi(getCore, (db) => (isBetterSqlite(db) ? sqliteLedger(db) : null), "a better-sqlite3 Database, a pg.Pool or a LedgerDb");
+const api = makeApi(getCore, (db) => (isBetterSqlite(db) ? sqliteLedger(db) : null), "a better-sqlite3 Database, a pg.Pool or a LedgerDb", NODE_PLATFORM);
 
 /**
  * The middleware. Options: `db` (a better-sqlite3 Database, a pg.Pool, a

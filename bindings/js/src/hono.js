@@ -19,8 +19,15 @@ function bufferOf(bytes) {
   return bytes.slice().buffer;
 }
 
-/** Builds `idempotency(options)` over `api` (the entry's makeApi result). */
-export function makeHonoIdempotency(api) {
+/**
+ * Builds `idempotency(options)` over `api` (the entry's makeApi result).
+ * `node` (the Node entry's): { incomingOf(c), read(incoming, cap) } reads
+ * the body straight from @hono/node-server's IncomingMessage (`c.env.incoming`)
+ * instead of through the Request's web stream; `resultOf(response)` gives the
+ * status, headers and body of its lightweight Response without building a web
+ * Response (null when it cannot).
+ */
+export function makeHonoIdempotency(api, node = null) {
   return function idempotency(options) {
     const { principalOf, dbOf, select } = adapterOptions(options, "idempotency");
     return async function idempotencyMiddleware(c, next) {
@@ -30,7 +37,9 @@ export function makeHonoIdempotency(api) {
       const ledger = api.ledgerFor(await dbOf(c), options);
       if (!ledger.session.protects(method)) return next();
       const principal = principalValue(await principalOf(c));
-      const begun = await ledger.begin(requestHead(request), principal, (cap) => readBodyCapped(request.body, cap));
+      const incoming = node === null ? null : node.incomingOf(c);
+      const readBody = incoming === null ? (cap) => readBodyCapped(request.body, cap) : (cap) => node.read(incoming, cap);
+      const begun = await ledger.begin(requestHead(request), principal, readBody);
       if (begun.kind === "pass-through") return next();
       if (begun.kind === "answer") {
         const response = toFetchResponse(begun.answer);
@@ -38,10 +47,15 @@ export function makeHonoIdempotency(api) {
         return response;
       }
       const { ticket, body } = begun;
-      // The handler reads the same bytes (c.req.json(), c.req.raw.body, ...).
-      const buffer = bufferOf(body);
-      if (method !== "GET" && method !== "HEAD") c.req.raw = new Request(request, { body: buffer });
-      c.req.bodyCache = { arrayBuffer: Promise.resolve(buffer) };
+      // The handler reads the same bytes (c.req.json(), c.req.raw.body, ...):
+      // on Node, @hono/node-server reads `incoming.rawBody` (set by
+      // node.read) before the stream; elsewhere the request is rebuilt
+      // around the bytes.
+      if (incoming === null) {
+        const buffer = bufferOf(body);
+        if (method !== "GET" && method !== "HEAD") c.req.raw = new Request(request, { body: buffer });
+        c.req.bodyCache = { arrayBuffer: Promise.resolve(buffer) };
+      }
       let thrown;
       try {
         await next();
@@ -55,7 +69,7 @@ export function makeHonoIdempotency(api) {
         if (thrown !== undefined) throw thrown;
         return;
       }
-      const done = await ledger.finish(ticket, c.res);
+      const done = await ledger.finish(ticket, (node !== null && node.resultOf(c.res)) || c.res);
       if (done.sweepDue && options.sweep !== false) ledger.scheduleSweep(waitUntilOf(c));
       c.res = undefined; // no header merge: the caller gets exactly the core's response
       c.res = toFetchResponse(done.answer);

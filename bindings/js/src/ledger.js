@@ -197,8 +197,14 @@ const PASS_THROUGH = Object.freeze({ kind: "pass-through" });
  * core's level and wording).
  */
 export class IdempotencyLedger {
-  constructor(core, db, options = NO_OPTIONS) {
+  /**
+   * `digest(prefix, body)`: lowercase hex SHA-256 of the prefix (UTF-8) and
+   * the body, a string or a promise of one (default: Web Crypto; the Node
+   * entries pass node:crypto's, synchronous).
+   */
+  constructor(core, db, options = NO_OPTIONS, { digest = sha256Hex } = {}) {
     if (!db || typeof db.batch !== "function") throw new TypeError("IdempotencyLedger needs a LedgerDb (batch(statements))");
+    this.digest = digest;
     this.core = core;
     this.db = db;
     this.options = options;
@@ -251,9 +257,9 @@ export class IdempotencyLedger {
     return this.fingerprintOf(this.session.fingerprintPrefix(head), body);
   }
 
-  /** Lowercase hex SHA-256 of the core's fingerprint prefix (UTF-8) followed by the body. */
+  /** Lowercase hex SHA-256 of the core's fingerprint prefix (UTF-8) followed by the body (a string, or a promise of one). */
   fingerprintOf(prefix, body) {
-    return sha256Hex(prefix, body);
+    return this.digest(prefix, body);
   }
 
   /** One decision round trip: claim, fenced takeover and lookup in ONE batch. Returns the WIT `decision`. */
@@ -300,7 +306,8 @@ export class IdempotencyLedger {
     const who = String(principal);
     let decision;
     try {
-      const fingerprint = await this.fingerprintOf(fingerprintPrefix, body);
+      let fingerprint = this.fingerprintOf(fingerprintPrefix, body);
+      if (typeof fingerprint !== "string") fingerprint = await fingerprint;
       decision = await this.decideWaiting(who, key, fingerprint);
     } catch (error) {
       return this.#unavailable(error, who, key);

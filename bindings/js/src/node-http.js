@@ -23,11 +23,11 @@ export function nodePath(req) {
 /**
  * Reads the request body, never holding more than `cap` bytes: resolves with
  * a Buffer, or null as soon as the body passes the cap (the rest is left
- * unread; send the 413 with `Connection: close`). The bytes read are put
- * back into the stream (`unshift`), so the application's body parser
- * (express.json(), ...) reads the same body afterwards.
+ * unread; send the 413 with `Connection: close`). Unless `putBack` is false,
+ * the bytes read are put back into the stream (`unshift`), so the
+ * application's body parser (express.json(), ...) reads the same body afterwards.
  */
-export function readNodeBody(req, cap) {
+export function readNodeBody(req, cap, { putBack = true } = {}) {
   const limit = Number(cap);
   return new Promise((resolve, reject) => {
     const chunks = [];
@@ -43,7 +43,7 @@ export function readNodeBody(req, cap) {
     const done = () => {
       cleanup();
       const body = chunks.length === 1 ? chunks[0] : Buffer.concat(chunks, total);
-      if (body.length > 0) req.unshift(body);
+      if (putBack && body.length > 0) req.unshift(body);
       resolve(body);
     };
     function onReadable() {

@@ -1,11 +1,11 @@
 // Node.js entry: the same API over better-sqlite3 (v12 on Node 20) or
 // PostgreSQL (pg), plus the plain node:http adapter.
 import { makeApi } from "./api.js";
-import { getCore, newCore } from "./core-node.js";
+import { getCore, newCore, NODE_PLATFORM } from "./core-node.js";
 import { makeIdempotentHandler } from "./node-http.js";
 import { isBetterSqlite, sqliteLedger } from "./sqlite.js";
 
-const api = makeApi(getCore, (db) => (isBetterSqlite(db) ? sqliteLedger(db) : null), "a better-sqlite3 Database, a pg.Pool or a LedgerDb");
+const api = makeApi(getCore, (db) => (isBetterSqlite(db) ? sqliteLedger(db) : null), "a better-sqlite3 Database, a pg.Pool or a LedgerDb", NODE_PLATFORM);
 
 export const {
   toLedgerDb,
