@@ -7,7 +7,7 @@ CORE_MODULE := target/wasm32-unknown-unknown/component/idempotency_ledger_guest.
 COMPONENTIZE := $(CARGO) run --quiet -p idempotency-ledger-componentize --
 GUEST_SOURCES := $(shell find wit guest -name '*.wit' -o -name '*.rs' -o -name 'Cargo.toml') Cargo.toml Cargo.lock
 
-.PHONY: serve-rust help component wit demo demo-postgres test test-rust test-js test-python serve-python test-postgres postgres-suites check-imports vectors simulate fuzz bench size-profile clean
+.PHONY: faults-build test-faults faults soak serve-rust help component wit demo demo-postgres test test-rust test-js test-python serve-python test-postgres postgres-suites check-imports vectors simulate fuzz bench size-profile clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{ printf "  %-15s %s\n", $$1, $$2 }'
@@ -44,7 +44,7 @@ serve-node: $(COMPONENT_WASM) ## The example Hono server on Node (PORT=8080, DAT
 	$(MAKE) --no-print-directory -C bindings/js build
 	cd bindings/js && exec node examples/node/server.js
 
-test: test-rust test-js test-python test-postgres ## Run every suite (Rust, JavaScript, Python, PostgreSQL)
+test: test-rust test-js test-python test-postgres test-faults ## Run every suite (Rust, JavaScript, Python, PostgreSQL, faults)
 
 test-rust: check-imports ## Rust: native core tests, the component under wasmtime over SQLite, the tower layer and the example server
 	$(CARGO) test --locked
@@ -109,3 +109,29 @@ postgres-suites:
 
 clean: ## Remove build output
 	$(CARGO) clean
+
+# faults/: the example servers as real processes under SIGKILL, database
+# faults and sustained load (Python standard library; see faults/README.md).
+FAULTS_PY ?= python3
+HOST ?= rust
+DB ?= sqlite
+MINUTES ?= 10
+ROUNDS ?= 5
+CYCLES ?= 3
+NICE ?= 10
+FAULTS_PG = $(if $(filter postgres,$(DB)),./scripts/postgres.sh run --)
+
+faults-build: $(COMPONENT_WASM) ## Build the three example servers as their serve-* targets do
+	$(CARGO) build --locked --release -p idempotency-ledger --features tower --example serve
+	$(MAKE) --no-print-directory -C bindings/js build
+	$(MAKE) --no-print-directory -C bindings/python venv
+
+test-faults: faults-build ## Faults, short: SIGKILL at chosen points, database faults and 4 s of load per host, on SQLite and PostgreSQL
+	$(FAULTS_PY) faults/run.py short --db sqlite
+	./scripts/postgres.sh run -- $(FAULTS_PY) faults/run.py short --db postgres
+
+faults: faults-build ## Crashes and database faults at depth: make faults HOST=rust|python|node DB=sqlite|postgres [ROUNDS=5 CYCLES=3]
+	$(FAULTS_PG) sh -c '$(FAULTS_PY) faults/run.py crash --host $(HOST) --db $(DB) --rounds $(ROUNDS) && $(FAULTS_PY) faults/run.py dbfaults --host $(HOST) --db $(DB) --cycles $(CYCLES)'
+
+soak: faults-build ## Sustained load: make soak HOST=rust|python|node DB=sqlite|postgres MINUTES=10
+	$(FAULTS_PG) nice -n $(NICE) $(FAULTS_PY) faults/run.py soak --host $(HOST) --db $(DB) --minutes $(MINUTES)
