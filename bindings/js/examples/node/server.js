@@ -43,13 +43,7 @@ function settingsFromEnv() {
   const ttl = intFrom("IDEMPOTENCY_PENDING_TTL_MS");
   if (ttl !== undefined) settings.pendingTtlMs = ttl;
   const cap = intFrom("IDEMPOTENCY_MAX_BODY_BYTES");
-  if (cap !== undefined) {
-    settings.requestBodyCapBytes = cap;
-    // The 201 echoes the request JSON, so the stored response must hold a
-    // request at the cap: the response cap (body-cap-bytes) is
-    // max(16384, request cap + 1024), but never above the core's 16 MiB maximum.
-    settings.bodyCapBytes = Math.min(Math.max(16_384, cap + 1024), 16 * 1024 * 1024);
-  }
+  if (cap !== undefined) settings.requestBodyCapBytes = cap;
   if (env.IDEMPOTENCY_PROFILE) settings.profile = env.IDEMPOTENCY_PROFILE;
   const required = boolFrom("IDEMPOTENCY_KEY_REQUIRED");
   if (required !== undefined) settings.keyRequired = required;
@@ -78,6 +72,14 @@ async function main() {
   const port = intFrom("PORT") ?? 8080;
   const databaseUrl = env.DATABASE_URL || join(tmpdir(), "idempotency-ledger-serve-node.sqlite");
   const settings = settingsFromEnv();
+  const { defaultOptions } = await import("@idempotency/ledger/node");
+  // The 201 echoes the request JSON, so the stored response must hold a
+  // request at the request cap (the environment's, else the core's default
+  // 1 MiB): the response cap (body-cap-bytes) is max(16384, request cap +
+  // 1024), never above the core's 16 MiB maximum. (Left at its 16 KiB
+  // default, a valid 20 KB order ran and was answered, and replayed, as 500.)
+  const requestCap = defaultOptions(settings).requestBodyCapBytes;
+  settings.bodyCapBytes = Math.min(Math.max(16_384, requestCap + 1024), 16 * 1024 * 1024);
   const database = await openDatabase(databaseUrl);
   const logger = { error: log, warn: log, info: log };
   const options = { db: database.db, principal: (c) => c.get("principal"), logger, ...settings };
@@ -113,7 +115,6 @@ async function main() {
   app.get("/orders/count", (c) => c.json({ count: executions }));
 
   // Resolve what is in force (the core's defaults for what the environment left unset).
-  const { defaultOptions } = await import("@idempotency/ledger/node");
   const inForce = defaultOptions(settings);
   const server = serve({ fetch: app.fetch, hostname: "127.0.0.1", port }, (info) => {
     log(`serve-node: listening on http://127.0.0.1:${info.port}; database ${database.describe}; settings ${JSON.stringify(inForce)}`);
