@@ -137,6 +137,170 @@ pub fn request_head(data: &[u8]) {
     }
 }
 
+/// SPEC 1.4-1.6 at their edges, against a model written from the SPEC's
+/// words: principals around the 4 096-byte limit (counted in bytes, with
+/// multi-byte characters across it, NUL anywhere), `Content-Length` values
+/// around the request body cap (repeats of one number, disagreeing repeats,
+/// signs, spaces, leading zeros, overflow), repeated and malformed keys, and
+/// methods in any case. A 413 names the cap and is what `body_too_large()`
+/// answers.
+pub fn admission_policy(data: &[u8]) {
+    let mut b = Bytes::new(data);
+    let flags = b.byte();
+    let profile = if flags & 1 == 0 { Profile::Recipe } else { Profile::Ietf };
+    let max_cap = crate::config::MAX_DURATION_MS;
+    let cap: u64 = match b.byte() % 6 {
+        0 => 0,
+        1 => u64::from(b.byte()),
+        2 => u64::from(u16::from_le_bytes([b.byte(), b.byte()])),
+        3 => Config::default().request_body_cap_bytes,
+        4 => (b.int() as u64) % (max_cap + 1),
+        _ => max_cap,
+    };
+    let config = Config { key_required: flags & 2 == 0, request_body_cap_bytes: cap, ..Config::for_profile(profile) };
+    let limit = machine_principal_cap();
+    let principal: Option<String> = match b.byte() % 5 {
+        0 => None,
+        1 => Some(String::new()),
+        2 => {
+            let c = ['a', '\u{e9}', '\u{2713}', '\u{1f600}'][b.byte() as usize % 4];
+            let target = limit - 8 + usize::from(b.byte() % 16);
+            let mut p = String::new();
+            while p.len() < target {
+                p.push(c);
+            }
+            Some(p)
+        }
+        3 => {
+            let mut p = b.text();
+            let mut at = b.byte() as usize % (p.len() + 1);
+            while !p.is_char_boundary(at) {
+                at -= 1;
+            }
+            p.insert(at, '\0');
+            Some(p)
+        }
+        _ => Some(b.text()),
+    };
+    let method = ["POST", "post", "Patch", "DELETE", "GET", "PUT", "HEAD"][b.byte() as usize % 7];
+    let mut headers: Vec<Header> = Vec::new();
+    let mut place = |b: &mut Bytes, header: Header| {
+        let at = b.byte() as usize % (headers.len() + 1);
+        headers.insert(at, header);
+    };
+    for _ in 0..b.byte() % 3 {
+        let name = ["Idempotency-Key", "idempotency-key", "IDEMPOTENCY-KEY"][b.byte() as usize % 3];
+        let value = match b.byte() % 7 {
+            0 => String::new(),
+            1 => " \t".into(),
+            2 => (0..1 + b.byte() % 40).map(|_| char::from(0x20 + b.byte() % 95)).collect(),
+            3 => "k".repeat(254 + usize::from(b.byte() % 3)),
+            4 => alloc::format!("\"{}\"", b.latin1()),
+            5 => alloc::format!(" {} ", (0..1 + b.byte() % 8).map(|_| char::from(b'a' + b.byte() % 26)).collect::<String>()),
+            _ => b.latin1(),
+        };
+        place(&mut b, Header { name: name.into(), value });
+    }
+    for _ in 0..b.byte() % 4 {
+        let name = ["Content-Length", "content-length", "CONTENT-LENGTH"][b.byte() as usize % 3];
+        let n = [0, cap.saturating_sub(1), cap, cap.saturating_add(1), u64::MAX, b.int() as u64][b.byte() as usize % 6];
+        let value = match b.byte() % 9 {
+            0 => alloc::format!("{n}"),
+            1 => alloc::format!("0{n}"),
+            2 => alloc::format!(" {n}\t"),
+            3 => alloc::format!("{n}, {n}"),
+            4 => alloc::format!("{n},{}", n.wrapping_add(1)),
+            5 => alloc::format!("+{n}"),
+            6 => "18446744073709551616".into(),
+            7 => alloc::format!("{n},"),
+            _ => b.latin1(),
+        };
+        place(&mut b, Header { name: name.into(), value });
+    }
+    let head = RequestHead { method: method.into(), path_and_query: "/orders".into(), headers: headers.clone() };
+    let session = session(config.clone());
+    let got = session.admit(&head, principal.as_deref());
+
+    // The model (SPEC 1.1-1.7, in order).
+    let ws = |c: char| matches!(c, ' ' | '\t' | '\r' | '\n');
+    let combined = |name: &str| -> Option<String> {
+        let values: Vec<&str> = headers.iter().filter(|h| h.name.eq_ignore_ascii_case(name)).map(|h| h.value.trim_matches(ws)).collect();
+        if values.is_empty() {
+            None
+        } else {
+            Some(values.join(", "))
+        }
+    };
+    let declared = |v: &str| -> Option<u64> {
+        let mut value = None;
+        for part in v.split(',') {
+            let part = part.trim_matches(ws);
+            if part.is_empty() || !part.bytes().all(|c| c.is_ascii_digit()) {
+                return None;
+            }
+            let n: u64 = part.parse().ok()?;
+            if value.is_some_and(|v| v != n) {
+                return None;
+            }
+            value = Some(n);
+        }
+        value
+    };
+    let printable = |k: &str| (1..=255).contains(&k.len()) && k.bytes().all(|c| (0x20..=0x7e).contains(&c));
+    let protected = matches!(method.to_ascii_uppercase().as_str(), "POST" | "PATCH" | "DELETE");
+    let key = combined("idempotency-key").filter(|k| !k.is_empty());
+    enum Want {
+        Pass,
+        Reject(RejectionReason),
+        InvalidPrincipal,
+        Protected(String),
+    }
+    let want = if !protected || (key.is_none() && !config.key_required) {
+        Want::Pass
+    } else {
+        match principal.as_deref().filter(|p| !p.is_empty()) {
+            None => Want::Reject(RejectionReason::PrincipalRequired),
+            Some(p) if p.len() > limit || p.contains('\0') => Want::InvalidPrincipal,
+            Some(_) => match key {
+                None => Want::Reject(RejectionReason::KeyRequired),
+                Some(raw) => {
+                    let decoded = if profile == Profile::Ietf && raw.starts_with('"') { parse_sf_string_item(&raw).ok() } else { Some(raw) };
+                    match decoded.filter(|k| printable(k)) {
+                        None => Want::Reject(RejectionReason::KeyInvalid),
+                        Some(k) => match combined("content-length").and_then(|v| declared(&v)) {
+                            Some(n) if n > cap => Want::Reject(RejectionReason::BodyTooLarge),
+                            _ => Want::Protected(k),
+                        },
+                    }
+                }
+            },
+        }
+    };
+    match (want, got) {
+        (Want::Pass, Ok(Admission::PassThrough)) => {}
+        (Want::InvalidPrincipal, Err(ProtocolError::InvalidArgument(_))) => {}
+        (Want::Protected(k), Ok(Admission::Protected(p))) => {
+            assert_eq!(p.key, k);
+            assert_eq!(p.fingerprint_prefix, fingerprint::prefix(&config, &head));
+        }
+        (Want::Reject(reason), Ok(Admission::Reject(r))) => {
+            assert_eq!(r.reason, reason);
+            let status = match reason {
+                RejectionReason::PrincipalRequired => 401,
+                RejectionReason::BodyTooLarge => 413,
+                _ => 400,
+            };
+            assert_eq!(r.response.status, status);
+            if reason == RejectionReason::BodyTooLarge {
+                assert_eq!(r.response, session.body_too_large().response);
+                let body = r.response.body.as_deref().expect("a 413 has a body");
+                assert!(body.contains(&alloc::format!("The request body exceeds {cap} bytes.")));
+            }
+        }
+        (_, got) => panic!("admission disagrees with the SPEC's rules: got {got:?}"),
+    }
+}
+
 fn machine_principal_cap() -> usize {
     crate::machine::MAX_PRINCIPAL_LEN
 }

@@ -7,13 +7,14 @@ use idempotency_ledger_core::fuzzing;
 
 type Target = fn(&[u8]);
 
-const TARGETS: [(&str, Target); 6] = [
+const TARGETS: [(&str, Target); 7] = [
     ("request_head", fuzzing::request_head),
     ("key", fuzzing::key),
     ("stored_row", fuzzing::stored_row),
     ("step_results", fuzzing::step_results),
     ("completion_roundtrip", fuzzing::completion_roundtrip),
     ("sf_string", fuzzing::sf_string),
+    ("admission_policy", fuzzing::admission_policy),
 ];
 
 #[test]
