@@ -567,3 +567,46 @@ fn the_blocking_postgres_ledger_inside_a_runtime_fails_closed_without_panicking(
     });
     assert!(db.rows().is_empty(), "nothing was claimed");
 }
+
+/// A new connection prepares its statements before the batch's transaction
+/// (and its `SET LOCAL lock_timeout`) begins: behind a table lock, that
+/// prepare must also give up after the lock timeout (busy), not wait forever.
+#[test]
+fn a_fresh_connection_behind_a_table_lock_is_busy_after_the_lock_timeout() {
+    let db = TestDb::postgres();
+    let schema = db.pg().expect("postgres").name.clone();
+    let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let holder_schema = schema.clone();
+    let holder = thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        rt.block_on(async {
+            let url = url_with_schema(&postgres_url(), &holder_schema);
+            let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.expect("connect");
+            tokio::spawn(connection);
+            client.batch_execute("BEGIN; LOCK TABLE idempotency_keys IN ACCESS EXCLUSIVE MODE").await.expect("lock");
+            locked_tx.send(()).expect("signal");
+            tokio::task::spawn_blocking(move || release_rx.recv()).await.expect("join").ok();
+            client.batch_execute("ROLLBACK").await.expect("rollback");
+        });
+    });
+    locked_rx.recv().expect("the table is locked");
+    // A fresh pool: its first connection has prepared nothing yet.
+    let pool = PostgresPool::connect(&url_with_schema(&postgres_url(), &schema), 1).expect("pool");
+    let mut ledger = Ledger::new(runtime(), pool.backend(), Config::default(), ManualClock::new(T0)).expect("ledger");
+    let started = Instant::now();
+    let (result, runs) = handle_counted(&mut ledger, &order("behind-a-lock"));
+    let waited = started.elapsed();
+    release_tx.send(()).expect("release");
+    holder.join().expect("holder");
+    match result {
+        Err(HandleError::Unavailable { error: Error::Protocol(ProtocolError::Ledger(LedgerError::Busy)), response }) => {
+            assert_eq!(response.status, 503)
+        }
+        other => panic!("expected busy, got {other:?}"),
+    }
+    assert_eq!(runs, 0);
+    assert!(waited < Duration::from_secs(15), "gave up after {waited:?}");
+    let (after, runs) = handle_counted(&mut ledger, &order("behind-a-lock"));
+    assert!(matches!(after.expect("handled").outcome, Outcome::Executed { .. }) && runs == 1, "the lock is gone: it runs");
+}

@@ -20,7 +20,7 @@ use std::error::Error as StdError;
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime as PoolRuntime, TimeoutType};
+use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime as PoolRuntime, TimeoutType};
 use futures_util::future::{join, join_all};
 use futures_util::{pin_mut, TryStreamExt};
 use tokio_postgres::types::{to_sql_checked, IsNull, ToSql, Type};
@@ -33,6 +33,8 @@ use crate::{Dialect, Error, SqlBackend};
 /// `lock_timeout`: how long a statement waits for a row lock before the batch
 /// fails (SQLSTATE 55P03, busy). The SQLite backend's busy timeout plays that role.
 const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = '5s'";
+/// The same bound for what runs outside a batch's transaction (preparing).
+const LOCK_TIMEOUT: &str = "SET lock_timeout = '5s'";
 
 /// `url` (a `postgresql://` URL) with server settings for every connection,
 /// as libpq's `options` parameter: `-c search_path=ledger` keeps the ledger's
@@ -60,6 +62,12 @@ fn build_pool(url: &str, max_size: usize) -> Result<Pool, Error> {
     let (config, tls) = crate::tls::connect_settings(url)?;
     let manager = Manager::from_config(config, tls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
     Pool::builder(manager)
+        // The batch's own `SET LOCAL lock_timeout` comes after the statements
+        // are prepared: a new connection's prepares must not wait forever
+        // behind a lock either (one SET per new connection).
+        .post_create(Hook::async_fn(|client, _| {
+            Box::pin(async move { client.batch_execute(LOCK_TIMEOUT).await.map_err(HookError::Backend) })
+        }))
         .max_size(max_size.max(1))
         .wait_timeout(Some(Duration::from_secs(5)))
         .create_timeout(Some(Duration::from_secs(10)))
@@ -222,13 +230,13 @@ async fn run_batch(pool: &Pool, statements: &[Statement]) -> Result<Vec<Statemen
         let _ = deadpool_postgres::Object::take(client);
         return Err(BatchError::Unreachable("postgres: the pooled connection was closed".into()));
     }
-    // Prepared once per connection, before anything of the batch is sent: a
-    // connection lost here sent nothing.
-    let prepared = join_all(statements.iter().map(|s| client.prepare_cached(&s.sql))).await;
-    let prepared: Vec<_> = match prepared.into_iter().collect::<Result<Vec<_>, _>>() {
-        Ok(p) => p,
-        Err(e) => return Err(failure(&e, false)),
-    };
+    // Prepared once per connection (cached: no round trip afterwards), one
+    // after another so a lock timeout stops at the first; before anything of
+    // the batch is sent, so a connection lost here sent nothing.
+    let mut prepared = Vec::with_capacity(statements.len());
+    for statement in statements {
+        prepared.push(client.prepare_cached(&statement.sql).await.map_err(|e| failure(&e, false))?);
+    }
     // BEGIN, every statement and COMMIT leave in one flight: tokio-postgres
     // writes each request when its future is first polled, and `join` polls
     // them in order before awaiting any answer.
