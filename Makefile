@@ -126,9 +126,14 @@ faults-build: $(COMPONENT_WASM) ## Build the three example servers as their serv
 	$(MAKE) --no-print-directory -C bindings/js build
 	$(MAKE) --no-print-directory -C bindings/python venv
 
-test-faults: faults-build ## Faults, short: SIGKILL at chosen points, database faults and 4 s of load per host, on SQLite and PostgreSQL
-	$(FAULTS_PY) faults/run.py short --db sqlite
-	./scripts/postgres.sh run -- $(FAULTS_PY) faults/run.py short --db postgres
+# In make test the Rust server is the debug build test-rust made (a release
+# build of wasmtime would cost CI minutes); faults and soak use the release one.
+test-faults: $(COMPONENT_WASM) ## Faults, short: SIGKILL at chosen points, database faults and 4 s of load per host, on SQLite and PostgreSQL
+	$(CARGO) build --locked -p idempotency-ledger --features tower --example serve
+	$(MAKE) --no-print-directory -C bindings/js build
+	$(MAKE) --no-print-directory -C bindings/python venv
+	FAULTS_RUST_PROFILE=debug $(FAULTS_PY) faults/run.py short --db sqlite
+	FAULTS_RUST_PROFILE=debug ./scripts/postgres.sh run -- $(FAULTS_PY) faults/run.py short --db postgres
 
 faults: faults-build ## Crashes and database faults at depth: make faults HOST=rust|python|node DB=sqlite|postgres [ROUNDS=5 CYCLES=3]
 	$(FAULTS_PG) sh -c '$(FAULTS_PY) faults/run.py crash --host $(HOST) --db $(DB) --rounds $(ROUNDS) && $(FAULTS_PY) faults/run.py dbfaults --host $(HOST) --db $(DB) --cycles $(CYCLES)'

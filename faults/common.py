@@ -358,6 +358,11 @@ class Ledger:
         """Moves rows' updated_at back (past the retention, for the sweep)."""
         raise NotImplementedError
 
+    def stats(self) -> tuple[int, int]:
+        """(rows, rows not completed), counted by the database."""
+        rows = self.rows()
+        return len(rows), sum(1 for r in rows if r.status != "completed")
+
     def close(self) -> None:
         pass
 
@@ -406,9 +411,19 @@ class SqliteLedger(Ledger):
             conn.close()
 
     def count(self) -> int:
+        return self.stats()[0]
+
+    def stats(self) -> tuple[int, int]:
+        if not self.path.exists():
+            return 0, 0
         conn = self._connect()
         try:
-            return int(conn.execute("SELECT count(*) FROM idempotency_keys").fetchone()[0])
+            total, pending = conn.execute("SELECT count(*), count(*) FILTER (WHERE status <> 'completed') FROM idempotency_keys").fetchone()
+            return int(total), int(pending)
+        except sqlite3.OperationalError as e:
+            if "no such table" in str(e):
+                return 0, 0
+            raise
         finally:
             conn.close()
 
@@ -490,7 +505,16 @@ class PgLedger(Ledger):
         return out
 
     def count(self) -> int:
-        return int(self.query("SELECT count(*) FROM idempotency_keys")[0][0] or 0)
+        return self.stats()[0]
+
+    def stats(self) -> tuple[int, int]:
+        try:
+            total, pending = self.query("SELECT count(*), count(*) FILTER (WHERE status <> 'completed') FROM idempotency_keys")[0]
+        except pgwire.PgError as e:
+            if e.code == "42P01":
+                return 0, 0
+            raise
+        return int(total or 0), int(pending or 0)
 
     def backdate(self, ids: list[tuple[str, str]], by_ms: int) -> int:
         n = 0

@@ -109,6 +109,7 @@ class Model:
         self.counter = 0
         self.aged: list[KeyState] = []
         self.ids: set[tuple[str, str]] = set()
+        self.per_second: dict[int, int] = {}
 
     def new_key(self, principal: Optional[str] = None, key: Optional[str] = None, body: Optional[bytes] = None, delay: Optional[int] = None) -> KeyState:
         with self.lock:
@@ -198,6 +199,8 @@ class Client(threading.Thread):
             ks.add(rec)
             return None
         self.requests += 1
+        second = int(a.received)
+        m.per_second[second] = m.per_second.get(second, 0) + 1
         if a.status >= 500:
             time.sleep(self.rng.uniform(0.02, 0.05))  # a client backs off a little after a 5xx
         # An execution with ?delay_ms sleeps on purpose: its latency is kept apart.
@@ -511,6 +514,7 @@ def _worker(args: dict[str, Any], queue: "multiprocessing.Queue[Any]") -> None:
         "transport_errors": model.transport_errors,
         "executed": [(k.principal, k.key) for k in model.keys if k.first is not None and not k.aged],
         "aged": [(k.principal, k.key) for k in model.aged],
+        "per_second": model.per_second,
         "samples": [(k.principal, k.key, k.first.sig.hex()) for k in _sample([k for k in model.keys if k.first is not None and not k.aged], 200)],
     })
 
@@ -599,24 +603,25 @@ def run_load(server: Any, ledger: Any, seconds: float, clients: int, procs: int,
         swept_wait = time.time() - t0
         report.check(left == 0, f"{left} of {len(aged)} rows aged past the retention were not swept")
     triggers = count_after - count_before - tally.get("fresh", 0)
-    rows = ledger.rows()
-    ours = {(r.principal, r.key): r for r in rows}
-    pending = [r for r in rows if r.status != "completed"]
-    report.check(not pending, f"{len(pending)} rows left pending after the load (e.g. {pending[:2]})")
-    missing = [k for k in executed if k not in ours]
-    report.check(not missing, f"{len(missing)} executed keys have no row (swept too early?) e.g. {missing[:3]}")
+    total_rows, pending = ledger.stats()
+    report.check(pending == 0, f"{pending} rows left pending after the load")
     expected_rows = rows_before + len(executed) + triggers
-    report.check(len(rows) == expected_rows, f"ledger rows {len(rows)} != rows before {rows_before} + executed keys {len(executed)} (+{triggers} sweep triggers)")
+    report.check(total_rows == expected_rows, f"ledger rows {total_rows} != rows before {rows_before} + executed keys {len(executed)} (+{triggers} sweep triggers)")
     # Stored responses equal the first answers (a sample per process).
+    samples = [(p, k, sig) for r in results for p, k, sig in r["samples"]]
+    ours = {(r.principal, r.key): r for r in ledger.rows_for([(p, k) for p, k, _ in samples])}
+    for principal, key, sig_hex in samples:
+        row = ours.get((principal, key))
+        if row is None or row.response_status != 201 or row.response_body is None:
+            report.check(False, f"{principal}/{key}: stored row {row}")
+            continue
+        headers = json.loads(row.response_headers or "{}")
+        a = Answer(201, {"content-type": headers.get("content-type", ""), "location": headers.get("location", "")}, row.response_body.encode("utf-8"), 0, 0)
+        report.check(signature(a).hex() == sig_hex, f"{principal}/{key}: the stored response differs from the first answer")
+    per_second: dict[int, int] = {}
     for r in results:
-        for principal, key, sig_hex in r["samples"]:
-            row = ours.get((principal, key))
-            if row is None or row.response_status != 201 or row.response_body is None:
-                report.check(False, f"{principal}/{key}: stored row {row}")
-                continue
-            headers = json.loads(row.response_headers or "{}")
-            a = Answer(201, {"content-type": headers.get("content-type", ""), "location": headers.get("location", "")}, row.response_body.encode("utf-8"), 0, 0)
-            report.check(signature(a).hex() == sig_hex, f"{principal}/{key}: the stored response differs from the first answer")
+        for sec, n in r["per_second"].items():
+            per_second[int(sec)] = per_second.get(int(sec), 0) + n
     peak = max((k for _, k in rss), default=0)
     figures = {
         "seconds": round(elapsed, 1),
@@ -635,7 +640,8 @@ def run_load(server: Any, ledger: Any, seconds: float, clients: int, procs: int,
         "tally": tally,
         "transport_errors": sum(r["transport_errors"] for r in results),
         "executions_counted": count_after - count_before,
-        "rows_after": len(rows),
+        "rows_after": total_rows,
+        "throughput_per_minute": throughput_series(per_second, began, seconds),
         "aged_rows_swept": len(aged),
         "sweep_wait_s": round(swept_wait, 1) if swept_wait is not None else None,
         "rss_peak_mib": round(peak / 1024, 1),
@@ -643,6 +649,19 @@ def run_load(server: Any, ledger: Any, seconds: float, clients: int, procs: int,
     }
     figures["rss_growth"] = rss_growth(rss, seconds)
     return figures
+
+
+def throughput_series(per_second: dict[int, int], began: float, seconds: float) -> list[tuple[int, float]]:
+    """Requests per second, averaged per minute of the run (per 10 s when shorter)."""
+    step = 60 if seconds >= 180 else 10
+    out = []
+    start = int(began)
+    t = 0
+    while t + step <= seconds:
+        n = sum(per_second.get(start + t + i, 0) for i in range(step))
+        out.append((t, round(n / step, 1)))
+        t += step
+    return out
 
 
 def rss_series(rss: list[tuple[float, int]], seconds: float, points: int = 12) -> list[tuple[float, float]]:
