@@ -12,7 +12,7 @@ use wasmtime::Store;
 use crate::convert::{log_line, Response};
 use crate::runtime::{bindings, HostState, Instance, IntoProtocolResult, Methods, NoBackend};
 use crate::{
-    fallback_error_response, sha256_hex, wit, Clock, Config, Error, HandleError, Handled, MutationResponse, Outcome,
+    fallback_error_response, sha256_hex, wit, Begun, Clock, Config, Error, HandleError, Handled, MutationResponse, Outcome,
     Request, Runtime, SqlBackend, SqliteBackend, Stored, SystemClock, Ticket,
 };
 
@@ -77,36 +77,17 @@ impl Ledger {
         request: &Request,
         mutation: impl FnOnce(&Request) -> Result<MutationResponse, E>,
     ) -> Result<Handled, HandleError<E>> {
-        let principal = principal.into();
-        let admission = if self.policy.protected_methods.iter().any(|m| m.eq_ignore_ascii_case(&request.method)) {
-            let head = request.head();
-            self.call(|s, store, session| s.call_admit(store, session, &head, principal)).map_err(|error| self.unavailable(error, None))?
-        } else {
-            wit::Admission::PassThrough
-        };
-        let protected = match admission {
-            wit::Admission::PassThrough => {
+        let ticket = match self.begin(principal, request) {
+            Begun::Answer(Handled { response, outcome: Outcome::Unavailable(error), .. }) => {
+                return Err(HandleError::Unavailable { error, response })
+            }
+            Begun::Answer(handled) => return Ok(handled),
+            Begun::PassThrough => {
                 let response = mutation(request).map_err(|error| HandleError::Mutation { error, ticket: None, released: false })?;
                 let response = response.into_pass_through(&self.policy.null_body_statuses);
                 return Ok(Handled { response, outcome: Outcome::PassThrough, sweep_due: false });
             }
-            wit::Admission::Reject(rejection) => return Ok(rejected(rejection)),
-            wit::Admission::Protected(protected) => protected,
-        };
-        let principal = principal.unwrap_or_default();
-        if request.body.len() as u64 > self.policy.request_body_cap_bytes {
-            let rejection = self.body_too_large().map_err(|e| self.unavailable(e, None))?;
-            return Ok(rejected(rejection));
-        }
-        let fingerprint = sha256_hex(protected.fingerprint_prefix.as_bytes(), &request.body);
-        let ticket = match self.decide_waiting(principal, &protected.key, &fingerprint) {
-            Ok(wit::Decision::Execute(ticket)) => ticket,
-            Ok(wit::Decision::Replay(response)) => {
-                return Ok(Handled { response: Response::from_wit(response), outcome: Outcome::Replayed, sweep_due: false })
-            }
-            Ok(wit::Decision::Reject(rejection)) => return Ok(rejected(rejection)),
-            Ok(wit::Decision::Wait(_)) => unreachable!("decide_waiting waits"),
-            Err(error) => return Err(self.unavailable(error, Some((principal, &protected.key)))),
+            Begun::Execute(ticket) => ticket,
         };
         match mutation(request) {
             Ok(produced) if produced.nothing_changed => {
@@ -120,6 +101,42 @@ impl Ledger {
                 let released = self.abandon(&ticket, wit::AbandonReason::Raised, &error.to_string());
                 Err(HandleError::Mutation { error, ticket: Some(ticket), released })
             }
+        }
+    }
+
+    /// Admission, fingerprint and decision (waiting while the core says so):
+    /// one ledger round trip per poll for a protected request, none
+    /// otherwise. Never fails: a failure to decide is an `Answer` with the
+    /// core's 5xx (`Outcome::Unavailable`). Follow `Execute` with
+    /// [`Ledger::finish`] or [`Ledger::abandon`].
+    pub fn begin<'p>(&mut self, principal: impl Into<Option<&'p str>>, request: &Request) -> Begun {
+        let principal = principal.into();
+        if !self.policy.protected_methods.iter().any(|m| m.eq_ignore_ascii_case(&request.method)) {
+            return Begun::PassThrough;
+        }
+        let head = request.head();
+        let protected = match self.call(|s, store, session| s.call_admit(store, session, &head, principal)) {
+            Ok(wit::Admission::PassThrough) => return Begun::PassThrough,
+            Ok(wit::Admission::Reject(rejection)) => return Begun::Answer(rejected(rejection)),
+            Ok(wit::Admission::Protected(protected)) => protected,
+            Err(error) => return Begun::Answer(self.unavailable(error, None)),
+        };
+        if request.body.len() as u64 > self.policy.request_body_cap_bytes {
+            return match self.body_too_large() {
+                Ok(rejection) => Begun::Answer(rejected(rejection)),
+                Err(error) => Begun::Answer(self.unavailable(error, None)),
+            };
+        }
+        let principal = principal.unwrap_or_default();
+        let fingerprint = sha256_hex(protected.fingerprint_prefix.as_bytes(), &request.body);
+        match self.decide_waiting(principal, &protected.key, &fingerprint) {
+            Ok(wit::Decision::Execute(ticket)) => Begun::Execute(ticket),
+            Ok(wit::Decision::Replay(response)) => {
+                Begun::Answer(Handled { response: Response::from_wit(response), outcome: Outcome::Replayed, sweep_due: false })
+            }
+            Ok(wit::Decision::Reject(rejection)) => Begun::Answer(rejected(rejection)),
+            Ok(wit::Decision::Wait(_)) => unreachable!("decide_waiting waits"),
+            Err(error) => Begun::Answer(self.unavailable(error, Some((principal, &protected.key)))),
         }
     }
 
@@ -299,7 +316,7 @@ impl Ledger {
         Ok(f(core, store, session))
     }
 
-    fn unavailable<E>(&mut self, error: Error, who: Option<(&str, &str)>) -> HandleError<E> {
+    fn unavailable(&mut self, error: Error, who: Option<(&str, &str)>) -> Handled {
         if let Some((principal, key)) = who {
             self.log(&wit::LogEvent::DecisionFailed(wit::RequestFailure {
                 principal: principal.to_string(),
@@ -310,7 +327,7 @@ impl Ledger {
             log::error!(target: "idempotency_ledger", "[idempotency] request not executed: {error}");
         }
         let response = self.error_response(&error);
-        HandleError::Unavailable { error, response }
+        Handled { response, outcome: Outcome::Unavailable(error), sweep_due: false }
     }
 
     fn instance(&mut self) -> Result<&mut Instance, Error> {

@@ -27,7 +27,8 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::convert::head;
-use crate::nonblocking::{AsyncLedger, Begun, BoxFuture};
+use crate::nonblocking::{AsyncLedger, BoxFuture};
+use crate::Begun;
 use crate::{wit, Body, Handled, MutationResponse, Response};
 
 type Principal = dyn Fn(&Parts) -> Option<String> + Send + Sync;

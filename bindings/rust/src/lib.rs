@@ -61,9 +61,9 @@ pub use runtime::{engine_config, HostState, IntoProtocolResult, Runtime, COMPONE
 pub use sqlite::{SqliteBackend, DEFAULT_BUSY_TIMEOUT};
 
 #[cfg(feature = "tokio")]
-pub use nonblocking::{AsyncBackend, AsyncLedger, AsyncSqlite, Begun, BoxFuture};
+pub use nonblocking::{AsyncBackend, AsyncLedger, AsyncSqlite, BoxFuture};
 #[cfg(feature = "postgres")]
-pub use postgres::{url_with_options, AsyncPostgres, PostgresBackend, PostgresPool};
+pub use postgres::{url_with_options, AsyncPostgres, PoolSettings, PostgresBackend, PostgresPool};
 #[cfg(feature = "tower")]
 pub use layer::{IdempotencyLayer, IdempotencyService, NothingChanged};
 
@@ -143,6 +143,19 @@ pub struct Handled {
     /// in the background; with a bare [`Ledger`], call [`Ledger::sweep`]
     /// after answering.
     pub sweep_due: bool,
+}
+
+/// The first half of a request: what to do before the mutation runs
+/// ([`Ledger::begin`], [`AsyncLedger::begin`]).
+#[derive(Debug)]
+pub enum Begun {
+    /// Send this; nothing runs (a rejection, a replay, or a failure to decide:
+    /// `Outcome::Unavailable`).
+    Answer(Handled),
+    /// Run the handler with no ledger access.
+    PassThrough,
+    /// Run the mutation once, then `finish` (or `abandon` if it fails).
+    Execute(Ticket),
 }
 
 /// Why a ledger call failed.

@@ -16,7 +16,7 @@ use tokio::sync::oneshot;
 use crate::convert::{log_line, Response};
 use crate::runtime::Instances;
 use crate::{
-    fallback_error_response, sha256_hex, wit, Clock, Config, Dialect, Error, HandleError, Handled, MutationResponse,
+    fallback_error_response, sha256_hex, wit, Begun, Clock, Config, Dialect, Error, HandleError, Handled, MutationResponse,
     Outcome, Request, Runtime, SqlBackend, SqliteBackend, Stored, SystemClock, Ticket,
 };
 
@@ -43,18 +43,6 @@ struct Inner {
     config: Config,
     policy: wit::RequestPolicy,
     clock: Arc<dyn Clock>,
-}
-
-/// The first half of a request: what to do before the mutation runs.
-#[derive(Debug)]
-pub enum Begun {
-    /// Send this; nothing runs (a rejection, a replay, or a failure to decide).
-    Answer(Handled),
-    /// Run the handler with no ledger access.
-    PassThrough,
-    /// Run the mutation once, then [`AsyncLedger::finish`] (or
-    /// [`AsyncLedger::abandon`] if it fails).
-    Execute(Ticket),
 }
 
 impl AsyncLedger {

@@ -30,11 +30,44 @@ use crate::nonblocking::{AsyncBackend, BoxFuture};
 use crate::wit::{BatchError, DatabaseError, Statement, StatementResult, Value};
 use crate::{Dialect, Error, SqlBackend};
 
-/// `lock_timeout`: how long a statement waits for a row lock before the batch
-/// fails (SQLSTATE 55P03, busy). The SQLite backend's busy timeout plays that role.
-const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = '5s'";
-/// The same bound for what runs outside a batch's transaction (preparing).
-const LOCK_TIMEOUT: &str = "SET lock_timeout = '5s'";
+/// How a pool connects and how long things may wait.
+#[derive(Clone, Debug)]
+pub struct PoolSettings {
+    /// Connections at most (default 16).
+    pub max_size: usize,
+    /// How long a batch waits for a free connection before it is busy (503;
+    /// default 5 s).
+    pub wait_timeout: Duration,
+    /// How long a statement waits for a lock held by another transaction
+    /// before the batch is busy (SQLSTATE 55P03; default 5 s): PostgreSQL's
+    /// `lock_timeout`, set for every connection and in every batch.
+    pub lock_timeout: Duration,
+}
+
+impl Default for PoolSettings {
+    fn default() -> Self {
+        PoolSettings { max_size: 16, wait_timeout: Duration::from_secs(5), lock_timeout: Duration::from_secs(5) }
+    }
+}
+
+/// What a pool's batches and new connections run first.
+#[derive(Clone)]
+struct Preamble {
+    /// `BEGIN ... ; SET LOCAL lock_timeout`: opens every batch's transaction.
+    begin: Arc<str>,
+    /// `SET lock_timeout`: a new connection's prepares (outside a batch) are bounded too.
+    session: Arc<str>,
+}
+
+impl Preamble {
+    fn new(lock_timeout: Duration) -> Preamble {
+        let ms = lock_timeout.as_millis().max(1);
+        Preamble {
+            begin: format!("BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = '{ms}ms'").into(),
+            session: format!("SET lock_timeout = '{ms}ms'").into(),
+        }
+    }
+}
 
 /// `url` (a `postgresql://` URL) with server settings for every connection,
 /// as libpq's `options` parameter: `-c search_path=ledger` keeps the ledger's
@@ -58,18 +91,22 @@ pub fn url_with_options(url: &str, options: &str) -> String {
 /// (the default), `require`, `verify-ca`, `verify-full`; `sslrootcert=FILE`
 /// or `system` for the roots): at most `max_size` connections, a request
 /// waits up to 5 s for one. Builds no connection yet.
-fn build_pool(url: &str, max_size: usize) -> Result<Pool, Error> {
+fn build_pool(url: &str, settings: &PoolSettings, preamble: &Preamble) -> Result<Pool, Error> {
     let (config, tls) = crate::tls::connect_settings(url)?;
     let manager = Manager::from_config(config, tls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
     Pool::builder(manager)
         // The batch's own `SET LOCAL lock_timeout` comes after the statements
         // are prepared: a new connection's prepares must not wait forever
         // behind a lock either (one SET per new connection).
-        .post_create(Hook::async_fn(|client, _| {
-            Box::pin(async move { client.batch_execute(LOCK_TIMEOUT).await.map_err(HookError::Backend) })
-        }))
-        .max_size(max_size.max(1))
-        .wait_timeout(Some(Duration::from_secs(5)))
+        .post_create({
+            let session = preamble.session.clone();
+            Hook::async_fn(move |client, _| {
+                let session = session.clone();
+                Box::pin(async move { client.batch_execute(&session).await.map_err(HookError::Backend) })
+            })
+        })
+        .max_size(settings.max_size.max(1))
+        .wait_timeout(Some(settings.wait_timeout))
         .create_timeout(Some(Duration::from_secs(10)))
         .runtime(PoolRuntime::Tokio1)
         .build()
@@ -80,6 +117,7 @@ fn build_pool(url: &str, max_size: usize) -> Result<Pool, Error> {
 #[derive(Clone)]
 pub struct AsyncPostgres {
     pool: Pool,
+    preamble: Preamble,
 }
 
 impl AsyncPostgres {
@@ -87,13 +125,20 @@ impl AsyncPostgres {
     /// docs) and at most `max_size` connections. Call it inside the runtime
     /// that will use it.
     pub fn connect(url: &str, max_size: usize) -> Result<AsyncPostgres, Error> {
-        Ok(AsyncPostgres { pool: build_pool(url, max_size)? })
+        AsyncPostgres::connect_with(url, &PoolSettings { max_size, ..PoolSettings::default() })
+    }
+
+    /// [`AsyncPostgres::connect`] with other timeouts.
+    pub fn connect_with(url: &str, settings: &PoolSettings) -> Result<AsyncPostgres, Error> {
+        let preamble = Preamble::new(settings.lock_timeout);
+        Ok(AsyncPostgres { pool: build_pool(url, settings, &preamble)?, preamble })
     }
 
     /// Wraps a pool you built (your own TLS connector, say). Build it with
-    /// `.runtime(deadpool_postgres::Runtime::Tokio1)` for its timeouts.
+    /// `.runtime(deadpool_postgres::Runtime::Tokio1)` for its timeouts;
+    /// batches use a 5 s `lock_timeout`.
     pub fn from_pool(pool: Pool) -> AsyncPostgres {
-        AsyncPostgres { pool }
+        AsyncPostgres { pool, preamble: Preamble::new(PoolSettings::default().lock_timeout) }
     }
 
     pub fn pool(&self) -> &Pool {
@@ -103,7 +148,7 @@ impl AsyncPostgres {
 
 impl AsyncBackend for AsyncPostgres {
     fn execute_batch(&self, statements: Vec<Statement>) -> BoxFuture<'_, Result<Vec<StatementResult>, BatchError>> {
-        Box::pin(async move { run_batch(&self.pool, &statements).await })
+        Box::pin(async move { run_batch(&self.pool, &self.preamble, &statements).await })
     }
 
     fn dialect(&self) -> Dialect {
@@ -121,6 +166,7 @@ pub struct PostgresPool {
 
 struct PoolInner {
     pool: Pool,
+    preamble: Preamble,
     /// One worker drives the connections' I/O and runs every batch; the
     /// ledgers' threads wait on a channel.
     runtime: Option<tokio::runtime::Runtime>,
@@ -147,18 +193,25 @@ impl PostgresPool {
     /// Connects lazily to `url` with TLS from its `sslmode` (see the module
     /// docs), with at most `max_size` connections.
     pub fn connect(url: &str, max_size: usize) -> Result<PostgresPool, Error> {
+        PostgresPool::connect_with(url, &PoolSettings { max_size, ..PoolSettings::default() })
+    }
+
+    /// [`PostgresPool::connect`] with other timeouts.
+    pub fn connect_with(url: &str, settings: &PoolSettings) -> Result<PostgresPool, Error> {
         let runtime = pool_runtime()?;
+        let preamble = Preamble::new(settings.lock_timeout);
         let pool = {
             let _entered = runtime.enter();
-            build_pool(url, max_size)?
+            build_pool(url, settings, &preamble)?
         };
-        Ok(PostgresPool { inner: Arc::new(PoolInner { pool, runtime: Some(runtime), pid: std::process::id() }) })
+        Ok(PostgresPool { inner: Arc::new(PoolInner { pool, preamble, runtime: Some(runtime), pid: std::process::id() }) })
     }
 
     /// Wraps a pool you built. It must be built with
     /// `.runtime(deadpool_postgres::Runtime::Tokio1)` for its timeouts.
     pub fn from_pool(pool: Pool) -> Result<PostgresPool, Error> {
-        Ok(PostgresPool { inner: Arc::new(PoolInner { pool, runtime: Some(pool_runtime()?), pid: std::process::id() }) })
+        let preamble = Preamble::new(PoolSettings::default().lock_timeout);
+        Ok(PostgresPool { inner: Arc::new(PoolInner { pool, preamble, runtime: Some(pool_runtime()?), pid: std::process::id() }) })
     }
 
     /// A backend for one [`crate::Ledger`]; it borrows a pooled connection
@@ -209,10 +262,10 @@ AsyncPostgres there (or call it from a thread outside the runtime)"
         // Run on the runtime's single worker, the thread that also drives the
         // connections: every request of the batch is queued before the
         // connection task gets to write, so they leave in one write.
-        let (pool, statements) = (inner.pool.clone(), statements.to_vec());
+        let (pool, preamble, statements) = (inner.pool.clone(), inner.preamble.clone(), statements.to_vec());
         let (reply, answer) = mpsc::sync_channel(1);
         runtime.spawn(async move {
-            let _ = reply.send(run_batch(&pool, &statements).await);
+            let _ = reply.send(run_batch(&pool, &preamble, &statements).await);
         });
         // A dropped task (runtime shut down mid-batch) may have sent the batch.
         answer.recv().unwrap_or_else(|_| Err(BatchError::OutcomeUnknown("the PostgreSQL batch task stopped".into())))
@@ -223,7 +276,7 @@ AsyncPostgres there (or call it from a thread outside the runtime)"
     }
 }
 
-async fn run_batch(pool: &Pool, statements: &[Statement]) -> Result<Vec<StatementResult>, BatchError> {
+async fn run_batch(pool: &Pool, preamble: &Preamble, statements: &[Statement]) -> Result<Vec<StatementResult>, BatchError> {
     let client = pool.get().await.map_err(pool_error)?;
     if client.is_closed() {
         // Killed while idle in the pool: nothing was sent (the next batch gets a new one).
@@ -240,7 +293,7 @@ async fn run_batch(pool: &Pool, statements: &[Statement]) -> Result<Vec<Statemen
     // BEGIN, every statement and COMMIT leave in one flight: tokio-postgres
     // writes each request when its future is first polled, and `join` polls
     // them in order before awaiting any answer.
-    let begin = client.batch_execute(BEGIN);
+    let begin = client.batch_execute(&preamble.begin);
     let run = join_all(statements.iter().zip(&prepared).map(|(s, p)| async {
         let stream = client.query_raw(p, s.params.iter()).await?;
         pin_mut!(stream);
@@ -345,7 +398,7 @@ impl ToSql for Value {
 
 fn pool_error(e: PoolError) -> BatchError {
     match e {
-        PoolError::Timeout(TimeoutType::Wait) => BatchError::PoolExhausted("postgres pool: every connection stayed busy for 5 s".into()),
+        PoolError::Timeout(TimeoutType::Wait) => BatchError::PoolExhausted("postgres pool: no connection became free in time".into()),
         PoolError::Timeout(kind) => BatchError::Unreachable(format!("postgres pool: {kind:?} timed out")),
         PoolError::Backend(e) => failure(&e, false),
         other => BatchError::Unreachable(format!("postgres pool: {other}")),
