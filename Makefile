@@ -7,7 +7,7 @@ CORE_MODULE := target/wasm32-unknown-unknown/component/idempotency_ledger_guest.
 COMPONENTIZE := $(CARGO) run --quiet -p idempotency-ledger-componentize --
 GUEST_SOURCES := $(shell find wit guest -name '*.wit' -o -name '*.rs' -o -name 'Cargo.toml') Cargo.toml Cargo.lock
 
-.PHONY: faults-build test-faults faults soak serve-rust help component wit demo demo-postgres test test-rust test-js test-python serve-python test-postgres postgres-suites check-imports vectors simulate fuzz bench size-profile clean
+.PHONY: faults-build test-faults faults soak serve-rust help component wit demo demo-postgres test test-rust test-js test-python serve-python test-postgres postgres-suites check-imports vectors simulate fuzz bench size-profile clean dist dist-check check-versions
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{ printf "  %-15s %s\n", $$1, $$2 }'
@@ -44,7 +44,7 @@ serve-node: $(COMPONENT_WASM) ## The example Hono server on Node (PORT=8080, DAT
 	$(MAKE) --no-print-directory -C bindings/js build
 	cd bindings/js && exec node examples/node/server.js
 
-test: test-rust test-js test-python test-postgres test-faults ## Run every suite (Rust, JavaScript, Python, PostgreSQL, faults)
+test: test-rust test-js test-python test-postgres test-faults dist-check ## Run every suite (Rust, JavaScript, Python, PostgreSQL, faults), then the packages from outside
 
 test-rust: check-imports ## Rust: native core tests, the component under wasmtime over SQLite, the tower layer and the example server
 	$(CARGO) test --locked
@@ -106,6 +106,18 @@ postgres-suites:
 	$(MAKE) -C bindings/js test-postgres
 	bindings/python/.venv/bin/python host-test/pg_race.py --rust-worker target/debug/pg-race-worker --keys $(RACE_KEYS)
 	bindings/python/.venv/bin/python host-test/pg_race.py --rust-worker target/debug/pg-race-worker --js-worker bindings/js/test/pg-race-worker.js --keys $(RACE_KEYS)
+
+# Packaging (packaging/): the publishable artifacts and their check from
+# outside the repository. Both reuse target/: run after the suites (as
+# `make test` does), only this project's crates are compiled.
+dist: component ## Build the packages into dist/: the two .crate files, the npm tarball, the Python sdist and the wheel built from it
+	./packaging/dist.sh
+
+dist-check: dist ## Install each dist/ artifact into a fresh project outside the repository and run its README example
+	./packaging/dist-check.sh
+
+check-versions: ## Fail unless the WIT, the crates, package.json and pyproject.toml carry one version
+	python3 packaging/check-versions.py
 
 clean: ## Remove build output
 	$(CARGO) clean
