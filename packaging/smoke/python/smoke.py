@@ -21,12 +21,13 @@ dist = metadata.distribution("idempotency-ledger")
 readme = dist.metadata.get_payload()
 example = re.findall(r"```python\n(.*?)```", readme, re.S)[0]
 
-os.chdir(tempfile.mkdtemp(prefix="idempotency-ledger-smoke-"))
 namespace: dict = {}
 out = io.StringIO()
-with contextlib.redirect_stdout(out):
-    exec(compile(example, "README (plain Python)", "exec"), namespace)
-first, retry = namespace["first"], namespace["retry"]
+with tempfile.TemporaryDirectory(prefix="idempotency-ledger-smoke-") as workdir, contextlib.chdir(workdir):
+    with contextlib.redirect_stdout(out):
+        exec(compile(example, "README (plain Python)", "exec"), namespace)
+    first, retry = namespace["first"], namespace["retry"]
+    namespace["ledger"].close()
 print(f"python ({os.path.basename(venv)}): idempotency-ledger {dist.version} from {os.path.dirname(idempotency_ledger.__file__)};"
       f" the README example printed: {out.getvalue().strip()}")
 assert out.getvalue() == "executed replayed 201 b'{\"order\":\"o_1\"}'\n", out.getvalue()
