@@ -15,7 +15,7 @@ import { execFileSync, spawn } from "node:child_process";
 import { createHash } from "node:crypto";
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { Agent, request as httpRequest } from "node:http";
-import { cpus, tmpdir } from "node:os";
+import { cpus, loadavg, tmpdir } from "node:os";
 import { dirname, join, relative } from "node:path";
 import { gzipSync } from "node:zlib";
 import Database from "better-sqlite3";
@@ -23,6 +23,7 @@ import { PACKAGE_ROOT, startWorker, workerModules } from "../test/helpers/worker
 import { T0, order, send, stats, uniqueKey } from "../test/helpers/http.js";
 
 const started = performance.now();
+const loadAtStart = loadavg()[0];
 // stdout carries only the Markdown: everything else written there (console.log,
 // miniflare, workerd's stdio) is sent to stderr.
 const writeMarkdown = process.stdout.write.bind(process.stdout);
@@ -109,7 +110,7 @@ async function coldStartOnce(script) {
 
 const START_WORKERS = { bare: "bench/bare-worker.js", package: "bench/worker.js" };
 
-async function startCostMiniflare(rounds = count(12)) {
+async function startCostMiniflare(rounds = count(16)) {
   const samples = { bare: [], package: [] };
   await coldStartOnce(START_WORKERS.package); // the first workerd start of the run is slower for both
   for (let i = 0; i < rounds; i++) {
@@ -237,7 +238,7 @@ async function workerdOnce(config) {
   }
 }
 
-async function startCostWorkerd(rounds = count(25)) {
+async function startCostWorkerd(rounds = count(30)) {
   rmSync(WORKERD_DIR, { recursive: true, force: true });
   const configs = { bare: workerdConfig("bare", "bench/nodb-bare-worker.js"), package: workerdConfig("package", "bench/nodb-worker.js") };
   const samples = { bare: [], package: [] };
@@ -683,6 +684,7 @@ if (PG_URL) {
   await pgCompare();
 } else log("PostgreSQL skipped: IDEMPOTENCY_PG_URL is not set");
 report.seconds = (performance.now() - started) / 1000;
+report.load = { start: loadAtStart, end: loadavg()[0] };
 report.versions = {
   node: process.version,
   workerd: versionOf("workerd"),
@@ -706,6 +708,7 @@ md.push(
   `Command: \`make -s -C bindings/js bench\` (runs \`node bench/bench.js\`; part of the top-level \`make bench\`, inside \`scripts/postgres.sh run\`), ${report.seconds.toFixed(0)} s. ` +
     `Node ${v.node}, workerd ${v.workerd} (miniflare ${v.miniflare}, \`cf: false\`, offline, local D1), jco ${v.jco}, Hono ${v.hono} (@hono/node-server ${v.honoNodeServer}), Express ${v.express}, better-sqlite3 ${v.betterSqlite3} (SQLite ${v.sqlite})` +
     `${report.pg ? `, pg ${report.pg.pgVersion} (PostgreSQL ${report.pg.server})` : ""}; ${cpus().length} cores. ` +
+    `Load average (1 min) ${report.load.start.toFixed(2)} at the start, ${report.load.end.toFixed(2)} at the end: other processes on the machine inflate wall times, and differences between runs more than differences within one. ` +
     "Both sides of every comparison are measured in the same run, interleaved (order alternating each round); figures are medians unless named. " +
     "Raw figures: `bindings/js/.tmp/bench.json`.",
   "",
@@ -737,7 +740,7 @@ md.push(
     `Extra start time of the package (package − bare): start → ready +${f2(m.delta.ready)} ms, first request +${f2(m.delta.first)} ms ` +
       `(${f2(m.delta.ready + m.delta.first)} ms together).`,
     "",
-    `- Of the start → ready difference, ${f2(m.delta.nodeCpu)} ms is miniflare's own CPU time in Node (serializing the larger modules); workerd's share is about ${f2(m.delta.ready - m.delta.nodeCpu)} ms.`,
+    `- Over the same start, this Node process (miniflare: the larger modules serialized into workerd's configuration, the D1 migration) used ${signed(m.delta.nodeCpu)} more CPU time (median of the per-round differences; Node's CPU time for a start varies by ±25 ms, so this is a rough split).`,
     `- Of the first-request difference, ${f2(m.delta.warm)} ms is what every request costs more (the warm difference: the decision and completion batches); ` +
       `the one-time part is about ${f2(m.delta.first - m.delta.warm)} ms. Inside it (isolate clock, 1 ms resolution): instantiating the component ${f2(m.firstInstantiate)} ms, opening the core session ${f2(m.firstSession)} ms.`,
     prev
