@@ -70,9 +70,11 @@ function previousStartCost() {
   const js = text.slice(Math.max(0, text.indexOf("## JavaScript host")));
   const date = /Produced by `make bench` on (\d{4}-\d\d-\d\d)/.exec(text)?.[1] ?? "an earlier run";
   // This bench's wording, then the wording of the bench before the 0.2.0 port.
-  let m = /Extra start time of the package \(package − bare\): start → ready \+([\d.]+) ms, first request \+([\d.]+) ms/.exec(js);
-  if (!m) m = /start → ready, package − bare\): ([\d.]+) ms; first request, package − bare: ([\d.]+) ms/.exec(js);
-  return m ? { startToReady: Number(m[1]), firstRequest: Number(m[2]), date } : null;
+  const num = (sign, digits) => (sign === "−" || sign === "-" ? -1 : 1) * Number(digits);
+  let m = /Extra start time of the package \(package − bare\): start → ready ([+−-]?)([\d.]+) ms, first request ([+−-]?)([\d.]+) ms/.exec(js);
+  if (m) return { startToReady: num(m[1], m[2]), firstRequest: num(m[3], m[4]), date };
+  m = /start → ready, package − bare\): (-?)([\d.]+) ms; first request, package − bare: (-?)([\d.]+) ms/.exec(js);
+  return m ? { startToReady: num(m[1], m[2]), firstRequest: num(m[3], m[4]), date } : null;
 }
 report.previous = previousStartCost();
 
@@ -737,14 +739,14 @@ md.push(
     ],
   );
   md.push(
-    `Extra start time of the package (package − bare): start → ready +${f2(m.delta.ready)} ms, first request +${f2(m.delta.first)} ms ` +
+    `Extra start time of the package (package − bare): start → ready ${signed(m.delta.ready)}, first request ${signed(m.delta.first)} ` +
       `(${f2(m.delta.ready + m.delta.first)} ms together).`,
     "",
     `- Over the same start, this Node process (miniflare: the larger modules serialized into workerd's configuration, the D1 migration) used ${signed(m.delta.nodeCpu)} more CPU time (median of the per-round differences; Node's CPU time for a start varies by ±25 ms, so this is a rough split).`,
     `- Of the first-request difference, ${f2(m.delta.warm)} ms is what every request costs more (the warm difference: the decision and completion batches); ` +
       `the one-time part is about ${f2(m.delta.first - m.delta.warm)} ms. Inside it (isolate clock, 1 ms resolution): instantiating the component ${f2(m.firstInstantiate)} ms, opening the core session ${f2(m.firstSession)} ms.`,
     prev
-      ? `- Previous figure (bench/RESULTS.md of ${prev.date}): start → ready +${f2(prev.startToReady)} ms, first request +${f2(prev.firstRequest)} ms (${f2(prev.startToReady + prev.firstRequest)} ms together); ` +
+      ? `- Previous figure (bench/RESULTS.md of ${prev.date}): start → ready ${signed(prev.startToReady)}, first request ${signed(prev.firstRequest)} (${f2(prev.startToReady + prev.firstRequest)} ms together); ` +
           `this run: ${f2(m.delta.ready + m.delta.first)} ms (${ratio((m.delta.ready + m.delta.first) / (prev.startToReady + prev.firstRequest))} of it). Machine load differs between runs; the differences above are within one run.`
       : "- No previous figure in bench/RESULTS.md.",
     "",
