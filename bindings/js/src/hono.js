@@ -19,15 +19,8 @@ function bufferOf(bytes) {
   return bytes.slice().buffer;
 }
 
-/**
- * Builds `idempotency(options)` over `api` (the entry's makeApi result).
- * `node` (the Node entry's): { incomingOf(c), read(incoming, cap) } reads
- * the body straight from @hono/node-server's IncomingMessage (`c.env.incoming`)
- * instead of through the Request's web stream; `resultOf(response)` gives the
- * status, headers and body of its lightweight Response without building a web
- * Response (null when it cannot).
- */
-export function makeHonoIdempotency(api, node = null) {
+/** Builds `idempotency(options)` over `api` (the entry's makeApi result). */
+export function makeHonoIdempotency(api) {
   return function idempotency(options) {
     const { principalOf, dbOf, select } = adapterOptions(options, "idempotency");
     return async function idempotencyMiddleware(c, next) {
@@ -37,9 +30,7 @@ export function makeHonoIdempotency(api, node = null) {
       const ledger = api.ledgerFor(await dbOf(c), options);
       if (!ledger.session.protects(method)) return next();
       const principal = principalValue(await principalOf(c));
-      const incoming = node === null ? null : node.incomingOf(c);
-      const readBody = incoming === null ? (cap) => readBodyCapped(request.body, cap) : (cap) => node.read(incoming, cap);
-      const begun = await ledger.begin(requestHead(request), principal, readBody);
+      const begun = await ledger.begin(requestHead(request), principal, (cap) => readBodyCapped(request.body, cap));
       if (begun.kind === "pass-through") return next();
       if (begun.kind === "answer") {
         const response = toFetchResponse(begun.answer);
@@ -48,14 +39,10 @@ export function makeHonoIdempotency(api, node = null) {
       }
       const { ticket, body } = begun;
       // The handler reads the same bytes (c.req.json(), c.req.raw.body, ...):
-      // on Node, @hono/node-server reads `incoming.rawBody` (set by
-      // node.read) before the stream; elsewhere the request is rebuilt
-      // around the bytes.
-      if (incoming === null) {
-        const buffer = bufferOf(body);
-        if (method !== "GET" && method !== "HEAD") c.req.raw = new Request(request, { body: buffer });
-        c.req.bodyCache = { arrayBuffer: Promise.resolve(buffer) };
-      }
+      // the request is rebuilt around them.
+      const buffer = bufferOf(body);
+      if (method !== "GET" && method !== "HEAD") c.req.raw = new Request(request, { body: buffer });
+      c.req.bodyCache = { arrayBuffer: Promise.resolve(buffer) };
       let thrown;
       try {
         await next();
@@ -69,7 +56,7 @@ export function makeHonoIdempotency(api, node = null) {
         if (thrown !== undefined) throw thrown;
         return;
       }
-      const done = await ledger.finish(ticket, (node !== null && node.resultOf(c.res)) || c.res);
+      const done = await ledger.finish(ticket, c.res);
       if (done.sweepDue && options.sweep !== false) ledger.scheduleSweep(waitUntilOf(c));
       c.res = undefined; // no header merge: the caller gets exactly the core's response
       c.res = toFetchResponse(done.answer);
