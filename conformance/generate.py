@@ -1467,8 +1467,9 @@ def classify_vectors():
     for message, kind in (
             ("D1_ERROR: database is locked", "busy"),
             ("database is locked", "busy"),
-            ("Network connection lost.", "io"),
-            ("D1_ERROR: Network connection lost.", "io"),
+            ("Network connection lost.", "outcome-unknown"),
+            ("D1_ERROR: Network connection lost.", "outcome-unknown"),
+            ("D1_ERROR: Durable Object storage caused object to be reset.", "outcome-unknown"),
             ("no such table: idempotency_keys", "schema"),
             ("D1_ERROR: no such table: idempotency_keys", "schema"),
             ("table idempotency_keys has no column named fingerprint: no such column: fingerprint", "schema"),

@@ -337,7 +337,7 @@ describe("Node adapter (better-sqlite3)", () => {
     assert.equal(d1("D1_ERROR: database is locked: SQLITE_BUSY"), "busy");
     assert.equal(d1("D1_ERROR: no such table: idempotency_keys: SQLITE_ERROR"), "schema");
     assert.equal(d1("D1_ERROR: UNIQUE constraint failed: SQLITE_CONSTRAINT"), "constraint");
-    assert.equal(d1("D1_ERROR: Network connection lost."), "io");
+    assert.equal(d1("D1_ERROR: Network connection lost."), "outcome-unknown", "D1 cannot say whether the batch ran");
     assert.equal(session.classify({ tag: "host", val: "weird" }).tag, "other");
   });
 

@@ -438,7 +438,10 @@ describe("SPEC 9: failure rules (D1 failure injection)", () => {
     const key = uniqueKey();
     const s0 = sku();
     const r = await send(mf, { key, body: order(s0), now: T0, headers: { "x-test-fail-batch": "1", "x-test-fail-mode": "after" } });
-    assert.equal(r.status, 500);
+    // The answer says so: the key may stay reserved until the TTL (not "retry now").
+    assert.equal(r.status, 503);
+    assert.equal(r.headers.get("retry-after"), "30");
+    assert.equal(r.json.error, "idempotency_ledger_outcome_unknown");
     assert.equal(await orderCount(db, s0), 0);
     assert.equal((await ledgerRow(db, "acct-a", key)).status, "pending");
     const retry = await send(mf, { key, body: order(s0), now: T0 + 1 });

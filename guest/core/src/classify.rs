@@ -52,10 +52,11 @@ fn sqlite(e: &DatabaseError) -> LedgerError {
         LedgerError::Constraint(message)
     } else if has(&["no such table", "no such column", "has no column"]) {
         LedgerError::Schema(message)
+    } else if code.is_none() && has(&["network connection lost", "storage caused object to be reset"]) {
+        // D1's transport failures: the batch may have run before the answer was lost.
+        LedgerError::OutcomeUnknown(message)
     } else if code.is_none()
         && has(&[
-            "network connection lost",
-            "storage caused object to be reset",
             "disk i/o error",
             "unable to open database",
             "database or disk is full",
