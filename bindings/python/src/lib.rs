@@ -16,7 +16,7 @@ use std::time::Duration;
 use idempotency_ledger::wit;
 use idempotency_ledger::{
     fallback_error_response, sha256_hex, Body, Clock, Config, Dialect, Error, HandleError, Ledger, LedgerPool, MutationResponse,
-    OnServerError, Outcome, PostgresBackend, PostgresPool, Profile, Request, Response, Runtime, SqlBackend, SqliteBackend, Stored,
+    OnServerError, Outcome, PoolSettings, PostgresPool, Profile, Request, Response, Runtime, SqlBackend, SqliteBackend, Stored,
     SystemClock,
 };
 use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
@@ -277,9 +277,9 @@ fn value_from_py(v: &Bound<'_, PyAny>) -> PyResult<wit::Value> {
 #[derive(Clone)]
 enum Source {
     Sqlite { path: PathBuf, busy_timeout: Duration },
-    /// `lock_timeout`: the `SET LOCAL lock_timeout` literal each batch runs
-    /// first, when the caller chose one (the crate's BEGIN sets 5 s).
-    Postgres { url: String, max_size: usize, lock_timeout: Option<String> },
+    /// `lock_timeout`: how long a statement waits for a lock (the crate sets
+    /// it on every connection and in every batch; default 5 s).
+    Postgres { url: String, max_size: usize, lock_timeout: Option<Duration> },
     Callback { run: Arc<Py<PyAny>>, dialect: Dialect },
 }
 
@@ -307,61 +307,16 @@ impl Source {
                 LedgerPool::lazy(open, config, clock)
             }
             Source::Postgres { url, max_size, lock_timeout } => {
-                let pool = PostgresPool::connect(url, *max_size)?;
-                let set = lock_timeout.as_ref().map(|literal| wit::Statement {
-                    sql: format!("SET LOCAL lock_timeout = '{literal}'"),
-                    params: Vec::new(),
-                });
-                let open = move || -> Result<Box<dyn SqlBackend>, Error> {
-                    Ok(match &set {
-                        None => Box::new(pool.backend()),
-                        Some(set) => Box::new(LockTimeout { inner: pool.backend(), set: set.clone() }),
-                    })
-                };
-                LedgerPool::lazy(open, config, clock)
+                let defaults = PoolSettings::default();
+                let settings = PoolSettings { max_size: *max_size, lock_timeout: lock_timeout.unwrap_or(defaults.lock_timeout), ..defaults };
+                let pool = PostgresPool::connect_with(url, &settings)?;
+                LedgerPool::lazy(move || Ok(Box::new(pool.backend())), config, clock)
             }
             Source::Callback { run, dialect } => {
                 let (run, dialect) = (run.clone(), *dialect);
                 LedgerPool::lazy(move || Ok(Box::new(PyBackend { run: run.clone(), dialect })), config, clock)
             }
         }
-    }
-}
-
-/// `lock_timeout` as PostgreSQL reads it: whole seconds as `Ns`, else `Nms`;
-/// 0 (do not wait) is `1ms`, since PostgreSQL reads 0 as "wait forever".
-fn lock_timeout_literal(ms: u64) -> String {
-    match ms {
-        0 => "1ms".into(),
-        ms if ms % 1000 == 0 => format!("{}s", ms / 1000),
-        ms => format!("{ms}ms"),
-    }
-}
-
-/// The crate's PostgreSQL backend with the caller's lock timeout: each batch
-/// runs `SET LOCAL lock_timeout` first, inside the crate's transaction (after
-/// its `BEGIN ...; SET LOCAL lock_timeout = '5s'`) and in the same flight, so
-/// it is still one transaction in one round trip.
-struct LockTimeout {
-    inner: PostgresBackend,
-    set: wit::Statement,
-}
-
-impl SqlBackend for LockTimeout {
-    fn execute_batch(&mut self, statements: &[wit::Statement]) -> Result<Vec<wit::StatementResult>, wit::BatchError> {
-        let mut batch = Vec::with_capacity(statements.len() + 1);
-        batch.push(self.set.clone());
-        batch.extend_from_slice(statements);
-        let mut results = self.inner.execute_batch(&batch)?;
-        if results.len() != batch.len() {
-            return Err(wit::BatchError::Host(format!("{} results for {} statements", results.len(), batch.len())));
-        }
-        results.remove(0);
-        Ok(results)
-    }
-
-    fn dialect(&self) -> Dialect {
-        Dialect::Postgres
     }
 }
 
@@ -856,7 +811,8 @@ impl NativeLedger {
         if max_size == 0 {
             return Err(PyValueError::new_err("max_size must be at least 1"));
         }
-        let lock_timeout = lock_timeout_ms.map(lock_timeout_literal);
+        // 0 (do not wait) is 1 ms: PostgreSQL reads 0 as "wait forever" (the crate rounds up).
+        let lock_timeout = lock_timeout_ms.map(Duration::from_millis);
         NativeLedger::build(py, Source::Postgres { url, max_size, lock_timeout }, settings, clock)
     }
 

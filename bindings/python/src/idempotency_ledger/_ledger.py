@@ -332,11 +332,8 @@ class Ledger:
             raise ValueError("max_size must be an int >= 1")
         if busy_timeout_ms is not None and (isinstance(busy_timeout_ms, bool) or not isinstance(busy_timeout_ms, int) or busy_timeout_ms < 0):
             raise ValueError("busy_timeout_ms must be a non-negative int")
-        # The sessions' own lock_timeout too: the crate prepares each
-        # statement on a new connection before the batch's transaction (and
-        # its SET LOCAL) begins, and that wait must be bounded as well.
-        lock_timeout = _lock_timeout_literal(5000 if busy_timeout_ms is None else busy_timeout_ms)
-        url = _conninfo_with(url, connect_kwargs or {}, f"-c lock_timeout={lock_timeout}")
+        # The crate sets the lock timeout on every connection and in every batch.
+        url = _conninfo_with(url, connect_kwargs or {})
         return cls(_native.NativeLedger.postgres(url, max_size, settings, clock, busy_timeout_ms))
 
     # ---------------------------------------------------------------- properties
