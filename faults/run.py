@@ -57,8 +57,9 @@ def say(message: str) -> None:
 class Context:
     """One host on one kind of database, with fresh databases on demand."""
 
-    def __init__(self, host: str, db: str, workdir: Workdir, ttl_ms: int) -> None:
+    def __init__(self, host: str, db: str, workdir: Workdir, ttl_ms: int, server_env: Optional[dict[str, str]] = None) -> None:
         self.host = hosts()[host]
+        self.server_env = server_env or {}
         self.db = db
         self.workdir = workdir
         self.ttl = ttl_ms
@@ -69,7 +70,7 @@ class Context:
             raise SystemExit("error: IDEMPOTENCY_PG_URL is not set (run inside scripts/postgres.sh run -- ...)")
 
     def env(self, ttl: Optional[int] = None) -> dict[str, str]:
-        env = {"IDEMPOTENCY_REPLAY_HEADER": REPLAY_HEADER}
+        env = {"IDEMPOTENCY_REPLAY_HEADER": REPLAY_HEADER, **self.server_env}
         if ttl:
             env["IDEMPOTENCY_PENDING_TTL_MS"] = str(ttl)
         return env
@@ -180,10 +181,10 @@ def soak(ctx: Context, report: Report, seconds: float, clients: int, procs: int,
 # ---------------------------------------------------------------- driver
 
 
-def run_one(name: str, host: str, db: str, fn: Callable[[Context, Report], dict[str, Any]], ttl: int) -> tuple[Report, dict[str, Any]]:
+def run_one(name: str, host: str, db: str, fn: Callable[[Context, Report], dict[str, Any]], ttl: int, server_env: Optional[dict[str, str]] = None) -> tuple[Report, dict[str, Any]]:
     report = Report(f"{name} {host}/{db}")
     workdir = Workdir(f"{name}-{host}-{db}")
-    ctx = Context(host, db, workdir, ttl)
+    ctx = Context(host, db, workdir, ttl, server_env)
     figures: dict[str, Any] = {}
     began = time.time()
     try:
@@ -209,6 +210,8 @@ def write(command: str, results: list[tuple[str, str, str, Report, dict[str, Any
         "command": " ".join(["python3", "faults/run.py"] + sys.argv[1:]),
         "started": stamp,
         "git": os.popen(f"git -C {ROOT} rev-parse --short HEAD 2>/dev/null").read().strip(),
+        # Servers run from the working tree: what differed from HEAD there.
+        "uncommitted": os.popen(f"git -C {ROOT} status --porcelain -- bindings guest wit Cargo.lock 2>/dev/null").read().split("\n")[:40],
         "runs": [{"part": part, "host": host, "db": db, **report.as_dict(), "figures": figures} for part, host, db, report, figures in results],
     }
     path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
@@ -278,6 +281,7 @@ def main() -> int:
     p.add_argument("--minutes", type=float, default=0)
     p.add_argument("--age-every", type=float, default=0, help="soak: seconds between ageing a batch of completed rows past the retention")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE", help="more environment for the servers (e.g. NODE_OPTIONS=--max-old-space-size=64)")
     args = p.parse_args()
     random.seed(args.seed or time.time_ns())
     selected = [args.host] if args.host else args.hosts.split(",")
@@ -285,7 +289,7 @@ def main() -> int:
 
     def add(part: str, host: str, fn: Callable[[Context, Report], dict[str, Any]], ttl: int = args.ttl_ms) -> None:
         say(f"== {part} {host}/{args.db}")
-        report, figures = run_one(part, host, args.db, fn, ttl)
+        report, figures = run_one(part, host, args.db, fn, ttl, dict(kv.split("=", 1) for kv in args.server_env))
         say(f"   {part} {host}/{args.db}: {report.checks} checks, {len(report.violations)} violations, {figures.get('wall_seconds')} s")
         results.append((part, host, args.db, report, figures))
 

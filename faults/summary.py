@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""Markdown rows from the harness's JSON figures (target/faults/*.json):
+the newest soak, crash and dbfaults run per host and database.
+
+    python3 faults/summary.py [files...]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def n(x: Any) -> str:
+    return f"{x:,}".replace(",", " ") if isinstance(x, int) else str(x)
+
+
+def load(paths: list[Path]) -> dict[tuple[str, str, str], dict[str, Any]]:
+    newest: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for path in sorted(paths):
+        doc = json.loads(path.read_text())
+        for run in doc["runs"]:
+            key = (run["part"], run["host"], run["db"])
+            newest[key] = {**run, "command": doc["command"], "git": doc.get("git"), "file": path.name}
+    return newest
+
+
+def soak_cell(r: dict[str, Any]) -> str:
+    f = r["figures"]
+    lat = f["latency_ms"]
+    g = f.get("rss_growth") or {}
+    per_min = [v for _, v in f.get("throughput_per_minute", [])]
+    rng = f", {min(per_min):.0f}-{max(per_min):.0f}/s per minute" if per_min else ""
+    return (
+        f"{f['seconds'] / 60:.0f} min, {f['clients']} clients: {n(f['requests'])} requests ({f['throughput_rps']:.0f}/s{rng}); "
+        f"p50 {lat['p50']} ms, p99 {lat['p99']} ms (without the deliberate ?delay_ms executions); "
+        f"RSS {g.get('after_warmup_mib')} → {g.get('end_mib')} MiB after warm-up, peak {f['rss_peak_mib']} MiB"
+    )
+
+
+def nothing_lost(r: dict[str, Any]) -> str:
+    f = r["figures"]
+    t = f["tally"]
+    return (
+        f"{n(f['executions_counted'])} executions counted = {n(t['fresh'])} fresh answers for {n(t['executed_keys'])} keys; "
+        f"{n(t['replays'])} replays identical; 5xx {t['5xx']}; rows {n(f['rows_after'])} (+{n(f['aged_rows_swept'])} aged past the retention, all swept), 0 pending"
+    )
+
+
+def bad_inputs(r: dict[str, Any]) -> str:
+    t = r["figures"]["tally"]
+    return f"{n(t['reused'])} reuses with another payload (409), {n(t['in_progress'])} duplicates in flight (409 in progress)"
+
+
+def crash_cell(r: dict[str, Any]) -> str:
+    f = r["figures"]
+    t = f["tally"]
+    e_keys = sum(e["keys"] for e in f["e"])
+    e_replays = sum(e["tally"]["replays"] for e in f["e"])
+    e_pending = sum(e["pending_at_restart"] for e in f["e"])
+    e_answered = sum(e["answered_before_kill"] for e in f["e"])
+    return (
+        f"{t['kills']} SIGKILLs ({f['rounds']}× rounds A, B, E): {t['takeovers']} takeovers (generation + 1), {t['in_ttl_409']} in-TTL retries answered 409 and ran nothing, "
+        f"{t['replays_checked'] + e_replays} replays compared with the first answer ({t['replays_checked']} byte for byte in A/B); "
+        f"under load (E) {e_keys} keys, {e_answered} answered before the kill and replayed after it, {e_pending} left pending by the kill and taken over once; "
+        f"{t['lost_completions']} completions lost to the kill in A/B and taken over once, "
+        f"{t['orphan_completions_committed']} completions committed by PostgreSQL after the kill; {n(f['executions_counted'])} executions counted across restarts"
+    )
+
+
+def faults_cell(r: dict[str, Any]) -> str:
+    parts = []
+    for name, f in r["figures"].items():
+        if not isinstance(f, dict):
+            continue
+        if "not_run" in f:
+            parts.append(f"{name}: not run ({f['not_run']})")
+        elif "answers_during_fault" in f:
+            bad = {k: v for k, v in f["answers_during_fault"].items() if k != "ok"}
+            parts.append(
+                f"{name} ×{f.get('faults_injected', 1)} ({f['fault_seconds']} s): {n(f['requests'])} requests, "
+                + ", ".join(f"{v} × {k}" for k, v in bad.items())
+                + f"; {f['takeovers_in_reconcile']} takeovers after the TTL"
+            )
+        elif "at_start" in f:
+            parts.append(f"{name}: {f['at_start']}; {f['after_chown']}")
+    return "; ".join(parts)
+
+
+def main() -> int:
+    paths = [Path(p) for p in sys.argv[1:]] or sorted((ROOT / "target" / "faults").glob("*.json"))
+    runs = load(paths)
+    for (part, host, db), r in sorted(runs.items(), key=lambda kv: (kv[0][2], kv[0][1], kv[0][0])):
+        if part == "soak":
+            print(f"| {host} | {db} | soak | {soak_cell(r)} | {bad_inputs(r)} | {nothing_lost(r)} | {r['violations'] and 'VIOLATIONS' or 'none'} | `{r['command']}` ({r['file']}) |")
+        elif part == "crash":
+            print(f"| {host} | {db} | crash | {crash_cell(r)} | | | {len(r['violations'])} | `{r['command']}` ({r['file']}) |")
+        elif part == "dbfaults":
+            print(f"| {host} | {db} | dbfaults | {faults_cell(r)} | | | {len(r['violations'])} | `{r['command']}` ({r['file']}) |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
