@@ -27,8 +27,18 @@ impl SqliteBackend {
 
     /// [`SqliteBackend::open`] with another busy timeout (how long a writer
     /// waits for another's lock before the batch fails as busy).
+    ///
+    /// A file the process cannot write is refused here: SQLite would open it
+    /// read-only without a word, and every request would then fail until a
+    /// restart, even after the file became writable again.
     pub fn open_with(path: impl AsRef<Path>, busy_timeout: Duration) -> rusqlite::Result<Self> {
         let conn = Connection::open(path)?;
+        if conn.is_readonly(rusqlite::MAIN_DB)? {
+            return Err(rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_READONLY),
+                Some("attempt to write a readonly database (the file is not writable, SQLite could open it only read-only)".to_owned()),
+            ));
+        }
         conn.busy_timeout(busy_timeout)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
