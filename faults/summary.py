@@ -84,23 +84,41 @@ def faults_cell(r: dict[str, Any]) -> str:
             parts.append(
                 f"{name} ×{f.get('faults_injected', 1)} ({f['fault_seconds']} s): {n(f['requests'])} requests, "
                 + ", ".join(f"{v} × {k}" for k, v in bad.items())
-                + f"; {f['takeovers_in_reconcile']} takeovers after the TTL"
+                + f"; {f['takeovers_in_reconcile']} takeovers after the TTL; {n(f['executions'])} executions for {n(f['keys'])} keys"
             )
         elif "at_start" in f:
             parts.append(f"{name}: {f['at_start']}; {f['after_chown']}")
     return "; ".join(parts)
 
 
+def faults_survived(crash: dict[str, Any] | None, dbfaults: dict[str, Any] | None) -> str:
+    cells = []
+    if crash:
+        cells.append(crash_cell(crash) + f" ({len(crash['violations'])} violations)")
+    if dbfaults:
+        cells.append(faults_cell(dbfaults) + f" ({len(dbfaults['violations'])} violations)")
+    return "<br>".join(cells) or "not run"
+
+
+def commands(*runs: dict[str, Any] | None) -> str:
+    return "<br>".join(f"`{r['command']}` at {r['git']} ({r['file']})" for r in runs if r)
+
+
 def main() -> int:
     paths = [Path(p) for p in sys.argv[1:]] or sorted((ROOT / "target" / "faults").glob("*.json"))
     runs = load(paths)
-    for (part, host, db), r in sorted(runs.items(), key=lambda kv: (kv[0][2], kv[0][1], kv[0][0])):
-        if part == "soak":
-            print(f"| {host} | {db} | soak | {soak_cell(r)} | {bad_inputs(r)} | {nothing_lost(r)} | {r['violations'] and 'VIOLATIONS' or 'none'} | `{r['command']}` ({r['file']}) |")
-        elif part == "crash":
-            print(f"| {host} | {db} | crash | {crash_cell(r)} | | | {len(r['violations'])} | `{r['command']}` ({r['file']}) |")
-        elif part == "dbfaults":
-            print(f"| {host} | {db} | dbfaults | {faults_cell(r)} | | | {len(r['violations'])} | `{r['command']}` ({r['file']}) |")
+    print("| host | database | load held | faults survived | bad inputs tried | nothing lost | reproduce |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    pairs = sorted({(host, db) for (_, host, db) in runs}, key=lambda hd: (hd[0] != "rust", hd[0] != "python", hd[1] != "sqlite", hd))
+    for host, db in pairs:
+        soak, crash, dbf = (runs.get((part, host, db)) for part in ("soak", "crash", "dbfaults"))
+        if not soak:
+            continue
+        verdict = "" if not soak["violations"] else " **VIOLATIONS: " + "; ".join(soak["violations"]) + "**"
+        print(
+            f"| {host} | {db} | {soak_cell(soak)}{verdict} | {faults_survived(crash, dbf)} | {bad_inputs(soak)} | "
+            f"{nothing_lost(soak)} | {commands(soak, crash, dbf)} |"
+        )
     return 0
 
 
