@@ -150,5 +150,5 @@ test-faults: $(COMPONENT_WASM) ## Faults, short: SIGKILL at chosen points, datab
 faults: faults-build ## Crashes and database faults at depth: make faults HOST=rust|python|node DB=sqlite|postgres [ROUNDS=5 CYCLES=3]
 	$(FAULTS_PG) sh -c '$(FAULTS_PY) faults/run.py crash --host $(HOST) --db $(DB) --rounds $(ROUNDS) && $(FAULTS_PY) faults/run.py dbfaults --host $(HOST) --db $(DB) --cycles $(CYCLES)'
 
-soak: faults-build ## Sustained load: make soak HOST=rust|python|node DB=sqlite|postgres MINUTES=10
-	$(FAULTS_PG) nice -n $(NICE) $(FAULTS_PY) faults/run.py soak --host $(HOST) --db $(DB) --minutes $(MINUTES)
+soak: faults-build ## Sustained load: make soak HOST=rust|python|node DB=sqlite|postgres MINUTES=10 [SERVER_ENV=NAME=VALUE]
+	$(FAULTS_PG) nice -n $(NICE) $(FAULTS_PY) faults/run.py soak --host $(HOST) --db $(DB) --minutes $(MINUTES) $(if $(SERVER_ENV),--server-env '$(SERVER_ENV)')

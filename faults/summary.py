@@ -37,7 +37,7 @@ def soak_cell(r: dict[str, Any]) -> str:
     rng = f", {min(per_min):.0f}-{max(per_min):.0f}/s per minute" if per_min else ""
     return (
         f"{f['seconds'] / 60:.0f} min, {f['clients']} clients: {n(f['requests'])} requests ({f['throughput_rps']:.0f}/s{rng}); "
-        f"p50 {lat['p50']} ms, p99 {lat['p99']} ms (without the deliberate ?delay_ms executions); "
+        f"p50 {lat['p50']} ms, p99 {lat['p99']} ms; "
         f"RSS {g.get('after_warmup_mib')} → {g.get('end_mib')} MiB after warm-up, peak {f['rss_peak_mib']} MiB"
     )
 
@@ -67,8 +67,9 @@ def crash_cell(r: dict[str, Any]) -> str:
         f"{t['kills']} SIGKILLs ({f['rounds']}× rounds A, B, E): {t['takeovers']} takeovers (generation + 1), {t['in_ttl_409']} in-TTL retries answered 409 and ran nothing, "
         f"{t['replays_checked'] + e_replays} replays compared with the first answer ({t['replays_checked']} byte for byte in A/B); "
         f"under load (E) {e_keys} keys, {e_answered} answered before the kill and replayed after it, {e_pending} left pending by the kill and taken over once; "
-        f"{t['lost_completions']} completions lost to the kill in A/B and taken over once, "
-        f"{t['orphan_completions_committed']} completions committed by PostgreSQL after the kill; {n(f['executions_counted'])} executions counted across restarts"
+        f"{t['lost_completions']} completions lost to the kill in A/B and taken over once; "
+        + (f"{t['orphan_completions_committed']} completions committed by PostgreSQL after the kill; " if r["db"] == "postgres" else "")
+        + f"{n(f['executions_counted'])} executions counted across restarts"
     )
 
 
@@ -87,7 +88,8 @@ def faults_cell(r: dict[str, Any]) -> str:
                 + f"; {f['takeovers_in_reconcile']} takeovers after the TTL; {n(f['executions'])} executions for {n(f['keys'])} keys"
             )
         elif "at_start" in f:
-            parts.append(f"{name}: {f['at_start']}; {f['after_chown']}")
+            start = f["at_start"].split(":")[0] if f["at_start"].startswith("refused") else f["at_start"]
+            parts.append(f"{name}: {start}, saying the file is read-only; {f['after_chown']} once writable")
     return "; ".join(parts)
 
 
@@ -100,8 +102,18 @@ def faults_survived(crash: dict[str, Any] | None, dbfaults: dict[str, Any] | Non
     return "<br>".join(cells) or "not run"
 
 
+def make_command(r: dict[str, Any]) -> str:
+    """The make target that reruns what faults/run.py ran."""
+    argv = r["command"].split()
+    opt = {a: b for a, b in zip(argv, argv[1:]) if a.startswith("--")}
+    if r["part"] == "soak":
+        env = f" SERVER_ENV={opt['--server-env']}" if "--server-env" in opt else ""
+        return f"make soak HOST={r['host']} DB={r['db']} MINUTES={opt.get('--minutes', 10)}{env}"
+    return f"make faults HOST={r['host']} DB={r['db']}" + (f" ROUNDS={opt['--rounds']}" if "--rounds" in opt else f" CYCLES={opt.get('--cycles', 3)}")
+
+
 def commands(*runs: dict[str, Any] | None) -> str:
-    return "<br>".join(f"`{r['command']}` at {r['git']} ({r['file']})" for r in runs if r)
+    return "<br>".join(f"`{make_command(r)}` ({r['part']}, at {r['git']})" for r in runs if r)
 
 
 def main() -> int:
