@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use idempotency_ledger::wit::{Decision, LedgerError, Statement};
 use idempotency_ledger::{
     Config, Error, HandleError, Handled, Ledger, ManualClock, MutationResponse, Outcome, PostgresPool, ProtocolError, Request,
-    SqlBackend,
+    SqlBackend, Stored,
 };
 use idempotency_ledger_host_test::{postgres_url, runtime, url_with_schema, TestDb, T0};
 use serde_json::json;
@@ -228,6 +228,39 @@ fn killed_connections_fail_closed_and_the_pool_reconnects() {
     }
     assert!(failures <= 1, "at most the first batch meets the dead connection, got {failures} failures");
     assert_eq!(db.rows().len(), 4 - failures);
+}
+
+/// A connection the server terminated while it sat idle in the pool (a
+/// restart, an idle timeout) costs no request: it is found closed before
+/// anything is sent and another is taken.
+#[test]
+fn a_connection_terminated_while_idle_is_replaced_before_use() {
+    let db = TestDb::postgres();
+    let schema = db.pg().expect("postgres").name.clone();
+    let url = format!("{}&application_name=ledger-idle-{schema}", url_with_schema(&postgres_url(), &schema));
+    let pool = PostgresPool::connect(&url, 2).expect("pool");
+    let mut ledger = Ledger::new(runtime(), pool.backend(), Config::default(), ManualClock::new(T0)).expect("ledger");
+    let admin = |sql: String| db.pg().expect("postgres").pool.backend().execute_batch(&[Statement { sql, params: vec![] }]).expect("admin sql");
+    let ledger_pids = || {
+        admin(format!("SELECT pid FROM pg_stat_activity WHERE application_name = 'ledger-idle-{schema}'"))[0].rows.len()
+    };
+    ledger.handle("acct", &order("first"), created).expect("first");
+    for round in 0..20 {
+        let killed = admin(format!(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'ledger-idle-{schema}'"
+        ));
+        assert!(!killed[0].rows.is_empty(), "round {round}: the ledger's connection was found and killed");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while ledger_pids() > 0 {
+            assert!(std::time::Instant::now() < deadline, "round {round}: the terminated backend did not exit");
+            thread::sleep(Duration::from_millis(5));
+        }
+        let (result, runs) = handle_counted(&mut ledger, &order(&format!("idle-{round}")));
+        let handled = result.unwrap_or_else(|e| panic!("round {round}: the request after an idle termination failed: {e}"));
+        assert!(matches!(handled.outcome, Outcome::Executed { stored: Stored::Completed, .. }), "round {round}: {:?}", handled.outcome);
+        assert_eq!(runs, 1, "round {round}");
+    }
+    assert_eq!(db.rows().len(), 21);
 }
 
 #[test]

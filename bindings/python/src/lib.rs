@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use idempotency_ledger::wit;
 use idempotency_ledger::{
-    fallback_error_response, sha256_hex, Body, Clock, Config, Dialect, Error, HandleError, Ledger, LedgerPool, MutationResponse,
+    fallback_error_response, sha256_hex, Body, Clock, Config, Dialect, Error, HandleError, Handled, Ledger, LedgerPool, MutationResponse,
     OnServerError, Outcome, PoolSettings, PostgresPool, Profile, Request, Response, Runtime, SqlBackend, SqliteBackend, Stored,
     SystemClock,
 };
@@ -647,7 +647,7 @@ impl NativeLedger {
     }
 
     fn begin_native(&self, principal: Option<&str>, request: &Request) -> Begun {
-        match self.with(|ledger| begin_on(ledger, principal, request)) {
+        match self.with(|ledger| begun_of(ledger.begin(principal, request))) {
             Ok(begun) => begun,
             Err(e) => {
                 log::error!(target: "idempotency_ledger", "[idempotency] request not executed: {e}");
@@ -729,50 +729,19 @@ fn run_mutation(run: &Py<PyAny>) -> Result<MutationResponse, Raised> {
     })
 }
 
-/// Admission, the body cap, the fingerprint, the decision (polling while the
-/// core says wait): the first half of the protocol on one lent ledger.
-fn begin_on(ledger: &mut Ledger, principal: Option<&str>, request: &Request) -> Begun {
-    let admission = match ledger.admit(principal, request) {
-        Ok(a) => a,
-        Err(error) => return unavailable(ledger, error, principal.unwrap_or_default(), ""),
-    };
-    let protected = match admission {
-        wit::Admission::PassThrough => return Begun::Pass,
-        wit::Admission::Reject(r) => return Begun::Rejected(r.reason, response_of(r.response)),
-        wit::Admission::Protected(p) => p,
-    };
-    let principal = principal.unwrap_or_default();
-    if request.body.len() as u64 > ledger.policy().request_body_cap_bytes {
-        return match ledger.body_too_large() {
-            Ok(r) => Begun::Rejected(r.reason, response_of(r.response)),
-            Err(error) => unavailable(ledger, error, principal, &protected.key),
-        };
-    }
-    let fingerprint = sha256_hex(protected.fingerprint_prefix.as_bytes(), &request.body);
-    match ledger.decide_waiting(principal, &protected.key, &fingerprint) {
-        Ok(wit::Decision::Execute(t)) => Begun::Execute(t),
-        Ok(wit::Decision::Replay(r)) => Begun::Replayed(response_of(r)),
-        Ok(wit::Decision::Reject(r)) => Begun::Rejected(r.reason, response_of(r.response)),
-        Ok(wit::Decision::Wait(_)) => unreachable!("decide_waiting waits"),
-        Err(error) => unavailable(ledger, error, principal, &protected.key),
-    }
-}
-
-fn unavailable(ledger: &mut Ledger, error: Error, principal: &str, key: &str) -> Begun {
-    ledger.log(&wit::LogEvent::DecisionFailed(wit::RequestFailure {
-        principal: principal.to_string(),
-        key: key.to_string(),
-        error: error.protocol_error(),
-    }));
-    let response = ledger.error_response(&error);
-    Begun::Unavailable(error, response)
-}
-
-fn response_of(r: wit::Response) -> Response {
-    Response {
-        status: r.status,
-        headers: r.headers.into_iter().map(|h| (h.name, h.value)).collect(),
-        body: r.body.map(String::into_bytes).unwrap_or_default(),
+/// The crate's `Ledger::begin` (admission, the body cap, the fingerprint, the
+/// decision, polling while the core says wait) in the shape Python receives.
+fn begun_of(begun: idempotency_ledger::Begun) -> Begun {
+    match begun {
+        idempotency_ledger::Begun::PassThrough => Begun::Pass,
+        idempotency_ledger::Begun::Execute(ticket) => Begun::Execute(ticket),
+        idempotency_ledger::Begun::Answer(Handled { response, outcome, .. }) => match outcome {
+            Outcome::Rejected(reason) => Begun::Rejected(reason, response),
+            Outcome::Replayed => Begun::Replayed(response),
+            Outcome::Unavailable(error) => Begun::Unavailable(error, response),
+            Outcome::PassThrough => Begun::Pass,
+            Outcome::Executed { .. } => unreachable!("Ledger::begin answers only before anything runs"),
+        },
     }
 }
 
