@@ -14,6 +14,37 @@ function waitUntilOf(c) {
   return undefined;
 }
 
+/**
+ * The request body, never more than `cap` bytes held. A body with a declared
+ * Content-Length (the core already refused one over the cap, and the runtime
+ * delivers no more than it declares) is read in one go with the Fetch API's
+ * `arrayBuffer()`, which @hono/node-server serves straight from the socket
+ * without building a web Request and stream; a chunked one is streamed and
+ * dropped as soon as it passes the cap.
+ */
+async function readRequestBody(request, cap) {
+  const headers = request.headers;
+  if (headers.has("content-length") && !headers.has("transfer-encoding")) {
+    const bytes = new Uint8Array(await request.arrayBuffer());
+    return BigInt(bytes.byteLength) > BigInt(cap) ? null : bytes;
+  }
+  return readBodyCapped(request.body, cap);
+}
+
+/**
+ * The request again, around the bytes already read. On Node (the bindings of
+ * @hono/node-server carry the IncomingMessage) it is built from its parts:
+ * built from the original, it would first materialize that one with a body
+ * stream of its own, twice the cost. Elsewhere (Workers: `cf`, ...) the
+ * original's own properties carry over.
+ */
+function requestWithBody(c, request, buffer) {
+  if (typeof c.env?.incoming?.httpVersion === "string") {
+    return new Request(request.url, { method: request.method, headers: request.headers, body: buffer, signal: request.signal });
+  }
+  return new Request(request, { body: buffer });
+}
+
 function bufferOf(bytes) {
   if (bytes.byteOffset === 0 && bytes.byteLength === bytes.buffer.byteLength) return bytes.buffer;
   return bytes.slice().buffer;
@@ -30,7 +61,7 @@ export function makeHonoIdempotency(api) {
       const ledger = api.ledgerFor(await dbOf(c), options);
       if (!ledger.session.protects(method)) return next();
       const principal = principalValue(await principalOf(c));
-      const begun = await ledger.begin(requestHead(request), principal, (cap) => readBodyCapped(request.body, cap));
+      const begun = await ledger.begin(requestHead(request), principal, (cap) => readRequestBody(request, cap));
       if (begun.kind === "pass-through") return next();
       if (begun.kind === "answer") {
         const response = toFetchResponse(begun.answer);
@@ -41,7 +72,7 @@ export function makeHonoIdempotency(api) {
       // The handler reads the same bytes (c.req.json(), c.req.raw.body, ...):
       // the request is rebuilt around them.
       const buffer = bufferOf(body);
-      if (method !== "GET" && method !== "HEAD") c.req.raw = new Request(request, { body: buffer });
+      if (method !== "GET" && method !== "HEAD") c.req.raw = requestWithBody(c, request, buffer);
       c.req.bodyCache = { arrayBuffer: Promise.resolve(buffer) };
       let thrown;
       try {

@@ -98,6 +98,11 @@ describe("Hono on Node (@hono/node-server)", () => {
       return c.json({ n }, n === 1 ? 503 : 201);
     });
     app.post("/free", async (c) => c.json({ free: true }, 201));
+    // The middleware read the body; the handler still reads it from the raw Request.
+    app.post("/raw", idem, async (c) => {
+      const raw = c.req.raw;
+      return c.json({ text: await raw.text(), type: raw.headers.get("content-type"), url: new URL(raw.url).pathname, live: raw.signal.aborted === false }, 201);
+    });
     const base = await honoServer(app);
     const failed = await post(base, "/orders", { key: "r1" });
     assert.equal(failed.status, 503, "this caller still gets the 5xx");
@@ -108,6 +113,9 @@ describe("Hono on Node (@hono/node-server)", () => {
     assert.equal(replay.headers.get("idempotency-replayed"), "true", "ietf's replay marker");
     assert.equal((await post(base, "/orders", { key: "r1", body: "{}" })).status, 422, "ietf: a reused key is 422");
     assert.equal((await post(base, "/free", {})).status, 201, "a route without the middleware");
+    const raw = await post(base, "/raw", { key: "raw-1", body: '{"sku":"R"}' });
+    assert.deepEqual(JSON.parse(raw.text), { text: '{"sku":"R"}', type: "application/json", url: "/raw", live: true });
+    assert.equal((await post(base, "/raw", { key: "raw-1", body: '{"sku":"R"}' })).text, raw.text, "replayed");
   });
 });
 
