@@ -96,8 +96,11 @@ class Flight {
   }
 
   submit(connection) {
+    // One write on Node's net.Socket; on Workers (pg over cloudflare:sockets,
+    // which cannot cork) several writes, still sent before any answer is read.
     const stream = connection.stream;
-    stream.cork();
+    const corked = typeof stream?.cork === "function";
+    if (corked) stream.cork();
     try {
       for (let i = 0; i < this.texts.length; i++) {
         const values = i >= 2 && i < this.texts.length - 1 ? this.params[i - 2] : [];
@@ -109,7 +112,7 @@ class Flight {
       connection.sync();
     } finally {
       this.sent = true;
-      stream.uncork();
+      if (corked) stream.uncork();
     }
   }
 

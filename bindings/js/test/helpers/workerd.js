@@ -43,17 +43,23 @@ const PACKAGE_SPECIFIERS = {
 
 /**
  * The ES modules and compiled wasm modules `scriptPath` needs, found by
- * following its static imports (relative ones, and the package's own name).
+ * following its static imports (relative ones, and the package's own name);
+ * `provided` maps paths to modules the caller made ({ type, contents }).
  * workerd resolves a bare specifier next to the importing module, so the
  * package name becomes a one-line alias module there (what a bundler such as
  * wrangler does with node_modules); everything else is the files as they are.
  */
-export function workerModules(scriptPath) {
+export function workerModules(scriptPath, provided = {}) {
   const modules = [];
   const seen = new Set();
   const visit = (path) => {
     if (seen.has(path)) return;
     seen.add(path);
+    if (path in provided) {
+      // A module made by the test (a bundle), not a file.
+      modules.push({ path, ...provided[path] });
+      return;
+    }
     if (path.endsWith(".wasm")) {
       modules.push({ type: "CompiledWasm", path, contents: readFileSync(path) });
       return;
