@@ -125,6 +125,34 @@ describe("PostgreSQL adapter (pg)", { skip: SKIP_PG }, () => {
     }
   });
 
+  test("a connection the server terminated while it sat idle costs no request (20 in a row)", async () => {
+    const name = `idle_${process.pid}`;
+    const pool = new pg.Pool({ connectionString: pgs.url, max: 1, application_name: name });
+    pool.on("error", () => {}); // pg-pool reports the idle client's end, then drops it
+    try {
+      const ledger = ledgerFor(pgLedger(pool), { logger: quiet().logger });
+      const run = async () => ({ status: 201, body: "{}" });
+      assert.equal((await ledger.handle(post("idle-0"), "acct-idle", run)).outcome, "executed");
+      const pids = async () => (await pgs.admin.query("SELECT pid FROM pg_stat_activity WHERE application_name = $1", [name])).rows;
+      for (let round = 1; round <= 20; round++) {
+        const before = await pids();
+        assert.equal(before.length, 1, `round ${round}: one idle connection`);
+        await pgs.admin.query("SELECT pg_terminate_backend($1)", [before[0].pid]);
+        const deadline = Date.now() + 10_000;
+        while ((await pids()).length > 0) {
+          assert.ok(Date.now() < deadline, `round ${round}: the terminated backend did not exit`);
+          await new Promise((resolve) => setTimeout(resolve, 5));
+        }
+        let runs = 0;
+        const r = await ledger.handle(post(`idle-${round}`), "acct-idle", async () => (runs++, run()));
+        assert.equal(r.outcome, "executed", `round ${round}: ${r.error?.message ?? ""}`);
+        assert.equal(runs, 1);
+      }
+    } finally {
+      await pool.end();
+    }
+  });
+
   test("an exhausted pool is busy (503 Retry-After: 1); an unreachable server is 500; nothing runs", async () => {
     const pool = new pg.Pool({ connectionString: pgs.url, max: 1 });
     const held = await pool.connect();
