@@ -77,8 +77,16 @@ function suite(name, env, skip) {
 
         const anonymous = await post(base, { key: "order-2", token: null });
         assert.equal(anonymous.status, 401);
-        assert.deepEqual(anonymous.json, { error: "unauthorized" }, "the app's own auth, before the idempotency layer");
+        assert.deepEqual(anonymous.json, { error: "unauthorized", message: "Send Authorization: Bearer <token>." }, "the app's own auth, before the idempotency layer");
         assert.equal(await count(base), 1);
+
+        // A refused request creates nothing and releases its key: the corrected retry runs.
+        const badJson = await post(base, { key: "fix", body: "{not json" });
+        assert.deepEqual([badJson.status, badJson.json], [400, { error: "invalid_json", message: "The body must be JSON." }]);
+        const badDelay = await post(base, { key: "fix", query: "?delay_ms=soon" });
+        assert.deepEqual([badDelay.status, badDelay.json], [400, { error: "invalid_delay_ms", message: "delay_ms must be a non-negative integer." }]);
+        assert.equal((await post(base, { key: "fix", body: '{"sku":"C","qty":3}' })).status, 201, "the key was released");
+        assert.equal(await count(base), 2);
 
         // 30 concurrent duplicates while the first runs (delay_ms): one execution.
         const burst = await Promise.all(Array.from({ length: 30 }, () => post(base, { key: "burst", query: "?delay_ms=400" })));
@@ -89,7 +97,7 @@ function suite(name, env, skip) {
           assert.equal(r.status, 409);
           assert.equal(r.json.error, "idempotency_key_in_progress");
         }
-        assert.equal(await count(base), 2, "30 duplicates executed once");
+        assert.equal(await count(base), 3, "30 duplicates executed once");
         assert.equal((await post(base, { key: "burst", query: "?delay_ms=400" })).text, created[0].text);
 
         // The request body cap: Content-Length before reading, and a chunked body while reading.
@@ -99,7 +107,7 @@ function suite(name, env, skip) {
         const chunked = await chunkedPost(port, 8 * 1024 * 1024, "big-chunked");
         assert.equal(chunked.status, 413, `chunked: ${JSON.stringify(chunked)}`);
         assert.ok(chunked.sent < 8 * 1024 * 1024, "the server answered before the whole body was sent");
-        assert.equal(await count(base), 2);
+        assert.equal(await count(base), 3);
         const atCap = await post(base, { key: "at-cap", body: JSON.stringify({ pad: "y".repeat(4000 - 12) }) });
         assert.equal(atCap.status, 201, "a request at the cap runs, and its echo is stored (response cap = request cap + 1024)");
         assert.equal((await post(base, { key: "at-cap", body: JSON.stringify({ pad: "y".repeat(4000 - 12) }) })).text, atCap.text);

@@ -40,7 +40,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from idempotency_ledger import Ledger, default_settings
-from idempotency_ledger.asgi import IdempotencyMiddleware
+from idempotency_ledger.asgi import IdempotencyMiddleware, mark_nothing_changed
 
 log = logging.getLogger("example")
 
@@ -88,7 +88,9 @@ class BearerAuth:
                     if text[:7].lower() == "bearer " and text[7:].strip():
                         token = text[7:].strip()
             if token is None:
-                response = JSONResponse({"error": "unauthorized"}, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+                response = JSONResponse(
+                    {"error": "unauthorized", "message": "Send Authorization: Bearer <token>."}, status_code=401, headers={"WWW-Authenticate": "Bearer"}
+                )
                 await response(scope, receive, send)
                 return
             scope.setdefault("state", {})["principal"] = token
@@ -111,14 +113,24 @@ def build(database: str, settings: dict[str, Any]) -> tuple[FastAPI, Ledger]:
     executions = {"count": 0}
     lock = threading.Lock()
 
+    def refused(request: Request, error: str, message: str) -> JSONResponse:
+        # Nothing was created: the middleware releases the key, so a corrected
+        # retry with the same key runs.
+        mark_nothing_changed(request.scope)
+        return JSONResponse({"error": error, "message": message}, status_code=400)
+
     @app.post("/orders", status_code=201)
-    async def create_order(request: Request, delay_ms: int = 0) -> Any:
-        if delay_ms > 0:
-            await asyncio.sleep(delay_ms / 1000)
+    async def create_order(request: Request) -> Any:
+        values = request.query_params.getlist("delay_ms")  # the first, as the other servers read it
+        delay = values[0] if values else "0"
+        if not (delay.isascii() and delay.isdigit()):
+            return refused(request, "invalid_delay_ms", "delay_ms must be a non-negative integer.")
+        if int(delay) > 0:
+            await asyncio.sleep(int(delay) / 1000)
         try:
             payload = json.loads(await request.body())
         except ValueError:
-            return JSONResponse({"error": "the body must be JSON"}, status_code=400)
+            return refused(request, "invalid_json", "The body must be JSON.")
         with lock:
             executions["count"] += 1
         order_id = uuid.uuid4().hex

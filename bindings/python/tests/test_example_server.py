@@ -88,14 +88,21 @@ def test_the_example_server_over_http(server: Server) -> None:
         other = c.post("/orders", json={"sku": "A-1"}, headers={"Authorization": "Bearer tok-2", "Idempotency-Key": "k-1"})
         no_bearer = c.post("/orders", json={"sku": "A-1"}, headers={"Idempotency-Key": "k-2"})
         too_big = c.post("/orders", content=b'{"x":"' + b"y" * 5000 + b'"}', headers={**auth, "Idempotency-Key": "k-3", "Content-Type": "application/json"})
-        assert c.get("/orders/count").json() == {"count": 2}
+        # A refused request creates nothing and releases its key: the corrected retry runs.
+        bad_json = c.post("/orders", content=b"{not json", headers={**auth, "Idempotency-Key": "fix", "Content-Type": "application/json"})
+        bad_delay = c.post("/orders?delay_ms=soon", json={}, headers={**auth, "Idempotency-Key": "fix"})
+        fixed = c.post("/orders", json={"sku": "C-3"}, headers={**auth, "Idempotency-Key": "fix"})
+        assert c.get("/orders/count").json() == {"count": 3}
+    assert (bad_json.status_code, bad_json.json()) == (400, {"error": "invalid_json", "message": "The body must be JSON."})
+    assert (bad_delay.status_code, bad_delay.json()) == (400, {"error": "invalid_delay_ms", "message": "delay_ms must be a non-negative integer."})
+    assert fixed.status_code == 201, fixed.text
     assert first.status_code == retry.status_code == 201
     assert first.content == retry.content and first.json()["request"] == {"sku": "A-1"}
     assert first.headers["location"] == retry.headers["location"] == f"/orders/{first.json()['id']}"
     assert first.headers["content-type"] == "application/json"
     assert reuse.status_code == 409 and reuse.json()["error"] == "idempotency_key_reused"
     assert other.status_code == 201 and other.json()["id"] != first.json()["id"]  # keys are scoped by principal
-    assert no_bearer.status_code == 401 and no_bearer.json() == {"error": "unauthorized"}
+    assert no_bearer.status_code == 401 and no_bearer.json() == {"error": "unauthorized", "message": "Send Authorization: Bearer <token>."}
     assert too_big.status_code == 413 and too_big.json()["error"] == "idempotency_request_too_large"
 
     async def burst() -> list[httpx.Response]:
@@ -105,5 +112,5 @@ def test_the_example_server_over_http(server: Server) -> None:
 
     statuses = sorted(r.status_code for r in asyncio.run(burst()))
     assert set(statuses) <= {201, 409} and 201 in statuses, statuses
-    assert httpx.get(server.base + "/orders/count").json() == {"count": 3}  # the 30 duplicates executed once
+    assert httpx.get(server.base + "/orders/count").json() == {"count": 4}  # the 30 duplicates executed once
     assert server.stop() == 0

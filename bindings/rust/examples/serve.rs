@@ -7,7 +7,10 @@
 //! - `Authorization: Bearer <token>`: the token is the principal; without
 //!   it, 401 from the app's own auth, before the idempotency layer.
 //! - `POST /orders` (protected; `?delay_ms=N` sleeps first): 201
-//!   `{"id":..., "request": <the JSON>}` with `Location: /orders/<id>`.
+//!   `{"id":..., "request": <the JSON>}` with `Location: /orders/<id>`. A body
+//!   that is not JSON, or a `delay_ms` that is not a non-negative integer,
+//!   is a 400 that creates nothing: the key is released (as in the Python and
+//!   Node example servers).
 //! - `GET /orders/count`: executions of `POST /orders` since start.
 //! - Settings from `IDEMPOTENCY_*` (see `config_from_env`); logs on stderr.
 
@@ -16,8 +19,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::{Query, Request, State};
-use axum::http::{header, StatusCode};
+use axum::extract::{Request, State};
+use axum::http::{header, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -113,25 +116,33 @@ async fn bearer_auth(mut request: Request, next: Next) -> Response {
     }
 }
 
-#[derive(serde::Deserialize)]
-struct Delay {
-    delay_ms: Option<u64>,
+/// A 400 for a request the handler refused before creating anything: the
+/// layer releases the key, so a corrected retry with the same key runs.
+fn refused(error: &str, message: &str) -> Response {
+    let mut response = (StatusCode::BAD_REQUEST, Json(serde_json::json!({"error": error, "message": message}))).into_response();
+    response.extensions_mut().insert(NothingChanged);
+    response
 }
 
-async fn create_order(State(orders): State<Arc<Orders>>, Query(delay): Query<Delay>, body: Bytes) -> Response {
-    if let Some(ms) = delay.delay_ms {
+/// `?delay_ms=N`: absent, or a non-negative integer.
+fn delay_of(query: Option<&str>) -> Result<u64, ()> {
+    let value = query.unwrap_or("").split('&').find_map(|pair| pair.strip_prefix("delay_ms="));
+    match value {
+        None => Ok(0),
+        Some(v) if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) => v.parse().map_err(|_| ()),
+        Some(_) => Err(()),
+    }
+}
+
+async fn create_order(State(orders): State<Arc<Orders>>, uri: Uri, body: Bytes) -> Response {
+    let Ok(ms) = delay_of(uri.query()) else {
+        return refused("invalid_delay_ms", "delay_ms must be a non-negative integer.");
+    };
+    if ms > 0 {
         tokio::time::sleep(Duration::from_millis(ms.min(600_000))).await;
     }
-    let request: serde_json::Value = match serde_json::from_slice(&body) {
-        Ok(value) => value,
-        Err(e) => {
-            // Nothing was created: the layer releases the key, so a corrected
-            // retry with the same key runs.
-            let mut response =
-                (StatusCode::BAD_REQUEST, Json(serde_json::json!({"error": "invalid_json", "message": e.to_string()}))).into_response();
-            response.extensions_mut().insert(NothingChanged);
-            return response;
-        }
+    let Ok(request) = serde_json::from_slice::<serde_json::Value>(&body) else {
+        return refused("invalid_json", "The body must be JSON.");
     };
     let n = orders.executions.fetch_add(1, Ordering::SeqCst) + 1;
     let id = format!("o_{:x}_{n}", orders.started);

@@ -250,8 +250,9 @@ fn the_example_server_keeps_its_contract() {
         std::thread::sleep(Duration::from_millis(50));
     }
     let auth = ("authorization", "Bearer tok-1");
-    let (status, _, _) = http(addr, "POST", "/orders", &[JSON, ("idempotency-key", "a")], b"{}");
+    let (status, _, body) = http(addr, "POST", "/orders", &[JSON, ("idempotency-key", "a")], b"{}");
     assert_eq!(status, 401, "the app's own auth comes first");
+    assert_eq!(body, br#"{"error":"unauthorized","message":"Send Authorization: Bearer <token>."}"#.to_vec());
     let (status, headers, body) = http(addr, "POST", "/orders?delay_ms=20", &[auth, JSON, ("idempotency-key", "a")], br#"{"sku":"A-1"}"#);
     assert_eq!(status, 201);
     let order: serde_json::Value = serde_json::from_slice(&body).expect("json");
@@ -271,8 +272,15 @@ fn the_example_server_keeps_its_contract() {
         handles.into_iter().map(|h| h.join().expect("client")).collect()
     });
     assert!(duplicates.iter().all(|s| *s == 201), "{duplicates:?}");
+    // A refused request creates nothing and releases its key: the corrected retry runs.
+    let (status, _, body) = http(addr, "POST", "/orders", &[auth, JSON, ("idempotency-key", "fix")], b"{not json");
+    assert_eq!((status, body), (400, br#"{"error":"invalid_json","message":"The body must be JSON."}"#.to_vec()));
+    let (status, _, body) = http(addr, "POST", "/orders?delay_ms=soon", &[auth, JSON, ("idempotency-key", "fix")], b"{}");
+    assert_eq!((status, body), (400, br#"{"error":"invalid_delay_ms","message":"delay_ms must be a non-negative integer."}"#.to_vec()));
+    let (status, _, _) = http(addr, "POST", "/orders", &[auth, JSON, ("idempotency-key", "fix")], br#"{"sku":"C-3"}"#);
+    assert_eq!(status, 201, "the key was released");
     let (status, _, body) = http(addr, "GET", "/orders/count", &[], b"");
-    assert_eq!((status, body), (200, br#"{"count":2}"#.to_vec()), "one execution per key");
+    assert_eq!((status, body), (200, br#"{"count":3}"#.to_vec()), "one execution per key, none for the refused requests");
     // SIGTERM: a clean exit.
     let pid = child.0.id().to_string();
     std::process::Command::new("kill").args(["-TERM", &pid]).status().expect("kill");

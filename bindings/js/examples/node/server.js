@@ -16,7 +16,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { serve } from "@hono/node-server";
 import { Hono } from "hono";
-import { idempotency, migrate } from "@idempotency/ledger/hono";
+import { idempotency, migrate, NothingRanError } from "@idempotency/ledger/hono";
 import { createPgPool } from "@idempotency/ledger/pg";
 
 const env = process.env;
@@ -93,26 +93,32 @@ async function main() {
   const authenticate = async (c, next) => {
     if (c.req.method !== "POST") return next();
     const match = /^bearer\s+(\S+)\s*$/i.exec(c.req.header("authorization") ?? "");
-    if (!match) return c.json({ error: "unauthorized" }, 401, { "www-authenticate": "Bearer" });
+    if (!match) return c.json({ error: "unauthorized", message: "Send Authorization: Bearer <token>." }, 401, { "www-authenticate": "Bearer" });
     c.set("principal", match[1]);
     return next();
   };
   app.use("/orders", authenticate);
   app.use("/orders", middleware);
+  // A request the handler refuses before creating anything throws
+  // NothingRanError: the middleware releases the key (a corrected retry with
+  // the same key runs) and app.onError answers the 400.
+  const refused = (error, message) => new NothingRanError(message, { cause: { error, message } });
   app.post("/orders", async (c) => {
-    const delay = Number(c.req.query("delay_ms") ?? 0);
-    if (delay > 0) await new Promise((resolve) => setTimeout(resolve, delay));
+    const delay = c.req.query("delay_ms") ?? "0";
+    if (!/^[0-9]+$/.test(delay)) throw refused("invalid_delay_ms", "delay_ms must be a non-negative integer.");
+    if (Number(delay) > 0) await new Promise((resolve) => setTimeout(resolve, Number(delay)));
     let request;
     try {
       request = await c.req.json();
     } catch {
-      return c.json({ error: "invalid_json" }, 422);
+      throw refused("invalid_json", "The body must be JSON.");
     }
     executions += 1;
     const id = `ord_${randomUUID()}`;
     return c.json({ id, request }, 201, { location: `/orders/${id}` });
   });
   app.get("/orders/count", (c) => c.json({ count: executions }));
+  app.onError((error, c) => (error instanceof NothingRanError ? c.json(error.cause, 400) : c.text("Internal Server Error", 500)));
 
   // Resolve what is in force (the core's defaults for what the environment left unset).
   const inForce = defaultOptions(settings);
