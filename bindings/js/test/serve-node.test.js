@@ -85,6 +85,8 @@ function suite(name, env, skip) {
         assert.deepEqual([badJson.status, badJson.json], [400, { error: "invalid_json", message: "The body must be JSON." }]);
         const badDelay = await post(base, { key: "fix", query: "?delay_ms=soon" });
         assert.deepEqual([badDelay.status, badDelay.json], [400, { error: "invalid_delay_ms", message: "delay_ms must be a non-negative integer." }]);
+        const tooDeep = await post(base, { key: "fix", body: "[".repeat(101) + "]".repeat(101) });
+        assert.deepEqual([tooDeep.status, tooDeep.json?.error], [400, "invalid_json"], "nested over 100 levels, alike in every example server");
         assert.equal((await post(base, { key: "fix", body: '{"sku":"C","qty":3}' })).status, 201, "the key was released");
         assert.equal(await count(base), 2);
 

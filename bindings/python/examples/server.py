@@ -28,6 +28,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -84,9 +85,7 @@ class BearerAuth:
             token = None
             for name, value in scope.get("headers", []):
                 if name == b"authorization":
-                    text = value.decode("latin-1").strip()
-                    if text[:7].lower() == "bearer " and text[7:].strip():
-                        token = text[7:].strip()
+                    token = bearer_token(value)
             if token is None:
                 response = JSONResponse(
                     {"error": "unauthorized", "message": "Send Authorization: Bearer <token>."}, status_code=401, headers={"WWW-Authenticate": "Bearer"}
@@ -95,6 +94,40 @@ class BearerAuth:
                 return
             scope.setdefault("state", {})["principal"] = token
         await self.app(scope, receive, send)
+
+
+BEARER = re.compile(r"bearer[ \t]+([^ \t]+)", re.IGNORECASE)
+# JSON nested deeper than this is refused (400 invalid_json) by the three
+# example servers alike, whatever their parsers' own limits.
+MAX_JSON_DEPTH = 100
+
+
+def bearer_token(value: bytes) -> Optional[str]:
+    """`Bearer <token>`: the scheme in any case, blanks, one token without blanks (the bytes read as Latin-1)."""
+    match = BEARER.fullmatch(value.decode("latin-1").strip(" \t"))
+    return match.group(1) if match else None
+
+
+def nested_too_deep(body: bytes) -> bool:
+    depth, in_string, escaped = 0, False, False
+    for b in body:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif b == 0x5C:  # backslash
+                escaped = True
+            elif b == 0x22:  # quote
+                in_string = False
+            continue
+        if b == 0x22:
+            in_string = True
+        elif b in (0x5B, 0x7B):  # [ {
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                return True
+        elif b in (0x5D, 0x7D):  # ] }
+            depth = max(depth - 1, 0)
+    return False
 
 
 def principal(scope: Any) -> Optional[str]:
@@ -127,8 +160,11 @@ def build(database: str, settings: dict[str, Any]) -> tuple[FastAPI, Ledger]:
             return refused(request, "invalid_delay_ms", "delay_ms must be a non-negative integer.")
         if int(delay) > 0:
             await asyncio.sleep(int(delay) / 1000)
+        body = await request.body()
         try:
-            payload = json.loads(await request.body())
+            if nested_too_deep(body):
+                raise ValueError("nested too deep")
+            payload = json.loads(body)
         except ValueError:
             return refused(request, "invalid_json", "The body must be JSON.")
         with lock:

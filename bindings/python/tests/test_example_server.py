@@ -91,10 +91,12 @@ def test_the_example_server_over_http(server: Server) -> None:
         # A refused request creates nothing and releases its key: the corrected retry runs.
         bad_json = c.post("/orders", content=b"{not json", headers={**auth, "Idempotency-Key": "fix", "Content-Type": "application/json"})
         bad_delay = c.post("/orders?delay_ms=soon", json={}, headers={**auth, "Idempotency-Key": "fix"})
+        too_deep = c.post("/orders", content=b"[" * 101 + b"]" * 101, headers={**auth, "Idempotency-Key": "fix", "Content-Type": "application/json"})
         fixed = c.post("/orders", json={"sku": "C-3"}, headers={**auth, "Idempotency-Key": "fix"})
         assert c.get("/orders/count").json() == {"count": 3}
     assert (bad_json.status_code, bad_json.json()) == (400, {"error": "invalid_json", "message": "The body must be JSON."})
     assert (bad_delay.status_code, bad_delay.json()) == (400, {"error": "invalid_delay_ms", "message": "delay_ms must be a non-negative integer."})
+    assert too_deep.status_code == 400 and too_deep.json()["error"] == "invalid_json"  # nested over 100 levels, alike in every example server
     assert fixed.status_code == 201, fixed.text
     assert first.status_code == retry.status_code == 201
     assert first.content == retry.content and first.json()["request"] == {"sku": "A-1"}

@@ -88,20 +88,55 @@ async fn run() -> Result<(), String> {
     Ok(())
 }
 
+/// `Bearer <token>`: the scheme in any case (RFC 9110 11.1), blanks, one
+/// token without blanks. The header's bytes are read as Latin-1, as the
+/// Python and Node example servers read them, so a token means the same
+/// principal in all three.
+fn bearer_token(value: &[u8]) -> Option<String> {
+    let text: String = value.iter().map(|&b| char::from(b)).collect();
+    let blank = |c: char| c == ' ' || c == '\t';
+    let (scheme, rest) = text.trim_matches(blank).split_once(blank)?;
+    let token = rest.trim_matches(blank);
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty() && !token.contains(blank)).then(|| token.to_string())
+}
+
+/// JSON nested deeper than this is refused (400 invalid_json) by the three
+/// example servers alike, whatever their parsers' own limits.
+const MAX_JSON_DEPTH: usize = 100;
+
+fn nested_too_deep(body: &[u8]) -> bool {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for &b in body {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > MAX_JSON_DEPTH {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    false
+}
+
 /// The app's own auth for `POST /orders` (the count is open).
 async fn bearer_auth(mut request: Request, next: Next) -> Response {
     if !(request.method() == axum::http::Method::POST && request.uri().path() == "/orders") {
         return next.run(request).await;
     }
-    // The scheme is case-insensitive (RFC 9110 11.1).
-    let token = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split_once(' ').filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer")).map(|(_, token)| token))
-        .map(str::trim)
-        .filter(|t| !t.is_empty())
-        .map(str::to_string);
+    let token = request.headers().get(header::AUTHORIZATION).and_then(|v| bearer_token(v.as_bytes()));
     match token {
         Some(token) => {
             request.extensions_mut().insert(Principal(token));
@@ -141,7 +176,8 @@ async fn create_order(State(orders): State<Arc<Orders>>, uri: Uri, body: Bytes) 
     if ms > 0 {
         tokio::time::sleep(Duration::from_millis(ms.min(600_000))).await;
     }
-    let Ok(request) = serde_json::from_slice::<serde_json::Value>(&body) else {
+    let parsed = if nested_too_deep(&body) { None } else { serde_json::from_slice::<serde_json::Value>(&body).ok() };
+    let Some(request) = parsed else {
         return refused("invalid_json", "The body must be JSON.");
     };
     let n = orders.executions.fetch_add(1, Ordering::SeqCst) + 1;

@@ -277,6 +277,9 @@ fn the_example_server_keeps_its_contract() {
     assert_eq!((status, body), (400, br#"{"error":"invalid_json","message":"The body must be JSON."}"#.to_vec()));
     let (status, _, body) = http(addr, "POST", "/orders?delay_ms=soon", &[auth, JSON, ("idempotency-key", "fix")], b"{}");
     assert_eq!((status, body), (400, br#"{"error":"invalid_delay_ms","message":"delay_ms must be a non-negative integer."}"#.to_vec()));
+    let deep = format!("{}{}", "[".repeat(101), "]".repeat(101));
+    let (status, _, _) = http(addr, "POST", "/orders", &[auth, JSON, ("idempotency-key", "fix")], deep.as_bytes());
+    assert_eq!(status, 400, "JSON nested over 100 levels is refused alike by the example servers");
     let (status, _, _) = http(addr, "POST", "/orders", &[auth, JSON, ("idempotency-key", "fix")], br#"{"sku":"C-3"}"#);
     assert_eq!(status, 201, "the key was released");
     let (status, _, body) = http(addr, "GET", "/orders/count", &[], b"");

@@ -68,6 +68,30 @@ async function openDatabase(url) {
   return { db, describe: `SQLite ${url}`, close: () => db.close() };
 }
 
+// JSON nested deeper than this is refused (400 invalid_json) by the three
+// example servers alike, whatever their parsers' own limits.
+const MAX_JSON_DEPTH = 100;
+
+function nestedTooDeep(text) {
+  let depth = 0;
+  let inString = false;
+  let escaped = false;
+  for (let i = 0; i < text.length; i++) {
+    const ch = text.charCodeAt(i);
+    if (inString) {
+      if (escaped) escaped = false;
+      else if (ch === 0x5c) escaped = true;
+      else if (ch === 0x22) inString = false;
+      continue;
+    }
+    if (ch === 0x22) inString = true;
+    else if (ch === 0x5b || ch === 0x7b) {
+      if (++depth > MAX_JSON_DEPTH) return true;
+    } else if (ch === 0x5d || ch === 0x7d) depth = Math.max(depth - 1, 0);
+  }
+  return false;
+}
+
 async function main() {
   const port = intFrom("PORT") ?? 8080;
   const databaseUrl = env.DATABASE_URL || join(tmpdir(), "idempotency-ledger-serve-node.sqlite");
@@ -92,7 +116,8 @@ async function main() {
   // GET /orders/count is open).
   const authenticate = async (c, next) => {
     if (c.req.method !== "POST") return next();
-    const match = /^bearer\s+(\S+)\s*$/i.exec(c.req.header("authorization") ?? "");
+    // The scheme in any case, blanks, one token without blanks (as the Rust and Python servers read it).
+    const match = /^[ \t]*bearer[ \t]+([^ \t]+)[ \t]*$/i.exec(c.req.header("authorization") ?? "");
     if (!match) return c.json({ error: "unauthorized", message: "Send Authorization: Bearer <token>." }, 401, { "www-authenticate": "Bearer" });
     c.set("principal", match[1]);
     return next();
@@ -109,7 +134,9 @@ async function main() {
     if (Number(delay) > 0) await new Promise((resolve) => setTimeout(resolve, Number(delay)));
     let request;
     try {
-      request = await c.req.json();
+      const text = await c.req.text();
+      if (nestedTooDeep(text)) throw new Error("nested too deep");
+      request = JSON.parse(text);
     } catch {
       throw refused("invalid_json", "The body must be JSON.");
     }
