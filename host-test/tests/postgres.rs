@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use idempotency_ledger::wit::{Decision, LedgerError, Statement};
+use idempotency_ledger::wit::{Decision, LedgerError, Statement, Value};
 use idempotency_ledger::{
     Config, Error, HandleError, Handled, Ledger, ManualClock, MutationResponse, Outcome, PostgresPool, ProtocolError, Request,
     SqlBackend, Stored,
@@ -196,23 +196,33 @@ fn a_row_locked_by_another_transaction_is_busy_after_the_lock_timeout_and_nothin
     assert!(matches!(h.outcome, Outcome::Executed { ref ticket, .. } if ticket.generation == 2), "{:?}", h.outcome);
 }
 
+/// A ledger on a pool whose connections carry an `application_name` of their
+/// own, so a test can find them in `pg_stat_activity`; and that name.
+fn named_ledger(db: &TestDb, tag: &str, max_size: usize) -> (Ledger, String) {
+    let schema = &db.pg().expect("postgres").name;
+    let name = format!("ledger-{tag}-{schema}");
+    let url = format!("{}&application_name={name}", url_with_schema(&postgres_url(), schema));
+    let pool = PostgresPool::connect(&url, max_size).expect("pool");
+    let ledger = Ledger::new(runtime(), pool.backend(), Config::default(), ManualClock::new(T0)).expect("ledger");
+    (ledger, name)
+}
+
+/// One statement on the test's own admin connection.
+fn admin_sql(db: &TestDb, sql: String) -> Vec<Vec<Value>> {
+    let results = db.pg().expect("postgres").pool.backend().execute_batch(&[Statement { sql, params: vec![] }]).expect("admin sql");
+    results.into_iter().next().expect("one result").rows
+}
+
+fn terminate_backends(db: &TestDb, name: &str) -> Vec<Vec<Value>> {
+    admin_sql(db, format!("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = '{name}'"))
+}
+
 #[test]
 fn killed_connections_fail_closed_and_the_pool_reconnects() {
     let db = TestDb::postgres();
-    let schema = db.pg().expect("postgres").name.clone();
-    let url = format!("{}&application_name=ledger-kill-{schema}", url_with_schema(&postgres_url(), &schema));
-    let pool = PostgresPool::connect(&url, 4).expect("pool");
-    let clock = ManualClock::new(T0);
-    let mut ledger = Ledger::new(runtime(), pool.backend(), Config::default(), clock).expect("ledger");
+    let (mut ledger, name) = named_ledger(&db, "kill", 4);
     ledger.handle("acct", &order("before"), created).expect("before the kill");
-    let kill = Statement {
-        sql: format!(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'ledger-kill-{schema}'"
-        ),
-        params: vec![],
-    };
-    let killed = db.pg().expect("postgres").pool.backend().execute_batch(&[kill]).expect("terminate");
-    assert!(!killed[0].rows.is_empty(), "the ledger's connection was found and killed");
+    assert!(!terminate_backends(&db, &name).is_empty(), "the ledger's connection was found and killed");
     let mut failures = 0;
     for k in 0..3 {
         let (result, runs) = handle_counted(&mut ledger, &order(&format!("after-{k}")));
@@ -236,20 +246,11 @@ fn killed_connections_fail_closed_and_the_pool_reconnects() {
 #[test]
 fn a_connection_terminated_while_idle_is_replaced_before_use() {
     let db = TestDb::postgres();
-    let schema = db.pg().expect("postgres").name.clone();
-    let url = format!("{}&application_name=ledger-idle-{schema}", url_with_schema(&postgres_url(), &schema));
-    let pool = PostgresPool::connect(&url, 2).expect("pool");
-    let mut ledger = Ledger::new(runtime(), pool.backend(), Config::default(), ManualClock::new(T0)).expect("ledger");
-    let admin = |sql: String| db.pg().expect("postgres").pool.backend().execute_batch(&[Statement { sql, params: vec![] }]).expect("admin sql");
-    let ledger_pids = || {
-        admin(format!("SELECT pid FROM pg_stat_activity WHERE application_name = 'ledger-idle-{schema}'"))[0].rows.len()
-    };
+    let (mut ledger, name) = named_ledger(&db, "idle", 2);
+    let ledger_pids = || admin_sql(&db, format!("SELECT pid FROM pg_stat_activity WHERE application_name = '{name}'")).len();
     ledger.handle("acct", &order("first"), created).expect("first");
     for round in 0..20 {
-        let killed = admin(format!(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'ledger-idle-{schema}'"
-        ));
-        assert!(!killed[0].rows.is_empty(), "round {round}: the ledger's connection was found and killed");
+        assert!(!terminate_backends(&db, &name).is_empty(), "round {round}: the ledger's connection was found and killed");
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while ledger_pids() > 0 {
             assert!(std::time::Instant::now() < deadline, "round {round}: the terminated backend did not exit");
