@@ -7,7 +7,10 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::thread;
 use std::time::Duration;
 
-use idempotency_ledger::{HandleError, Handled, ManualClock, MutationResponse, Outcome, RejectionReason, Request, Stored};
+use idempotency_ledger::wit::{BatchError, Statement, StatementResult};
+use idempotency_ledger::{
+    Config, Dialect, HandleError, Handled, LedgerPool, ManualClock, MutationResponse, Outcome, RejectionReason, Request, SqlBackend, Stored,
+};
 use idempotency_ledger_host_test::{TestDb, T0};
 
 fn order(key: &str) -> Request {
@@ -216,4 +219,78 @@ fn a_pool_shared_by_threads_executes_each_key_once() {
     assert_eq!(executions.load(Ordering::SeqCst), 10, "ten keys, ten executions");
     assert!(pool.idle() >= 1 && pool.idle() <= 8, "connections are reused, at most one per concurrent caller");
     assert_eq!(pool.sweep().expect("sweep"), 0);
+}
+
+/// A real backend whose batches on the sweeper thread wait for `release`.
+struct SweepGate {
+    inner: Box<dyn SqlBackend>,
+    reached: mpsc::Sender<()>,
+    release: Arc<(Mutex<bool>, std::sync::Condvar)>,
+    swept: Arc<AtomicUsize>,
+}
+
+impl SqlBackend for SweepGate {
+    fn execute_batch(&mut self, statements: &[Statement]) -> Result<Vec<StatementResult>, BatchError> {
+        if thread::current().name() != Some("idempotency-sweeper") {
+            return self.inner.execute_batch(statements);
+        }
+        let _ = self.reached.send(());
+        let (open, wake) = &*self.release;
+        let mut open = open.lock().expect("gate");
+        while !*open {
+            open = wake.wait(open).expect("gate");
+        }
+        drop(open);
+        let results = self.inner.execute_batch(statements);
+        self.swept.fetch_add(1, Ordering::SeqCst);
+        results
+    }
+
+    fn dialect(&self) -> Dialect {
+        self.inner.dialect()
+    }
+}
+
+#[test]
+fn closing_a_pool_waits_for_its_background_sweep_and_stops_the_sweeper() {
+    let db = TestDb::new();
+    let opener = db.opener();
+    let (reached, sweep_started) = mpsc::channel();
+    let release = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+    let swept = Arc::new(AtomicUsize::new(0));
+    let (gate, done) = (release.clone(), swept.clone());
+    let reached = Mutex::new(reached);
+    let pool = LedgerPool::with_backends(
+        move || {
+            Ok(Box::new(SweepGate {
+                inner: opener.backend(),
+                reached: reached.lock().expect("sender").clone(),
+                release: gate.clone(),
+                swept: done.clone(),
+            }) as Box<dyn SqlBackend>)
+        },
+        Config { sweep_every: 1, ..Config::default() },
+        ManualClock::new(T0),
+    )
+    .expect("pool");
+    let handled = pool.handle("acct-1", &order("swept"), |_| Ok::<_, String>(MutationResponse::json(201, "{}"))).expect("handled");
+    assert!(matches!(handled.outcome, Outcome::Executed { .. }) && handled.sweep_due);
+    sweep_started.recv_timeout(Duration::from_secs(30)).expect("a background sweep started");
+
+    let closer = {
+        let pool = pool.clone();
+        thread::spawn(move || pool.close())
+    };
+    thread::sleep(Duration::from_millis(300));
+    assert!(!closer.is_finished(), "close() returned while the sweep was still running");
+    *release.0.lock().expect("gate") = true;
+    release.1.notify_all();
+    closer.join().expect("close");
+    assert!(swept.load(Ordering::SeqCst) >= 1, "the sweep batch finished before close() returned");
+    assert_eq!(pool.idle(), 0, "close() drops the idle connections");
+
+    // Closed: requests still run, due sweeps no longer start a sweeper.
+    let after = pool.handle("acct-1", &order("after"), |_| Ok::<_, String>(MutationResponse::json(201, "{}"))).expect("handled");
+    assert!(after.sweep_due);
+    assert!(sweep_started.recv_timeout(Duration::from_millis(300)).is_err(), "no sweep after close()");
 }

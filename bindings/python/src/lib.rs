@@ -1011,13 +1011,26 @@ impl NativeLedger {
         Ok(response_py(py, response))
     }
 
-    /// Drops this process's pool (its connections close once no call holds
-    /// them); every later call fails closed with `io`.
-    fn close(&self) {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        state.closed = true;
-        if state.pid == std::process::id() {
-            state.pool = None;
+    /// Stops the background sweeper (waiting for a sweep in progress, so a
+    /// connection the caller brought may be closed afterwards) and drops this
+    /// process's pool (its connections close once no call holds them); every
+    /// later call fails closed with `io`. A forked child leaves the parent's
+    /// pool alone.
+    fn close(&self, py: Python<'_>) {
+        let pool = {
+            let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            state.closed = true;
+            let pool = state.pool.take();
+            if state.pid == std::process::id() {
+                pool
+            } else {
+                std::mem::forget(pool);
+                None
+            }
+        };
+        // Without the GIL: a sweep in progress may be running a Python batch.
+        if let Some(pool) = pool {
+            py.detach(move || pool.close());
         }
     }
 

@@ -45,6 +45,7 @@ def test_failing_database_leaves_the_ledger_usable(db_path: Path, fault: Excepti
     # The very next request on the same Ledger (same Store: no trap) works.
     ok = post(ledger, "k", m)
     assert (ok.outcome, ok.status, m.calls) == (Outcome.EXECUTED, 201, 1)
+    ledger.close()
     conn.close()
 
 
@@ -65,6 +66,7 @@ def test_fault_mid_batch_rolls_back_the_whole_batch(db_path: Path) -> None:
     assert rows(db_path) == []
     assert not conn.in_transaction
     assert post(ledger, "k", Mutation()).outcome == Outcome.EXECUTED
+    ledger.close()
     conn.close()
 
 
@@ -82,6 +84,7 @@ def test_failed_completion_still_answers_with_the_shaped_response(db_path: Path,
     assert isinstance(r.error, LedgerUnavailable)
     assert any("completion not stored" in rec.getMessage() for rec in caplog.records)
     assert [x["status"] for x in rows(db_path)] == ["pending"]  # a retry after the TTL takes over
+    ledger.close()
     conn.close()
 
 
@@ -93,6 +96,7 @@ def test_open_transaction_on_a_given_connection_fails_closed(db_path: Path) -> N
     assert (r.outcome, r.status, m.calls) == (Outcome.UNAVAILABLE, 500, 0)
     conn.execute("ROLLBACK")
     assert post(ledger, "k", m).outcome == Outcome.EXECUTED
+    ledger.close()
     conn.close()
 
 

@@ -195,6 +195,7 @@ def test_malformed_sql_results_fail_closed(db_path: Path, existing: bool, marker
     assert (r.outcome, r.status, m.calls) == (Outcome.UNAVAILABLE, 500, int(existing))
     assert isinstance(r.error, MalformedResult), r.error
     assert post(ledger, "other", m).outcome == Outcome.EXECUTED  # the ledger carries on
+    ledger.close()
     conn.close()
 
 

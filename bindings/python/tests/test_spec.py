@@ -69,6 +69,7 @@ def test_1_unprotected_methods_pass_through_without_ledger_access(db_path: Path,
     assert r.headers == [("X-Custom", "kept"), ("Content-Type", "text/plain")]
     assert m.calls == 1
     assert conn.executes == 0
+    ledger.close()  # waits for a background sweep still using conn
     conn.close()
 
 
@@ -191,6 +192,7 @@ def test_3_claim_is_one_insert_and_owns_generation_1(db_path: Path, clock: Manua
     assert decision[0].startswith("INSERT INTO idempotency_keys") and "ON CONFLICT (principal, key) DO NOTHING" in decision[0]
     assert "RETURNING" in decision[0]
     assert conn.statements[0] == "BEGIN IMMEDIATE"
+    ledger.close()
     conn.close()
 
 
@@ -298,6 +300,7 @@ def test_5_vanished_row_between_claim_and_lookup_is_409_retry(db_path: Path) -> 
     r = post(ledger, "k", m)
     assert (r.status, r.reason, r.json()) == (409, "retry", {"error": "idempotency_key_retry", "message": "Retry the request."})
     assert m.calls == 1
+    ledger.close()
     conn.close()
 
 

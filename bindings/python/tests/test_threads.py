@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from conftest import Mutation, Store, order_count, post, python_connection, rows
+from conftest import ConnectionProxy, Mutation, Store, order_count, post, python_connection, rows
 import sqlite3
 
 from idempotency_ledger import Ledger, MutationResponse, Outcome
@@ -113,7 +113,51 @@ def test_a_ledger_on_one_connection_serialises_threads(db_path: Path) -> None:
         t.join()
     assert not errors, errors
     assert len(rows(db_path)) == 80
+    ledger.close()
     conn.close()
+
+
+class _SweepGate(ConnectionProxy):
+    """Holds every statement run off the main thread (only the background
+    sweeper runs there) until `release` is set."""
+
+    _own = ConnectionProxy._own + ("reached", "release")
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.reached = threading.Event()
+        self.release = threading.Event()
+
+    def execute(self, sql: str, params: Any = ()) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            self.reached.set()
+            assert self.release.wait(30)
+        return super().execute(sql, params)
+
+
+def test_close_waits_for_a_background_sweep_before_the_connection_may_close(db_path: Path) -> None:
+    """A due sweep runs a batch on the caller's connection from the sweeper
+    thread; `close()` returns only once it is done, so closing the connection
+    next is safe (closing a sqlite3 connection under a running statement
+    crashed the interpreter)."""
+    conn = _SweepGate(db_path)
+    ledger = Ledger(conn, sweep_every=1)  # every execution asks for a sweep
+    ledger.migrate()
+    assert post(ledger, "k", Mutation()).outcome == Outcome.EXECUTED
+    assert conn.reached.wait(30), "no background sweep started"
+    closed = threading.Event()
+    closer = threading.Thread(target=lambda: (ledger.close(), closed.set()))
+    closer.start()
+    assert not closed.wait(0.5), "close() returned while the sweep still held the connection"
+    ran = conn.executes
+    conn.release.set()
+    assert closed.wait(30)
+    closer.join()
+    assert conn.executes > ran  # the sweep finished its batch before close() returned
+    finished = conn.executes
+    conn.close()
+    assert conn.executes == finished
+    assert [r["key"] for r in rows(db_path)] == ["k"]  # nothing expired: the sweep deleted nothing
 
 
 def test_a_forked_child_opens_its_own_connection(db_path: Path) -> None:

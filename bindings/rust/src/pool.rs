@@ -3,7 +3,8 @@
 
 use std::path::Path;
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, Weak};
+use std::thread::JoinHandle;
 
 use crate::{wit, Clock, Config, Error, HandleError, Handled, Ledger, MutationResponse, Request, Runtime, SqlBackend, SqliteBackend, SystemClock};
 
@@ -26,8 +27,15 @@ struct PoolInner {
     config: Config,
     clock: Arc<dyn Clock>,
     idle: Mutex<Vec<Ledger>>,
-    /// Wakes the sweeper thread (started on the first due sweep).
-    sweeper: OnceLock<SyncSender<()>>,
+    sweeper: Mutex<Sweeper>,
+}
+
+/// The background sweeper: started on the first due sweep, stopped by
+/// [`LedgerPool::close`] (which waits for a sweep in progress).
+enum Sweeper {
+    NotStarted,
+    Running { wake: SyncSender<()>, thread: JoinHandle<()> },
+    Closed,
 }
 
 /// Forwards to the pool's shared clock.
@@ -87,7 +95,7 @@ impl LedgerPool {
                 config,
                 clock: Arc::new(clock),
                 idle: Mutex::new(Vec::new()),
-                sweeper: OnceLock::new(),
+                sweeper: Mutex::new(Sweeper::NotStarted),
             }),
         })
     }
@@ -132,13 +140,39 @@ impl LedgerPool {
         self.with(|ledger| ledger.sweep_all())?
     }
 
-    /// Wakes the sweeper thread (a sweep already queued absorbs this one).
+    /// Wakes the sweeper thread (a sweep already queued absorbs this one);
+    /// does nothing once the pool is closed.
     pub fn sweep_in_background(&self) {
-        let sender = self.inner.sweeper.get_or_init(|| spawn_sweeper(Arc::downgrade(&self.inner)));
-        match sender.try_send(()) {
-            Ok(()) | Err(TrySendError::Full(())) => {}
-            Err(TrySendError::Disconnected(())) => log::warn!(target: "idempotency_ledger", "[idempotency] the sweeper thread is gone"),
+        let mut sweeper = self.inner.sweeper.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Sweeper::NotStarted = *sweeper {
+            match spawn_sweeper(Arc::downgrade(&self.inner)) {
+                Some((wake, thread)) => *sweeper = Sweeper::Running { wake, thread },
+                None => return,
+            }
         }
+        if let Sweeper::Running { wake, .. } = &*sweeper {
+            match wake.try_send(()) {
+                Ok(()) | Err(TrySendError::Full(())) => {}
+                Err(TrySendError::Disconnected(())) => log::warn!(target: "idempotency_ledger", "[idempotency] the sweeper thread is gone"),
+            }
+        }
+    }
+
+    /// Stops background sweeps, waiting for one in progress to finish, and
+    /// drops the idle connections. Call it before closing anything the
+    /// backends use (a connection the caller brought): a sweep still running
+    /// on it afterwards would use it after it closed. Clones keep working
+    /// (opening connections again on demand) but never sweep in the
+    /// background again. Called from the sweeper itself it does not wait.
+    pub fn close(&self) {
+        let stopped = std::mem::replace(&mut *self.inner.sweeper.lock().unwrap_or_else(|poisoned| poisoned.into_inner()), Sweeper::Closed);
+        if let Sweeper::Running { wake, thread } = stopped {
+            drop(wake); // the thread ends after the sweep it is running
+            if thread.thread().id() != std::thread::current().id() && thread.join().is_err() {
+                log::error!(target: "idempotency_ledger", "[idempotency] the sweeper thread panicked");
+            }
+        }
+        self.inner.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clear();
     }
 
     /// Connections opened so far that are idle now.
@@ -156,8 +190,9 @@ fn connect(inner: &PoolInner) -> Result<Ledger, Error> {
     Ledger::new(inner.runtime.clone(), backend, inner.config.clone(), SharedClock(inner.clock.clone()))
 }
 
-/// One thread per pool, holding only a weak reference: it ends with the pool.
-fn spawn_sweeper(pool: Weak<PoolInner>) -> SyncSender<()> {
+/// One thread per pool, holding only a weak reference: it ends with the pool
+/// (or when [`LedgerPool::close`] drops the sender).
+fn spawn_sweeper(pool: Weak<PoolInner>) -> Option<(SyncSender<()>, JoinHandle<()>)> {
     let (sender, wake) = sync_channel::<()>(1);
     let spawned = std::thread::Builder::new().name("idempotency-sweeper".into()).spawn(move || {
         while wake.recv().is_ok() {
@@ -172,8 +207,11 @@ fn spawn_sweeper(pool: Weak<PoolInner>) -> SyncSender<()> {
             }
         }
     });
-    if let Err(e) = spawned {
-        log::error!(target: "idempotency_ledger", "[idempotency] cannot start the sweeper thread: {e}");
+    match spawned {
+        Ok(thread) => Some((sender, thread)),
+        Err(e) => {
+            log::error!(target: "idempotency_ledger", "[idempotency] cannot start the sweeper thread: {e}");
+            None
+        }
     }
-    sender
 }

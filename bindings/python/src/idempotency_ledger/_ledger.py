@@ -367,7 +367,9 @@ class Ledger:
 
     def close(self) -> None:
         """Closes this process's connections (a PostgreSQL pool the ledger
-        built included; a pool or connection you passed in stays open)."""
+        built included; a pool or connection you passed in stays open).
+        Waits for a background sweep in progress: close the ledger before a
+        connection you passed in."""
         self._native.close()
 
     def __enter__(self) -> "Ledger":
