@@ -294,3 +294,46 @@ fn closing_a_pool_waits_for_its_background_sweep_and_stops_the_sweeper() {
     assert!(after.sweep_due);
     assert!(sweep_started.recv_timeout(Duration::from_millis(300)).is_err(), "no sweep after close()");
 }
+
+/// A real backend that records the thread of every batch.
+struct ThreadWatch {
+    inner: Box<dyn SqlBackend>,
+    threads: Arc<Mutex<Vec<thread::ThreadId>>>,
+}
+
+impl SqlBackend for ThreadWatch {
+    fn execute_batch(&mut self, statements: &[Statement]) -> Result<Vec<StatementResult>, BatchError> {
+        self.threads.lock().expect("threads").push(thread::current().id());
+        self.inner.execute_batch(statements)
+    }
+
+    fn dialect(&self) -> Dialect {
+        self.inner.dialect()
+    }
+}
+
+#[test]
+fn a_pool_that_sweeps_on_the_caller_sweeps_before_handle_returns() {
+    let db = TestDb::new();
+    let opener = db.opener();
+    let threads = Arc::new(Mutex::new(Vec::new()));
+    let clock = ManualClock::new(T0);
+    let seen = threads.clone();
+    let config = Config { sweep_every: 1, ..Config::default() };
+    let retention = config.retention_ms;
+    let pool = LedgerPool::with_backends(
+        move || Ok(Box::new(ThreadWatch { inner: opener.backend(), threads: seen.clone() }) as Box<dyn SqlBackend>),
+        config,
+        clock.clone(),
+    )
+    .expect("pool")
+    .sweep_on_caller();
+    let create = |_: &Request| Ok::<_, String>(MutationResponse::json(201, "{}"));
+    assert!(pool.handle("acct-1", &order("old"), create).expect("handled").sweep_due);
+    clock.advance(Duration::from_millis(retention + 1));
+    assert!(pool.handle("acct-1", &order("new"), create).expect("handled").sweep_due);
+    let keys: Vec<String> = db.rows().iter().map(|r| r["key"].as_str().unwrap_or_default().to_string()).collect();
+    assert_eq!(keys, ["new"], "the expired row was swept before handle() returned");
+    let here = thread::current().id();
+    assert!(threads.lock().expect("threads").iter().all(|t| *t == here), "every batch ran on the calling thread");
+}

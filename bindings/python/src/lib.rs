@@ -312,9 +312,11 @@ impl Source {
                 let pool = PostgresPool::connect_with(url, &settings)?;
                 LedgerPool::lazy(move || Ok(Box::new(pool.backend())), config, clock)
             }
+            // The caller's connection may be bound to its thread (sqlite3's
+            // check_same_thread): due sweeps run on the calling thread.
             Source::Callback { run, dialect } => {
                 let (run, dialect) = (run.clone(), *dialect);
-                LedgerPool::lazy(move || Ok(Box::new(PyBackend { run: run.clone(), dialect })), config, clock)
+                LedgerPool::lazy(move || Ok(Box::new(PyBackend { run: run.clone(), dialect })), config, clock).map(LedgerPool::sweep_on_caller)
             }
         }
     }
@@ -910,7 +912,7 @@ impl NativeLedger {
                 _ => Stored::Completed,
             };
             if handled.sweep_due {
-                pool.sweep_in_background();
+                pool.run_due_sweep();
             }
             Ok((handled.response, stored))
         });

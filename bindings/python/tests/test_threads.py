@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from conftest import ConnectionProxy, Mutation, Store, order_count, post, python_connection, rows
+from conftest import ConnectionProxy, ManualClock, Mutation, Store, order_count, post, python_connection, rows
 import sqlite3
 
 from idempotency_ledger import Ledger, MutationResponse, Outcome
@@ -117,47 +117,36 @@ def test_a_ledger_on_one_connection_serialises_threads(db_path: Path) -> None:
     conn.close()
 
 
-class _SweepGate(ConnectionProxy):
-    """Holds every statement run off the main thread (only the background
-    sweeper runs there) until `release` is set."""
+class _ThreadWatch(ConnectionProxy):
+    """Records the thread of every statement."""
 
-    _own = ConnectionProxy._own + ("reached", "release")
+    _own = ConnectionProxy._own + ("threads",)
 
-    def __init__(self, path: Path) -> None:
-        super().__init__(path)
-        self.reached = threading.Event()
-        self.release = threading.Event()
+    def __init__(self, path: Path, **kwargs: Any) -> None:
+        super().__init__(path, **kwargs)
+        self.threads = set()
 
     def execute(self, sql: str, params: Any = ()) -> Any:
-        if threading.current_thread() is not threading.main_thread():
-            self.reached.set()
-            assert self.release.wait(30)
+        self.threads.add(threading.get_ident())
         return super().execute(sql, params)
 
 
-def test_close_waits_for_a_background_sweep_before_the_connection_may_close(db_path: Path) -> None:
-    """A due sweep runs a batch on the caller's connection from the sweeper
-    thread; `close()` returns only once it is done, so closing the connection
-    next is safe (closing a sqlite3 connection under a running statement
-    crashed the interpreter)."""
-    conn = _SweepGate(db_path)
-    ledger = Ledger(conn, sweep_every=1)  # every execution asks for a sweep
+def test_a_ledger_on_a_callers_connection_sweeps_on_the_calling_thread(db_path: Path, clock: ManualClock, caplog: Any) -> None:
+    """sqlite3 binds a connection to the thread that made it (check_same_thread,
+    on by default): a due sweep runs on the calling thread, before handle()
+    returns, so it works on such a connection and never runs on a connection
+    the caller may close once the ledger is done."""
+    conn = _ThreadWatch(db_path, check_same_thread=True)
+    ledger = Ledger(conn, sweep_every=1, clock=clock)  # every execution asks for a sweep
     ledger.migrate()
-    assert post(ledger, "k", Mutation()).outcome == Outcome.EXECUTED
-    assert conn.reached.wait(30), "no background sweep started"
-    closed = threading.Event()
-    closer = threading.Thread(target=lambda: (ledger.close(), closed.set()))
-    closer.start()
-    assert not closed.wait(0.5), "close() returned while the sweep still held the connection"
-    ran = conn.executes
-    conn.release.set()
-    assert closed.wait(30)
-    closer.join()
-    assert conn.executes > ran  # the sweep finished its batch before close() returned
-    finished = conn.executes
+    assert post(ledger, "old", Mutation()).outcome == Outcome.EXECUTED
+    clock.advance(ledger.settings["retention_ms"] + 1)
+    assert post(ledger, "new", Mutation()).outcome == Outcome.EXECUTED
+    assert [r["key"] for r in rows(db_path)] == ["new"]  # swept before handle() returned
+    assert conn.threads == {threading.get_ident()}
+    assert not [r for r in caplog.records if "sweep" in r.getMessage()]
+    ledger.close()
     conn.close()
-    assert conn.executes == finished
-    assert [r["key"] for r in rows(db_path)] == ["k"]  # nothing expired: the sweep deleted nothing
 
 
 def test_a_forked_child_opens_its_own_connection(db_path: Path) -> None:

@@ -3,6 +3,7 @@
 
 use std::path::Path;
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 
@@ -28,6 +29,9 @@ struct PoolInner {
     clock: Arc<dyn Clock>,
     idle: Mutex<Vec<Ledger>>,
     sweeper: Mutex<Sweeper>,
+    /// Due sweeps run on the thread that finished the request (see
+    /// [`LedgerPool::sweep_on_caller`]).
+    sweep_on_caller: AtomicBool,
 }
 
 /// The background sweeper: started on the first due sweep, stopped by
@@ -96,6 +100,7 @@ impl LedgerPool {
                 clock: Arc::new(clock),
                 idle: Mutex::new(Vec::new()),
                 sweeper: Mutex::new(Sweeper::NotStarted),
+                sweep_on_caller: AtomicBool::new(false),
             }),
         })
     }
@@ -130,9 +135,30 @@ impl LedgerPool {
             }
         };
         if handled.sweep_due {
-            self.sweep_in_background();
+            self.run_due_sweep();
         }
         Ok(handled)
+    }
+
+    /// Runs the sweeps the core asks for on the thread that finished the
+    /// request, before [`LedgerPool::handle`] returns, instead of on the
+    /// background thread: for backends bound to the thread that uses them (a
+    /// connection the caller brought), at the cost of one sweep on every
+    /// `sweep-every`-th execution's request path.
+    pub fn sweep_on_caller(self) -> LedgerPool {
+        self.inner.sweep_on_caller.store(true, Ordering::Relaxed);
+        self
+    }
+
+    /// A sweep the core asked for ([`crate::Handled::sweep_due`]): on the
+    /// background thread, or here (see [`LedgerPool::sweep_on_caller`]). A
+    /// failure is logged, never returned: the request it follows is done.
+    pub fn run_due_sweep(&self) {
+        if self.inner.sweep_on_caller.load(Ordering::Relaxed) {
+            sweep_logging_failure(self);
+        } else {
+            self.sweep_in_background();
+        }
     }
 
     /// Sweep batches until one is not full; call it off the request path.
@@ -197,14 +223,7 @@ fn spawn_sweeper(pool: Weak<PoolInner>) -> Option<(SyncSender<()>, JoinHandle<()
     let spawned = std::thread::Builder::new().name("idempotency-sweeper".into()).spawn(move || {
         while wake.recv().is_ok() {
             let Some(inner) = pool.upgrade() else { return };
-            let pool = LedgerPool { inner };
-            let swept = pool.with(|ledger| match ledger.sweep_all() {
-                Ok(_) => {}
-                Err(error) => ledger.log(&wit::LogEvent::SweepFailed(error.protocol_error())),
-            });
-            if let Err(error) = swept {
-                log::warn!(target: "idempotency_ledger", "[idempotency] sweep failed: {error}");
-            }
+            sweep_logging_failure(&LedgerPool { inner });
         }
     });
     match spawned {
@@ -213,5 +232,15 @@ fn spawn_sweeper(pool: Weak<PoolInner>) -> Option<(SyncSender<()>, JoinHandle<()
             log::error!(target: "idempotency_ledger", "[idempotency] cannot start the sweeper thread: {e}");
             None
         }
+    }
+}
+
+fn sweep_logging_failure(pool: &LedgerPool) {
+    let swept = pool.with(|ledger| match ledger.sweep_all() {
+        Ok(_) => {}
+        Err(error) => ledger.log(&wit::LogEvent::SweepFailed(error.protocol_error())),
+    });
+    if let Err(error) = swept {
+        log::warn!(target: "idempotency_ledger", "[idempotency] sweep failed: {error}");
     }
 }

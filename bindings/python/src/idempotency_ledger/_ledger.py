@@ -368,8 +368,7 @@ class Ledger:
     def close(self) -> None:
         """Closes this process's connections (a PostgreSQL pool the ledger
         built included; a pool or connection you passed in stays open).
-        Waits for a background sweep in progress: close the ledger before a
-        connection you passed in."""
+        Waits for a background sweep in progress."""
         self._native.close()
 
     def __enter__(self) -> "Ledger":
@@ -502,7 +501,8 @@ class Ledger:
         """Stores the mutation's response under `ticket` (the fenced
         completion) and returns what the caller gets. A fenced-out or failed
         completion is logged as the core words it; the caller still gets its
-        response. A due sweep runs on a background thread."""
+        response. A due sweep runs on a background thread (on this one for a
+        connection or pool you passed in)."""
         status, headers, body = _unpack(produced)
         return self._finish(ticket, status, headers, body)
 
@@ -522,7 +522,7 @@ class Ledger:
     def sweep(self, now: Optional[int] = None) -> int:
         """One bounded sweep batch (rows last updated before now - retention);
         run it off the request path. Returns the rows deleted. (`handle` and
-        `finish` already sweep in the background when the core asks.)"""
+        `finish` already sweep when the core asks.)"""
         deleted, _more = self._native.sweep(now)
         return int(deleted)
 
