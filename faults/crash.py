@@ -457,10 +457,15 @@ class Crash:
         # stale reservation over; the second must replay.
         after_base = self.count()
         load.retry_all(model, srv.port, model.keys)
-        for ks, a in load.retry_all(model, srv.port, model.keys):
+        second = load.retry_all(model, srv.port, model.keys)
+        for ks, a in second:
             if a is not None:
                 ok = (a.status == 201 and a.replayed) or (a.status == 409 and a.error == "idempotency_key_reused")
                 self.check(ok, f"E: {ks.principal}/{ks.key}: the second retry after the restart got {a.brief()}")
+        pending_ids = {(r.principal, r.key) for r in self.ledger.rows_for(ids) if r.status == "pending"}
+        for ks, a in load.retry_reuse_claims(model, srv.port, second, pending_ids):
+            if a is not None:
+                self.check(a.status == 201 and a.replayed, f"E: {ks.principal}/{ks.key}: the second retry of the payload that claimed it got {a.brief()}")
         executed_after = self.count() - after_base
         fresh_after = sum(1 for ks in model.keys for r in ks.recs if r.status == 201 and not r.replayed and r.sent >= killed)
         self.check(executed_after == fresh_after, f"E: executions after the restart {executed_after} != fresh answers seen {fresh_after}")

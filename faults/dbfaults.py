@@ -121,9 +121,14 @@ class FaultRun:
         for ks, a in load.retry_all(self.model, srv.port, self.model.keys):
             if a is not None:
                 self.check(a.status == 201 or (a.status == 409 and a.error == "idempotency_key_reused"), f"{ks.principal}/{ks.key}: the first retry after the fault got {a.brief()}")
-        for ks, a in load.retry_all(self.model, srv.port, self.model.keys):
+        second = load.retry_all(self.model, srv.port, self.model.keys)
+        for ks, a in second:
             if a is not None:
                 self.check((a.status == 201 and a.replayed) or (a.status == 409 and a.error == "idempotency_key_reused"), f"{ks.principal}/{ks.key}: the second retry got {a.brief()}")
+        pending_ids = {(r.principal, r.key) for r in self.ledger.rows_for(ids) if r.status == "pending"}
+        for ks, a in load.retry_reuse_claims(self.model, srv.port, second, pending_ids):
+            if a is not None:
+                self.check(a.status == 201 and a.replayed, f"{ks.principal}/{ks.key}: the second retry of the payload that claimed it got {a.brief()}")
         sub = Report(self.report.name)
         tally = load.check_keys(self.model.keys, sub, faults=self.faults)
         for v in sub.violations + self.model.violations:

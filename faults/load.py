@@ -32,7 +32,7 @@ import random
 import threading
 import time
 from array import array
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from common import REPLAY_HEADER, Answer, Report, documented_5xx, post_order, random_key
 
@@ -258,7 +258,7 @@ class Client(threading.Thread):
         if choice == "reuse":
             ks = m.inflight_key() if self.rng.random() < 0.3 else m.completed_key()
             if ks is not None:
-                self.send("reuse", ks, ks.body[:-1] + b',"other":1}')
+                self.send("reuse", ks, reuse_body(ks))
                 return
             choice = "fresh"
         if choice == "scope":
@@ -305,9 +305,16 @@ class Client(threading.Thread):
             self.conn.close()
 
 
-def retry_all(model: Model, port: int, keys: list[KeyState], threads: int = 8) -> list[tuple[KeyState, Optional[Answer]]]:
-    """Retries every key once with its own payload, `threads` at a time; the
-    answers are recorded on the keys (kind "retry")."""
+def reuse_body(ks: KeyState) -> bytes:
+    """The other payload the generator sends under a key (a reuse)."""
+    return ks.body[:-1] + b',"other":1}'
+
+
+def retry_all(
+    model: Model, port: int, keys: list[KeyState], threads: int = 8, payload: Callable[[KeyState], bytes] = lambda ks: ks.body
+) -> list[tuple[KeyState, Optional[Answer]]]:
+    """Retries every key once with its own payload (or `payload(ks)`),
+    `threads` at a time; the answers are recorded on the keys (kind "retry")."""
     out: list[tuple[KeyState, Optional[Answer]]] = []
     lock = threading.Lock()
     queue = list(keys)
@@ -319,7 +326,7 @@ def retry_all(model: Model, port: int, keys: list[KeyState], threads: int = 8) -
                 if not queue:
                     break
                 ks = queue.pop()
-            a = client.send("retry", ks, ks.body)
+            a = client.send("retry", ks, payload(ks))
             with lock:
                 out.append((ks, a))
         if client.conn is not None:
@@ -331,6 +338,25 @@ def retry_all(model: Model, port: int, keys: list[KeyState], threads: int = 8) -
     for w in workers:
         w.join()
     return out
+
+
+def retry_reuse_claims(
+    model: Model, port: int, answers: list[tuple[KeyState, Optional[Answer]]], pending: set[tuple[str, str]]
+) -> list[tuple[KeyState, Optional[Answer]]]:
+    """After retrying every key with its own payload: a key still pending
+    whose own payload was answered 409 reused was claimed by a reuse (the
+    other payload got there first) whose completion was lost. The core never
+    takes a row over for another payload, so that payload is retried, twice:
+    the first takes the reservation over, the second must replay. Returns the
+    second pass's answers."""
+    claimed = [
+        ks for ks, a in answers
+        if a is not None and a.status == 409 and a.error == "idempotency_key_reused" and (ks.principal, ks.key) in pending
+    ]
+    if not claimed:
+        return []
+    retry_all(model, port, claimed, payload=reuse_body)
+    return retry_all(model, port, claimed, payload=reuse_body)
 
 
 DEFAULT_MIX = {"fresh": 0.44, "retry": 0.30, "reuse": 0.08, "dup": 0.10, "scope": 0.08, "_delayed_share": 0.05}
