@@ -2,7 +2,7 @@
 // route. Platform-neutral; ./hono-worker.js and ./hono-node.js bind it to
 // their core loader.
 import { IdempotencyLedger, readBodyCapped, requestHead, toFetchResponse } from "./ledger.js";
-import { adapterOptions, principalValue } from "./middleware.js";
+import { adapterOptions, nodeHead, principalValue } from "./middleware.js";
 
 function waitUntilOf(c) {
   try {
@@ -22,9 +22,11 @@ function waitUntilOf(c) {
  * without building a web Request and stream; a chunked one is streamed and
  * dropped as soon as it passes the cap.
  */
-async function readRequestBody(request, cap) {
-  const headers = request.headers;
-  if (headers.has("content-length") && !headers.has("transfer-encoding")) {
+async function readRequestBody(incoming, request, cap) {
+  const declared = incoming // on Node: no Fetch Headers built to look
+    ? incoming.headers["content-length"] !== undefined && incoming.headers["transfer-encoding"] === undefined
+    : request.headers.has("content-length") && !request.headers.has("transfer-encoding");
+  if (declared) {
     const bytes = new Uint8Array(await request.arrayBuffer());
     return BigInt(bytes.byteLength) > BigInt(cap) ? null : bytes;
   }
@@ -32,15 +34,55 @@ async function readRequestBody(request, cap) {
 }
 
 /**
- * The request again, around the bytes already read. On Node (the bindings of
- * @hono/node-server carry the IncomingMessage) it is built from its parts:
- * built from the original, it would first materialize that one with a body
- * stream of its own, twice the cost. Elsewhere (Workers: `cf`, ...) the
- * original's own properties carry over.
+ * The head the protocol reads. On Node the IncomingMessage @hono/node-server
+ * binds (`c.env.incoming`, its documented HttpBindings) gives it as received,
+ * as the Express and node:http adapters read it: raw path, headers in arrival
+ * order with duplicates kept apart, and no Fetch Headers built for a replay.
+ * A request the app rebuilt with another URL is read as a Fetch Request.
  */
-function requestWithBody(c, request, buffer) {
-  if (typeof c.env?.incoming?.httpVersion === "string") {
-    return new Request(request.url, { method: request.method, headers: request.headers, body: buffer, signal: request.signal });
+function headOf(incoming, request) {
+  return incoming ? nodeHead(incoming) : requestHead(request);
+}
+
+/** The IncomingMessage behind `request` on Node, unless the app rebuilt the request with another URL. */
+function incomingOf(c, request) {
+  const incoming = c.env?.incoming;
+  const usable = incoming && typeof incoming.url === "string" && Array.isArray(incoming.rawHeaders) && incoming.headers && request.url.endsWith(incoming.url);
+  return usable ? incoming : undefined;
+}
+
+/**
+ * What `c.req.json()` / `.text()` / `.arrayBuffer()` read: the bytes the
+ * middleware holds (Hono's public `bodyCache`); the text is decoded only when
+ * asked for (UTF-8 with replacement, as Response.text()).
+ */
+function bodyCacheOf(buffer) {
+  const cache = { arrayBuffer: Promise.resolve(buffer) };
+  let text;
+  Object.defineProperty(cache, "text", {
+    configurable: true,
+    enumerable: false,
+    get: () => (text ??= Promise.resolve(new TextDecoder().decode(buffer))),
+    set: (value) => Object.defineProperty(cache, "text", { value, writable: true, configurable: true, enumerable: true }),
+  });
+  return cache;
+}
+
+/**
+ * The request again, around the bytes already read (the handler reads it:
+ * Hono's own body readers look at c.req.raw too). On Node it is built from
+ * the IncomingMessage's raw headers: built from the original, it would first
+ * turn @hono/node-server's lazy headers into a Fetch Headers (that alone cost
+ * more than the rest of the middleware's own work). Elsewhere (Workers:
+ * `cf`, ...) the original's own properties carry over.
+ */
+function requestWithBody(incoming, request, buffer) {
+  if (incoming) {
+    const raw = incoming.rawHeaders;
+    const headers = [];
+    // As @hono/node-server makes them: every pair in order, HTTP/2 pseudo-headers left out.
+    for (let i = 0; i + 1 < raw.length; i += 2) if (!raw[i].startsWith(":")) headers.push([raw[i], raw[i + 1]]);
+    return new Request(request.url, { method: request.method, headers, body: buffer, signal: request.signal });
   }
   return new Request(request, { body: buffer });
 }
@@ -61,7 +103,8 @@ export function makeHonoIdempotency(api) {
       const ledger = api.ledgerFor(await dbOf(c), options);
       if (!ledger.session.protects(method)) return next();
       const principal = principalValue(await principalOf(c));
-      const begun = await ledger.begin(requestHead(request), principal, (cap) => readRequestBody(request, cap));
+      const incoming = incomingOf(c, request);
+      const begun = await ledger.begin(headOf(incoming, request), principal, (cap) => readRequestBody(incoming, request, cap));
       if (begun.kind === "pass-through") return next();
       if (begun.kind === "answer") {
         const response = toFetchResponse(begun.answer);
@@ -72,8 +115,8 @@ export function makeHonoIdempotency(api) {
       // The handler reads the same bytes (c.req.json(), c.req.raw.body, ...):
       // the request is rebuilt around them.
       const buffer = bufferOf(body);
-      if (method !== "GET" && method !== "HEAD") c.req.raw = requestWithBody(c, request, buffer);
-      c.req.bodyCache = { arrayBuffer: Promise.resolve(buffer) };
+      if (method !== "GET" && method !== "HEAD") c.req.raw = requestWithBody(incoming, request, buffer);
+      c.req.bodyCache = bodyCacheOf(buffer);
       let thrown;
       try {
         await next();

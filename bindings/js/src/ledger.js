@@ -118,9 +118,27 @@ export function answerOf(response, mutationBody) {
 
 /** An answer (or a WIT `response`) as a Fetch Response. */
 export function toFetchResponse(answer) {
-  const headers = new Headers();
-  for (const { name, value } of answer.headers) headers.append(name, value);
-  return new Response(answer.body ?? null, { status: answer.status, headers });
+  return new Response(answer.body ?? null, { status: answer.status, headers: headersInit(answer.headers) });
+}
+
+/**
+ * WIT headers as a Fetch HeadersInit: a plain record when every name occurs
+ * once (no Headers object built: @hono/node-server writes such a response
+ * straight to the socket), else a Headers that keeps every value.
+ */
+function headersInit(list) {
+  const record = Object.create(null);
+  for (const { name, value } of list) {
+    const lower = name.toLowerCase();
+    // A name seen twice, or __proto__ (lost by a record's WebIDL conversion).
+    if (lower in record || lower === "__proto__") {
+      const headers = new Headers();
+      for (const h of list) headers.append(h.name, h.value);
+      return headers;
+    }
+    record[lower] = value;
+  }
+  return record;
 }
 
 /**

@@ -1,5 +1,6 @@
 // What the framework adapters (Hono, Express, node:http) share: option
-// checks and route selection. Platform-neutral.
+// checks, route selection and the request head of a node:http request.
+// Platform-neutral.
 
 /** A path pattern: a RegExp, an exact path, or a prefix ending in "*" ("/orders/*"). */
 function matcher(pattern) {
@@ -44,4 +45,16 @@ export function adapterOptions(options, what) {
 export function principalValue(value) {
   if (value === null || value === undefined) return undefined;
   return String(value);
+}
+
+/**
+ * The head the protocol reads from a node:http IncomingMessage (Express,
+ * node:http, Hono on @hono/node-server): method, the raw path + query, every
+ * header in arrival order (latin1, as received; duplicates kept apart).
+ */
+export function nodeHead(req) {
+  const headers = [];
+  const raw = req.rawHeaders ?? [];
+  for (let i = 0; i + 1 < raw.length; i += 2) headers.push({ name: raw[i], value: raw[i + 1] });
+  return { method: req.method, pathAndQuery: req.originalUrl ?? req.url ?? "/", headers };
 }

@@ -3,15 +3,8 @@
 // (and handed back to the stream for the application), the response captured
 // while the handler writes it, and the core's answer sent instead.
 import { IdempotencyLedger } from "./ledger.js";
-import { adapterOptions, principalValue } from "./middleware.js";
+import { adapterOptions, nodeHead, principalValue } from "./middleware.js";
 
-/** The head the protocol reads: method, the raw path + query, every header in arrival order (latin1, as received). */
-export function nodeHead(req) {
-  const headers = [];
-  const raw = req.rawHeaders ?? [];
-  for (let i = 0; i + 1 < raw.length; i += 2) headers.push({ name: raw[i], value: raw[i + 1] });
-  return { method: req.method, pathAndQuery: req.originalUrl ?? req.url ?? "/", headers };
-}
 
 /** The path without the query (for route selection). */
 export function nodePath(req) {

@@ -52,7 +52,8 @@ export { pgLedger } from "./pg.js";
 export { createPgPool } from "./pg-node.js";
 export { d1Ledger } from "./d1.js";
 export { routeFilter } from "./middleware.js";
-export { nodeHead, readNodeBody } from "./node-http.js";
+export { readNodeBody } from "./node-http.js";
+export { nodeHead } from "./middleware.js";
 export {
   IdempotencyLedger,
   NothingRanError,

@@ -11,7 +11,7 @@ import express from "express";
 import { Hono } from "hono";
 import { idempotency as honoIdempotency, NothingRanError } from "../src/hono-node.js";
 import { idempotency as expressIdempotency } from "../src/express.js";
-import { idempotentHandler } from "../src/node.js";
+import { idempotentHandler, toFetchResponse } from "../src/node.js";
 import { honoServer, listen } from "./helpers/servers.js";
 import { freshDb, rows } from "./helpers/sqlite.js";
 import { chunkedUpload } from "./helpers/upload.js";
@@ -103,6 +103,15 @@ describe("Hono on Node (@hono/node-server)", () => {
       const raw = c.req.raw;
       return c.json({ text: await raw.text(), type: raw.headers.get("content-type"), url: new URL(raw.url).pathname, live: raw.signal.aborted === false }, 201);
     });
+    // Every way of reading the body after the middleware: c.req (text decoded
+    // as Response.text() does, invalid UTF-8 replaced) and c.req.raw again.
+    app.post("/both", idem, async (c) => {
+      const json = await c.req.json();
+      const text = await c.req.text();
+      const bytes = [...new Uint8Array(await c.req.arrayBuffer())].length;
+      return c.json({ json, text, bytes, raw: await c.req.raw.text() }, 201);
+    });
+    app.post("/bytes", idem, async (c) => c.json({ text: await c.req.text() }, 201));
     const base = await honoServer(app);
     const failed = await post(base, "/orders", { key: "r1" });
     assert.equal(failed.status, 503, "this caller still gets the 5xx");
@@ -116,7 +125,21 @@ describe("Hono on Node (@hono/node-server)", () => {
     const raw = await post(base, "/raw", { key: "raw-1", body: '{"sku":"R"}' });
     assert.deepEqual(JSON.parse(raw.text), { text: '{"sku":"R"}', type: "application/json", url: "/raw", live: true });
     assert.equal((await post(base, "/raw", { key: "raw-1", body: '{"sku":"R"}' })).text, raw.text, "replayed");
+    const both = await post(base, "/both", { key: "both-1", body: '{"sku":"é"}' });
+    assert.deepEqual(JSON.parse(both.text), { json: { sku: "é" }, text: '{"sku":"é"}', bytes: 12, raw: '{"sku":"é"}' });
+    const invalid = new Uint8Array([0xef, 0xbb, 0xbf, 0x61, 0xff, 0x62]); // BOM, "a", an invalid byte, "b"
+    const decoded = await post(base, "/bytes", { key: "bytes-1", body: invalid });
+    assert.equal(JSON.parse(decoded.text).text, await new Response(invalid).text(), "as Response.text() decodes");
   });
+});
+
+test("the core's answer as a Fetch Response keeps every header value", () => {
+  const once = toFetchResponse({ status: 201, headers: [{ name: "Content-Type", value: "application/json" }, { name: "__proto__", value: "x" }], body: null });
+  assert.equal(once.status, 201);
+  assert.deepEqual([...once.headers], [["__proto__", "x"], ["content-type", "application/json"]]);
+  const twice = toFetchResponse({ status: 200, headers: [{ name: "Vary", value: "a" }, { name: "vary", value: "b" }, { name: "Set-Cookie", value: "s=1" }, { name: "set-cookie", value: "t=2" }], body: null });
+  assert.equal(twice.headers.get("vary"), "a, b");
+  assert.deepEqual(twice.headers.getSetCookie(), ["s=1", "t=2"]);
 });
 
 describe("Express", () => {
