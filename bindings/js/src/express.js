@@ -33,4 +33,4 @@ export function idempotency(options) {
 }
 
 export const { ledgerFor, migrate } = api;
-export { NothingRanError } from "./ledger.js";
+export { NothingRanError, sweepsDone } from "./ledger.js";

@@ -207,6 +207,19 @@ function clockOf(options) {
 
 const PASS_THROUGH = Object.freeze({ kind: "pass-through" });
 
+/** Background sweeps started and not yet finished (every ledger of this module). */
+const sweepsInFlight = new Set();
+
+/**
+ * Resolves once every background sweep started so far has finished. At
+ * shutdown, await it after the server stopped taking requests and before
+ * closing the database (else a sweep still queued meets a closed pool or
+ * connection and is logged as failed). Workers need not: waitUntil keeps them.
+ */
+export function sweepsDone() {
+  return Promise.all([...sweepsInFlight]).then(() => undefined);
+}
+
 /**
  * The ledger for one database and one options object: the whole SPEC flow
  * and its steps. `options` carry the settings (see README: `profile`,
@@ -415,6 +428,8 @@ export class IdempotencyLedger {
     const run = sleep(0)
       .then(() => this.sweepAll())
       .catch((error) => this.logEvent({ tag: "sweep-failed", val: protocolErrorOf(error) }));
+    sweepsInFlight.add(run);
+    run.then(() => sweepsInFlight.delete(run));
     if (typeof waitUntil === "function") waitUntil(run);
     return run;
   }

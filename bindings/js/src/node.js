@@ -58,6 +58,7 @@ export {
   IdempotencyLedger,
   NothingRanError,
   requestHead,
+  sweepsDone,
   readBodyCapped,
   sha256Hex,
   sessionFor,

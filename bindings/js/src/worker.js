@@ -27,6 +27,7 @@ export {
   NothingRanError,
   requestHead,
   readBodyCapped,
+  sweepsDone,
   sha256Hex,
   sessionFor,
   toFetchResponse,

@@ -17,6 +17,7 @@ import {
   requestFingerprint,
   schemaStatements,
   sqliteLedger,
+  sweepsDone,
   validateIdempotencyKey,
 } from "../src/node.js";
 import { fromD1Results, fromD1Value, toD1Value } from "../src/d1.js";
@@ -101,6 +102,23 @@ describe("Node adapter (better-sqlite3)", () => {
     const [row] = rows(db);
     assert.equal(row.status, "completed");
     assert.equal(row.created_at, T0);
+  });
+
+  test("sweepsDone() resolves once the background sweeps finished, so the database can close then", async () => {
+    const db = freshDb();
+    const probe = counted(db);
+    const lines = capture();
+    const ledger = ledgerFor(probe.ledger, { sweepEvery: 1, logger: lines.logger }); // every execution asks for a sweep
+    const m = mutationCounter();
+    const { response, outcome } = await ledger.handle(post("shutdown-1"), "acct-1", m.run);
+    assert.equal(response.status, 201);
+    assert.equal(outcome, "executed");
+    assert.equal(probe.batches, 2, "the sweep runs after the answer");
+    await sweepsDone();
+    assert.equal(probe.batches, 3, "sweepsDone() waited for the sweep's batch");
+    db.close();
+    await sweepsDone(); // nothing in flight: resolves at once
+    assert.deepEqual(lines.lines, [], "no sweep met the closed database");
   });
 
   test("better-sqlite3 Database objects work directly as env.DB", async () => {

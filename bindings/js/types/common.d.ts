@@ -125,6 +125,13 @@ export declare class NothingRanError extends Error {
   constructor(message?: string, options?: ErrorOptions);
 }
 
+/**
+ * Resolves once every background sweep started so far has finished: at
+ * shutdown, after the server stopped taking requests, before closing the
+ * database. (Workers need not: waitUntil keeps the sweeps.)
+ */
+export declare function sweepsDone(): Promise<void>;
+
 /** The component instance (all calls synchronous; shareable by concurrent requests). */
 export declare class Core {
   constructor(getCoreModule: (name: string) => WebAssembly.Module);

@@ -1,7 +1,7 @@
 // Hono middleware (Workers and Node). Structural: no import of hono's types,
 // so it fits any Hono 4 app (c.req.raw is a Fetch Request).
 import type { AdapterOptions, PgPoolLike, LedgerDb } from "./common.js";
-export { NothingRanError } from "./common.js";
+export { NothingRanError, sweepsDone } from "./common.js";
 
 export interface HonoContextLike {
   req: { raw: Request; path: string; header(name: string): string | undefined };

@@ -16,7 +16,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { serve } from "@hono/node-server";
 import { Hono } from "hono";
-import { idempotency, migrate, NothingRanError } from "@idempotency/ledger/hono";
+import { idempotency, migrate, NothingRanError, sweepsDone } from "@idempotency/ledger/hono";
 import { createPgPool } from "@idempotency/ledger/pg";
 
 const env = process.env;
@@ -159,6 +159,7 @@ async function main() {
     stopping = true;
     log(`serve-node: ${signal}: closing`);
     server.close(async () => {
+      await sweepsDone(); // a background sweep still queued would meet a closed database
       await Promise.resolve(database.close()).catch(() => {});
       log("serve-node: stopped");
       process.exit(0);

@@ -1,6 +1,7 @@
 // A throwaway PostgreSQL (scripts/postgres.sh run -- ... sets IDEMPOTENCY_PG_URL):
 // pools on fresh schemas, row helpers for the vectors.
 import pg from "pg";
+import { sweepsDone } from "../../src/ledger.js";
 import { COLUMNS } from "./vector-json.js";
 
 export const PG_URL = process.env.IDEMPOTENCY_PG_URL ?? "";
@@ -30,6 +31,7 @@ export async function freshSchema({ max = 4, ...rest } = {}) {
     pool,
     admin,
     async dispose() {
+      await sweepsDone(); // the shutdown order users are told to follow
       await pool.end().catch(() => {});
       await admin.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`).catch(() => {});
       await admin.end().catch(() => {});
