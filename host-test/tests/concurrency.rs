@@ -337,3 +337,29 @@ fn a_pool_that_sweeps_on_the_caller_sweeps_before_handle_returns() {
     let here = thread::current().id();
     assert!(threads.lock().expect("threads").iter().all(|t| *t == here), "every batch ran on the calling thread");
 }
+
+#[test]
+fn an_async_ledger_waits_for_its_background_sweeps_at_shutdown() {
+    use idempotency_ledger::{AsyncLedger, AsyncSqlite, Runtime};
+    let db = TestDb::sqlite();
+    let clock = ManualClock::new(T0);
+    let config = Config { sweep_every: 1, ..Config::default() }; // every execution asks for a sweep
+    let retention = config.retention_ms;
+    // One thread: the spawned sweep runs only when this task yields.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let ledger = AsyncLedger::new(Runtime::shared().expect("runtime"), AsyncSqlite::open(&db.path).expect("sqlite"), config, clock.clone())
+            .await
+            .expect("ledger");
+        ledger.sweeps_done().await; // none spawned: resolves at once
+        // The row to expire, written by a blocking ledger (which never sweeps by itself).
+        let mut writer = db.opener().ledger(clock.clone());
+        writer.handle("acct-1", &order("old"), |_| Ok::<_, String>(MutationResponse::json(201, "{}"))).expect("handled");
+        clock.advance(Duration::from_millis(retention + 1));
+        let create = |_: &Request| async { Ok::<_, String>(MutationResponse::json(201, "{}")) };
+        assert!(ledger.handle("acct-1", &order("new"), create).await.expect("handled").sweep_due);
+        ledger.clone().sweeps_done().await; // a clone waits for the same sweeps
+        let keys: Vec<String> = db.rows().iter().map(|r| r["key"].as_str().unwrap_or_default().to_string()).collect();
+        assert_eq!(keys, ["new"], "the expired row was swept before sweeps_done() resolved");
+    });
+}

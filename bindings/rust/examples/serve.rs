@@ -65,6 +65,7 @@ async fn run() -> Result<(), String> {
     let orders = Arc::new(Orders { started: now_nanos(), ..Orders::default() });
     // Only POST /orders goes through the ledger (GET /orders/count never would:
     // GET is not a protected method; the route filter says so explicitly).
+    let sweeps = ledger.clone();
     let idempotency = IdempotencyLayer::new(ledger, |parts: &axum::http::request::Parts| {
         parts.extensions.get::<Principal>().map(|p| p.0.clone())
     })
@@ -84,6 +85,7 @@ async fn run() -> Result<(), String> {
         describe(&config)
     );
     axum::serve(listener, app).with_graceful_shutdown(shutdown()).await.map_err(|e| e.to_string())?;
+    sweeps.sweeps_done().await; // a background sweep still running ends before the process does
     eprintln!("serve-rust: stopped");
     Ok(())
 }

@@ -8,10 +8,11 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::mpsc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Notify};
 
 use crate::convert::{log_line, Response};
 use crate::runtime::Instances;
@@ -43,6 +44,29 @@ struct Inner {
     config: Config,
     policy: wit::RequestPolicy,
     clock: Arc<dyn Clock>,
+    /// Background sweeps spawned and not yet ended; `sweeps_idle` wakes
+    /// [`AsyncLedger::sweeps_done`] when the count falls to 0.
+    sweeps_in_flight: AtomicUsize,
+    sweeps_idle: Notify,
+}
+
+/// Counts one background sweep until it ends (finished, failed, or dropped
+/// with its runtime).
+struct SweepInFlight(Arc<Inner>);
+
+impl SweepInFlight {
+    fn start(inner: &Arc<Inner>) -> SweepInFlight {
+        inner.sweeps_in_flight.fetch_add(1, Ordering::SeqCst);
+        SweepInFlight(inner.clone())
+    }
+}
+
+impl Drop for SweepInFlight {
+    fn drop(&mut self) {
+        if self.0.sweeps_in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.sweeps_idle.notify_waiters();
+        }
+    }
 }
 
 impl AsyncLedger {
@@ -63,7 +87,15 @@ impl AsyncLedger {
         let instances = Instances::new(runtime, config.clone())?;
         let policy = instances.call(|s, store, session| s.call_policy(store, session))?;
         let ledger = AsyncLedger {
-            inner: Arc::new(Inner { instances, backend: Arc::new(backend), config, policy, clock: Arc::new(clock) }),
+            inner: Arc::new(Inner {
+                instances,
+                backend: Arc::new(backend),
+                config,
+                policy,
+                clock: Arc::new(clock),
+                sweeps_in_flight: AtomicUsize::new(0),
+                sweeps_idle: Notify::new(),
+            }),
         };
         ledger.migrate().await?;
         Ok(ledger)
@@ -317,11 +349,29 @@ impl AsyncLedger {
     /// Spawns [`AsyncLedger::sweep_all`] on the current tokio runtime.
     pub fn sweep_in_background(&self) {
         let ledger = self.clone();
+        let in_flight = SweepInFlight::start(&self.inner);
         tokio::spawn(async move {
+            let _in_flight = in_flight;
             if let Err(error) = ledger.sweep_all().await {
                 ledger.log(&wit::LogEvent::SweepFailed(error.protocol_error()));
             }
         });
+    }
+
+    /// Resolves once every background sweep spawned so far (by this ledger
+    /// or its clones) has ended. At shutdown, await it after the server
+    /// stopped taking requests and before the runtime or the database goes
+    /// away, so no sweep is cut off halfway.
+    pub async fn sweeps_done(&self) {
+        loop {
+            let idle = self.inner.sweeps_idle.notified();
+            let mut idle = std::pin::pin!(idle);
+            idle.as_mut().enable(); // registered before the count is read: no wake-up is missed
+            if self.inner.sweeps_in_flight.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            idle.await;
+        }
     }
 
     /// The answer for a call that failed before anything ran.
