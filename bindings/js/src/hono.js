@@ -71,17 +71,14 @@ function bodyCacheOf(buffer) {
 /**
  * The request again, around the bytes already read (the handler reads it:
  * Hono's own body readers look at c.req.raw too). On Node it is built from
- * the IncomingMessage's raw headers: built from the original, it would first
+ * the head read off the IncomingMessage: built from the original, it would first
  * turn @hono/node-server's lazy headers into a Fetch Headers (that alone cost
  * more than the rest of the middleware's own work). Elsewhere (Workers:
  * `cf`, ...) the original's own properties carry over.
  */
-function requestWithBody(incoming, request, buffer) {
+function requestWithBody(incoming, head, request, buffer) {
   if (incoming) {
-    const raw = incoming.rawHeaders;
-    const headers = [];
-    // As @hono/node-server makes them: every pair in order, HTTP/2 pseudo-headers left out.
-    for (let i = 0; i + 1 < raw.length; i += 2) if (!raw[i].startsWith(":")) headers.push([raw[i], raw[i + 1]]);
+    const headers = head.headers.map(({ name, value }) => [name, value]);
     return new Request(request.url, { method: request.method, headers, body: buffer, signal: request.signal });
   }
   return new Request(request, { body: buffer });
@@ -104,7 +101,8 @@ export function makeHonoIdempotency(api) {
       if (!ledger.session.protects(method)) return next();
       const principal = principalValue(await principalOf(c));
       const incoming = incomingOf(c, request);
-      const begun = await ledger.begin(headOf(incoming, request), principal, (cap) => readRequestBody(incoming, request, cap));
+      const head = headOf(incoming, request);
+      const begun = await ledger.begin(head, principal, (cap) => readRequestBody(incoming, request, cap));
       if (begun.kind === "pass-through") return next();
       if (begun.kind === "answer") {
         const response = toFetchResponse(begun.answer);
@@ -115,7 +113,7 @@ export function makeHonoIdempotency(api) {
       // The handler reads the same bytes (c.req.json(), c.req.raw.body, ...):
       // the request is rebuilt around them.
       const buffer = bufferOf(body);
-      if (method !== "GET" && method !== "HEAD") c.req.raw = requestWithBody(incoming, request, buffer);
+      if (method !== "GET" && method !== "HEAD") c.req.raw = requestWithBody(incoming, head, request, buffer);
       c.req.bodyCache = bodyCacheOf(buffer);
       let thrown;
       try {

@@ -50,11 +50,12 @@ export function principalValue(value) {
 /**
  * The head the protocol reads from a node:http IncomingMessage (Express,
  * node:http, Hono on @hono/node-server): method, the raw path + query, every
- * header in arrival order (latin1, as received; duplicates kept apart).
+ * header in arrival order (latin1, as received; duplicates kept apart;
+ * HTTP/2 pseudo-headers such as `:path` left out, as Fetch leaves them out).
  */
 export function nodeHead(req) {
   const headers = [];
   const raw = req.rawHeaders ?? [];
-  for (let i = 0; i + 1 < raw.length; i += 2) headers.push({ name: raw[i], value: raw[i + 1] });
+  for (let i = 0; i + 1 < raw.length; i += 2) if (!raw[i].startsWith(":")) headers.push({ name: raw[i], value: raw[i + 1] });
   return { method: req.method, pathAndQuery: req.originalUrl ?? req.url ?? "/", headers };
 }
