@@ -1,5 +1,10 @@
-//! The component shell: converts between the wit-bindgen types and the core's
-//! and forwards every export to a `core::Session`. No protocol logic lives here.
+//! The component shell: converts between the wit-bindgen types and the
+//! core's, and forwards every export to a `core::Session` / `core::Exchange`.
+//! No protocol logic lives here; in `driven` mode it runs the exchange's
+//! batches through the imported ledger (`core::driven::drive`).
+
+use std::cell::RefCell;
+use std::rc::Rc;
 
 use idempotency_ledger_core as core;
 use idempotency_ledger_core::driven;
@@ -9,6 +14,7 @@ wit_bindgen::generate!({
     world: "core",
 });
 
+use exports::idempotency::ledger::exchange as wit_exchange;
 use exports::idempotency::ledger::session as wit_session;
 use exports::idempotency::ledger::types as wit;
 use idempotency::ledger::ledger as wit_ledger;
@@ -37,168 +43,87 @@ impl wit_session::Guest for Component {
     fn schema(dialect: wit::Dialect) -> Vec<String> {
         dialect_in(dialect).statements().schema.iter().map(|s| s.to_string()).collect()
     }
+
+    fn queries(dialect: wit::Dialect) -> Vec<wit_session::QuerySql> {
+        let dialect = dialect_in(dialect);
+        core::Query::ALL.iter().map(|q| wit_session::QuerySql { query: query_out(*q), sql: q.sql(dialect).to_string() }).collect()
+    }
 }
 
-/// The `session` resource: one validated core session.
-struct Session(core::Session);
+impl wit_exchange::Guest for Component {
+    type Exchange = Exchange;
+}
+
+/// The `session` resource: one validated core session, shared with its exchanges.
+struct Session(Rc<core::Session>);
 
 impl wit_session::GuestSession for Session {
     fn open(config: wit::Config) -> Result<wit_session::Session, wit::ProtocolError> {
         let session = core::Session::open(config_in(config)).map_err(error_out)?;
-        Ok(wit_session::Session::new(Session(session)))
+        Ok(wit_session::Session::new(Session(Rc::new(session))))
     }
 
     fn config(&self) -> wit::Config {
         config_out(self.0.config().clone())
     }
 
-    fn policy(&self) -> wit::RequestPolicy {
-        let p = self.0.policy();
-        wit::RequestPolicy {
-            protected_methods: p.protected_methods.clone(),
-            request_body_cap_bytes: p.request_body_cap_bytes,
-            null_body_statuses: p.null_body_statuses.clone(),
-        }
+    fn protected_methods(&self) -> Vec<String> {
+        self.0.policy().protected_methods.clone()
     }
 
-    fn admit(&self, head: wit::RequestHead, principal: Option<String>) -> Result<wit::Admission, wit::ProtocolError> {
-        self.0.admit(&head_in(head), principal.as_deref()).map(admission_out).map_err(error_out)
+    fn start(&self, request: wit_exchange::RequestStart) -> wit_session::Started {
+        let head = core::RequestHead {
+            method: request.head.method,
+            path_and_query: request.head.path_and_query,
+            headers: headers_in(request.head.headers),
+        };
+        let (action, exchange) = self.0.start(&head, request.principal.as_deref());
+        let driven = matches!(request.mode, wit_exchange::IoMode::Driven);
+        let exchange = exchange
+            .map(|exchange| wit_exchange::Exchange::new(Exchange { session: self.0.clone(), driven, state: RefCell::new(exchange) }));
+        wit_session::Started { action: action_out(action), exchange }
     }
 
-    fn body_too_large(&self) -> wit::Rejection {
-        rejection_out(self.0.body_too_large())
-    }
-
-    fn fingerprint_prefix(&self, head: wit::RequestHead) -> String {
-        self.0.fingerprint_prefix(&head_in(head))
-    }
-
-    fn fingerprint(&self, head: wit::RequestHead, body: Vec<u8>) -> String {
-        self.0.fingerprint(&head_in(head), &body)
-    }
-
-    fn error_response(&self, error: wit::ProtocolError) -> wit::Response {
-        response_out(self.0.error_response(&error_in(error)))
-    }
-
-    fn classify(&self, error: wit_ledger::BatchError) -> wit::LedgerError {
-        ledger_error_out(self.0.classify(&batch_error_in(error)))
-    }
-
-    fn log_line(&self, event: wit::LogEvent) -> wit::LogLine {
-        log_line_out(self.0.log_line(&log_event_in(event)))
-    }
-
-    fn plan_decision(
-        &self,
-        principal: String,
-        key: String,
-        fingerprint: String,
-        now: i64,
-    ) -> Result<Vec<wit_ledger::Statement>, wit::ProtocolError> {
-        self.0.plan_decision(&principal, &key, &fingerprint, now).map(statements_out).map_err(error_out)
-    }
-
-    fn decide(
-        &self,
-        principal: String,
-        key: String,
-        fingerprint: String,
-        now: i64,
-        waiting_since: i64,
-        results: Vec<wit_ledger::StatementResult>,
-    ) -> Result<wit::Decision, wit::ProtocolError> {
-        self.0
-            .decide(&principal, &key, &fingerprint, now, waiting_since, &results_in(results))
-            .map(decision_out)
-            .map_err(error_out)
-    }
-
-    fn plan_completion(
-        &self,
-        ticket: wit::Ticket,
-        response: wit::MutationResponse,
-        now: i64,
-    ) -> Result<wit::CompletionPlan, wit::ProtocolError> {
-        let plan = self.0.plan_completion(&ticket_in(ticket), mutation_in(response), now).map_err(error_out)?;
-        Ok(wit::CompletionPlan {
-            statements: statements_out(plan.statements),
-            action: action_out(plan.action),
-            response: response_out(plan.response),
-            send_mutation_body: plan.send_mutation_body,
-            sweep_due: plan.sweep_due,
-            log: plan.log.map(log_line_out),
-        })
-    }
-
-    fn finish_completion(
-        &self,
-        action: wit::CompletionAction,
-        results: Vec<wit_ledger::StatementResult>,
-    ) -> Result<wit::CompletionOutcome, wit::ProtocolError> {
-        self.0.finish_completion(action_in(action), &results_in(results)).map(outcome_out).map_err(error_out)
-    }
-
-    fn plan_abandon(
-        &self,
-        ticket: wit::Ticket,
-        reason: wit::AbandonReason,
-    ) -> Result<Option<Vec<wit_ledger::Statement>>, wit::ProtocolError> {
-        self.0.plan_abandon(&ticket_in(ticket), abandon_in(reason)).map(|p| p.map(statements_out)).map_err(error_out)
-    }
-
-    fn finish_release(&self, results: Vec<wit_ledger::StatementResult>) -> Result<bool, wit::ProtocolError> {
-        self.0.finish_release(&results_in(results)).map_err(error_out)
-    }
-
-    fn plan_sweep(&self, now: i64) -> Vec<wit_ledger::Statement> {
-        statements_out(self.0.plan_sweep(now))
-    }
-
-    fn finish_sweep(&self, results: Vec<wit_ledger::StatementResult>) -> Result<wit::SweepResult, wit::ProtocolError> {
-        self.0.finish_sweep(&results_in(results)).map(sweep_out).map_err(error_out)
+    fn migration(&self) -> Vec<wit_ledger::Statement> {
+        self.0.migration().iter().map(statement_out).collect()
     }
 
     fn migrate(&self) -> Result<(), wit::ProtocolError> {
         self.0.migrate(&mut ImportedLedger).map_err(error_out)
     }
 
-    fn run_decision(
-        &self,
-        principal: String,
-        key: String,
-        fingerprint: String,
-        now: i64,
-        waiting_since: i64,
-    ) -> Result<wit::Decision, wit::ProtocolError> {
-        self.0
-            .run_decision(&mut ImportedLedger, &principal, &key, &fingerprint, now, waiting_since)
-            .map(decision_out)
-            .map_err(error_out)
+    fn sweep(&self, now: i64) -> Vec<wit_ledger::Statement> {
+        self.0.plan_sweep(now).iter().map(statement_out).collect()
     }
 
-    fn run_completion(
-        &self,
-        ticket: wit::Ticket,
-        response: wit::MutationResponse,
-        now: i64,
-    ) -> Result<wit::Completion, wit::ProtocolError> {
-        let c = self.0.run_completion(&mut ImportedLedger, &ticket_in(ticket), mutation_in(response), now).map_err(error_out)?;
-        Ok(wit::Completion {
-            response: response_out(c.response),
-            send_mutation_body: c.send_mutation_body,
-            outcome: outcome_out(c.outcome),
-            sweep_due: c.sweep_due,
-            log: c.log.into_iter().map(log_line_out).collect(),
-        })
+    fn swept(&self, result: Result<Vec<wit_ledger::StatementResult>, wit_ledger::BatchError>) -> wit::SweepReport {
+        let report = match result {
+            Ok(results) => self.0.swept(Ok(&results.into_iter().map(result_in).collect::<Vec<_>>())),
+            Err(error) => self.0.swept(Err(&batch_error_in(error))),
+        };
+        sweep_report_out(report)
     }
 
-    fn run_abandon(&self, ticket: wit::Ticket, reason: wit::AbandonReason) -> Result<bool, wit::ProtocolError> {
-        self.0.run_abandon(&mut ImportedLedger, &ticket_in(ticket), abandon_in(reason)).map_err(error_out)
+    fn run_sweep(&self, now: i64) -> wit::SweepReport {
+        sweep_report_out(self.0.run_sweep(&mut ImportedLedger, now))
     }
+}
 
-    fn run_sweep(&self, now: i64) -> Result<wit::SweepResult, wit::ProtocolError> {
-        self.0.run_sweep(&mut ImportedLedger, now).map(sweep_out).map_err(error_out)
+/// The `exchange` resource: one request's state.
+struct Exchange {
+    session: Rc<core::Session>,
+    driven: bool,
+    state: RefCell<core::Exchange>,
+}
+
+impl wit_exchange::GuestExchange for Exchange {
+    fn step(&self, now: i64, event: wit_exchange::Event) -> wit_exchange::Action {
+        let mut exchange = self.state.borrow_mut();
+        let mut action = exchange.step(&self.session, now, event_in(event));
+        if self.driven {
+            action = driven::drive(&self.session, &mut exchange, &mut ImportedLedger, now, action);
+        }
+        action_out(action)
     }
 }
 
@@ -280,98 +205,8 @@ fn headers_out(headers: Vec<core::Header>) -> Vec<wit::Header> {
     headers.into_iter().map(|h| wit::Header { name: h.name, value: h.value }).collect()
 }
 
-fn head_in(h: wit::RequestHead) -> core::RequestHead {
-    core::RequestHead { method: h.method, path_and_query: h.path_and_query, headers: headers_in(h.headers) }
-}
-
-fn response_out(r: core::Response) -> wit::Response {
-    wit::Response { status: r.status, headers: headers_out(r.headers), body: r.body }
-}
-
-fn mutation_in(r: wit::MutationResponse) -> core::MutationResponse {
-    core::MutationResponse {
-        status: r.status,
-        headers: headers_in(r.headers),
-        body: match r.body {
-            wit::ResponseBody::Text(t) => core::ResponseBody::Text(t),
-            wit::ResponseBody::Bytes(b) => core::ResponseBody::Bytes(b),
-        },
-    }
-}
-
-fn ticket_in(t: wit::Ticket) -> core::Ticket {
-    core::Ticket { principal: t.principal, key: t.key, fingerprint: t.fingerprint, generation: t.generation, created_at: t.created_at }
-}
-
 fn ticket_out(t: core::Ticket) -> wit::Ticket {
     wit::Ticket { principal: t.principal, key: t.key, fingerprint: t.fingerprint, generation: t.generation, created_at: t.created_at }
-}
-
-fn decision_out(d: core::Decision) -> wit::Decision {
-    match d {
-        core::Decision::Execute(t) => wit::Decision::Execute(ticket_out(t)),
-        core::Decision::Replay(r) => wit::Decision::Replay(response_out(r)),
-        core::Decision::Reject(r) => wit::Decision::Reject(rejection_out(r)),
-        core::Decision::Wait(ms) => wit::Decision::Wait(ms),
-    }
-}
-
-fn rejection_out(r: core::Rejection) -> wit::Rejection {
-    use core::RejectionReason as R;
-    let reason = match r.reason {
-        R::PrincipalRequired => wit::RejectionReason::PrincipalRequired,
-        R::KeyRequired => wit::RejectionReason::KeyRequired,
-        R::KeyInvalid => wit::RejectionReason::KeyInvalid,
-        R::BodyTooLarge => wit::RejectionReason::BodyTooLarge,
-        R::KeyReused => wit::RejectionReason::KeyReused,
-        R::InProgress => wit::RejectionReason::InProgress,
-        R::Retry => wit::RejectionReason::Retry,
-        R::RecordCorrupt => wit::RejectionReason::RecordCorrupt,
-    };
-    wit::Rejection { reason, response: response_out(r.response) }
-}
-
-fn admission_out(a: core::Admission) -> wit::Admission {
-    match a {
-        core::Admission::PassThrough => wit::Admission::PassThrough,
-        core::Admission::Reject(r) => wit::Admission::Reject(rejection_out(r)),
-        core::Admission::Protected(p) => {
-            wit::Admission::Protected(wit::ProtectedRequest { key: p.key, fingerprint_prefix: p.fingerprint_prefix })
-        }
-    }
-}
-
-fn action_in(a: wit::CompletionAction) -> core::CompletionAction {
-    match a {
-        wit::CompletionAction::Store => core::CompletionAction::Store,
-        wit::CompletionAction::Release => core::CompletionAction::Release,
-    }
-}
-
-fn action_out(a: core::CompletionAction) -> wit::CompletionAction {
-    match a {
-        core::CompletionAction::Store => wit::CompletionAction::Store,
-        core::CompletionAction::Release => wit::CompletionAction::Release,
-    }
-}
-
-fn outcome_out(o: core::CompletionOutcome) -> wit::CompletionOutcome {
-    match o {
-        core::CompletionOutcome::Stored => wit::CompletionOutcome::Stored,
-        core::CompletionOutcome::Released => wit::CompletionOutcome::Released,
-        core::CompletionOutcome::FencedOut => wit::CompletionOutcome::FencedOut,
-    }
-}
-
-fn abandon_in(r: wit::AbandonReason) -> core::AbandonReason {
-    match r {
-        wit::AbandonReason::Raised => core::AbandonReason::Raised,
-        wit::AbandonReason::NothingChanged => core::AbandonReason::NothingChanged,
-    }
-}
-
-fn sweep_out(s: core::SweepResult) -> wit::SweepResult {
-    wit::SweepResult { deleted: s.deleted, more: s.more }
 }
 
 fn log_line_out(l: core::LogLine) -> wit::LogLine {
@@ -381,24 +216,6 @@ fn log_line_out(l: core::LogLine) -> wit::LogLine {
         core::LogLevel::Info => wit::LogLevel::Info,
     };
     wit::LogLine { level, message: l.message }
-}
-
-fn log_event_in(e: wit::LogEvent) -> core::LogEvent {
-    match e {
-        wit::LogEvent::DecisionFailed(f) => {
-            core::LogEvent::DecisionFailed { principal: f.principal, key: f.key, error: error_in(f.error) }
-        }
-        wit::LogEvent::CompletionFailed(f) => core::LogEvent::CompletionFailed { ticket: ticket_in(f.ticket), error: error_in(f.error) },
-        wit::LogEvent::FencedOut(t) => core::LogEvent::FencedOut(ticket_in(t)),
-        wit::LogEvent::Abandoned(a) => core::LogEvent::Abandoned {
-            ticket: ticket_in(a.ticket),
-            reason: abandon_in(a.reason),
-            released: a.released,
-            detail: a.detail,
-        },
-        wit::LogEvent::ReleaseFailed(f) => core::LogEvent::ReleaseFailed { ticket: ticket_in(f.ticket), error: error_in(f.error) },
-        wit::LogEvent::SweepFailed(e) => core::LogEvent::SweepFailed(error_in(e)),
-    }
 }
 
 fn value_in(v: wit_ledger::Value) -> core::Value {
@@ -421,23 +238,11 @@ fn value_out(v: &core::Value) -> wit_ledger::Value {
     }
 }
 
-fn statement_out(s: &core::Statement) -> wit_ledger::Statement {
-    wit_ledger::Statement { sql: s.sql.to_string(), params: s.params.iter().map(value_out).collect() }
-}
-
-fn statements_out(statements: Vec<core::Statement>) -> Vec<wit_ledger::Statement> {
-    statements.iter().map(statement_out).collect()
-}
-
 fn result_in(r: wit_ledger::StatementResult) -> core::StatementResult {
     core::StatementResult {
         rows: r.rows.into_iter().map(|row| row.into_iter().map(value_in).collect()).collect(),
         changes: r.changes,
     }
-}
-
-fn results_in(results: Vec<wit_ledger::StatementResult>) -> Vec<core::StatementResult> {
-    results.into_iter().map(result_in).collect()
 }
 
 fn batch_error_in(e: wit_ledger::BatchError) -> core::BatchError {
@@ -447,17 +252,6 @@ fn batch_error_in(e: wit_ledger::BatchError) -> core::BatchError {
         wit_ledger::BatchError::Unreachable(m) => core::BatchError::Unreachable(m),
         wit_ledger::BatchError::OutcomeUnknown(m) => core::BatchError::OutcomeUnknown(m),
         wit_ledger::BatchError::Host(m) => core::BatchError::Host(m),
-    }
-}
-
-fn ledger_error_in(e: wit::LedgerError) -> core::LedgerError {
-    match e {
-        wit::LedgerError::Busy => core::LedgerError::Busy,
-        wit::LedgerError::Constraint(m) => core::LedgerError::Constraint(m),
-        wit::LedgerError::Schema(m) => core::LedgerError::Schema(m),
-        wit::LedgerError::Io(m) => core::LedgerError::Io(m),
-        wit::LedgerError::OutcomeUnknown(m) => core::LedgerError::OutcomeUnknown(m),
-        wit::LedgerError::Other(m) => core::LedgerError::Other(m),
     }
 }
 
@@ -472,15 +266,6 @@ fn ledger_error_out(e: core::LedgerError) -> wit::LedgerError {
     }
 }
 
-fn error_in(e: wit::ProtocolError) -> core::ProtocolError {
-    match e {
-        wit::ProtocolError::Ledger(l) => core::ProtocolError::Ledger(ledger_error_in(l)),
-        wit::ProtocolError::MalformedResult(m) => core::ProtocolError::MalformedResult(m),
-        wit::ProtocolError::InvalidConfig(m) => core::ProtocolError::InvalidConfig(m),
-        wit::ProtocolError::InvalidArgument(m) => core::ProtocolError::InvalidArgument(m),
-    }
-}
-
 fn error_out(e: core::ProtocolError) -> wit::ProtocolError {
     match e {
         core::ProtocolError::Ledger(l) => wit::ProtocolError::Ledger(ledger_error_out(l)),
@@ -488,4 +273,124 @@ fn error_out(e: core::ProtocolError) -> wit::ProtocolError {
         core::ProtocolError::InvalidConfig(m) => wit::ProtocolError::InvalidConfig(m),
         core::ProtocolError::InvalidArgument(m) => wit::ProtocolError::InvalidArgument(m),
     }
+}
+
+fn query_out(q: core::Query) -> wit_ledger::Query {
+    match q {
+        core::Query::CreateTable => wit_ledger::Query::CreateTable,
+        core::Query::CreateIndex => wit_ledger::Query::CreateIndex,
+        core::Query::Claim => wit_ledger::Query::Claim,
+        core::Query::Takeover => wit_ledger::Query::Takeover,
+        core::Query::Lookup => wit_ledger::Query::Lookup,
+        core::Query::Complete => wit_ledger::Query::Complete,
+        core::Query::Release => wit_ledger::Query::Release,
+        core::Query::Sweep => wit_ledger::Query::Sweep,
+    }
+}
+
+fn statement_out(s: &core::Statement) -> wit_ledger::Statement {
+    wit_ledger::Statement { query: query_out(s.query), params: s.params.iter().map(value_out).collect() }
+}
+
+fn response_out(r: core::Response) -> wit::Response {
+    wit::Response { status: r.status, headers: headers_out(r.headers), body: r.body }
+}
+
+fn mutation_in(r: wit::MutationResponse) -> core::MutationResponse {
+    core::MutationResponse {
+        status: r.status,
+        headers: headers_in(r.headers),
+        body: match r.body {
+            wit::ResponseBody::Text(t) => core::ResponseBody::Text(t),
+            wit::ResponseBody::Bytes(b) => core::ResponseBody::Bytes(b),
+        },
+    }
+}
+
+fn event_in(e: wit_exchange::Event) -> core::Event {
+    use wit_exchange::Event as E;
+    match e {
+        E::Body(bytes) => core::Event::Body(bytes),
+        E::BodyHashed(fingerprint) => core::Event::BodyHashed(fingerprint),
+        E::BodyTooLarge => core::Event::BodyTooLarge,
+        E::BodyUnreadable(problem) => core::Event::BodyUnreadable(match problem {
+            wit_exchange::BodyProblem::LengthUnknown => core::BodyProblem::LengthUnknown,
+            wit_exchange::BodyProblem::Incomplete => core::BodyProblem::Incomplete,
+            wit_exchange::BodyProblem::Consumed => core::BodyProblem::Consumed,
+        }),
+        E::BatchDone(results) => core::Event::BatchDone(results.into_iter().map(result_in).collect()),
+        E::BatchFailed(error) => core::Event::BatchFailed(batch_error_in(error)),
+        E::Slept => core::Event::Slept,
+        E::HandlerDone(result) => core::Event::HandlerDone(match result {
+            wit_exchange::HandlerResult::Answered(response) => core::HandlerResult::Answered(mutation_in(response)),
+            wit_exchange::HandlerResult::Raised(detail) => core::HandlerResult::Raised(detail),
+            wit_exchange::HandlerResult::NothingChanged => core::HandlerResult::NothingChanged,
+            wit_exchange::HandlerResult::Declined => core::HandlerResult::Declined,
+        }),
+    }
+}
+
+fn action_out(a: core::Action) -> wit_exchange::Action {
+    use wit_exchange::Action as A;
+    match a {
+        core::Action::ReadBody(r) => A::ReadBody(wit_exchange::ReadBody { cap: r.cap, prefix: r.prefix }),
+        core::Action::RunBatch(statements) => A::RunBatch(statements.iter().map(statement_out).collect()),
+        core::Action::Sleep(ms) => A::Sleep(ms),
+        core::Action::RunHandler(ticket) => A::RunHandler(ticket_out(ticket)),
+        core::Action::PassThrough => A::PassThrough,
+        core::Action::Respond(reply) => A::Respond(wit_exchange::Reply {
+            send: answer_out(reply.send),
+            close: reply.close,
+            log: reply.log.into_iter().map(log_line_out).collect(),
+            sweep: reply.sweep,
+            outcome: outcome_out(reply.outcome),
+        }),
+        core::Action::Propagate(failure) => A::Propagate(wit_exchange::Failure {
+            log: failure.log.into_iter().map(log_line_out).collect(),
+            outcome: outcome_out(failure.outcome),
+            response: response_out(failure.response),
+        }),
+    }
+}
+
+fn answer_out(a: core::Answer) -> wit_exchange::Answer {
+    match a {
+        core::Answer::Core(response) => wit_exchange::Answer::Core(response_out(response)),
+        core::Answer::Handler => wit_exchange::Answer::Handler,
+    }
+}
+
+fn outcome_out(o: core::Outcome) -> wit::Outcome {
+    use core::Outcome as O;
+    match o {
+        O::PassedThrough => wit::Outcome::PassedThrough,
+        O::Executed => wit::Outcome::Executed,
+        O::TakenOver => wit::Outcome::TakenOver,
+        O::Replayed => wit::Outcome::Replayed,
+        O::ReplayedAfterWait => wit::Outcome::ReplayedAfterWait,
+        O::KeyReused => wit::Outcome::KeyReused,
+        O::InProgress => wit::Outcome::InProgress,
+        O::Retry => wit::Outcome::Retry,
+        O::RecordCorrupt => wit::Outcome::RecordCorrupt,
+        O::PrincipalRequired => wit::Outcome::PrincipalRequired,
+        O::PrincipalInvalid => wit::Outcome::PrincipalInvalid,
+        O::KeyRequired => wit::Outcome::KeyRequired,
+        O::KeyInvalid => wit::Outcome::KeyInvalid,
+        O::BodyTooLarge => wit::Outcome::BodyTooLarge,
+        O::LengthRequired => wit::Outcome::LengthRequired,
+        O::BodyIncomplete => wit::Outcome::BodyIncomplete,
+        O::BodyUnavailable => wit::Outcome::BodyUnavailable,
+        O::Released => wit::Outcome::Released,
+        O::Abandoned => wit::Outcome::Abandoned,
+        O::FencedOut => wit::Outcome::FencedOut,
+        O::CompletionFailed => wit::Outcome::CompletionFailed,
+        O::LedgerBusy => wit::Outcome::LedgerBusy,
+        O::LedgerFailed => wit::Outcome::LedgerFailed,
+        O::LedgerOutcomeUnknown => wit::Outcome::LedgerOutcomeUnknown,
+        O::InternalError => wit::Outcome::InternalError,
+    }
+}
+
+fn sweep_report_out(r: core::SweepReport) -> wit::SweepReport {
+    wit::SweepReport { deleted: r.deleted, more: r.more, log: r.log.map(log_line_out) }
 }

@@ -19,6 +19,9 @@ pub const MAX_SWEEP_BATCH: u32 = 10_000;
 /// The replay marker `ietf` sends by default.
 pub const IETF_REPLAY_HEADER: &str = "Idempotency-Replayed";
 
+/// The in-progress 409's default retry hint.
+pub const DEFAULT_IN_PROGRESS_RETRY_MS: u64 = 1_000;
+
 /// Which answers the core gives (docs/SPEC.md, "Profiles").
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Profile {
@@ -92,7 +95,9 @@ impl Config {
                 Profile::Recipe => None,
                 Profile::Ietf => Some(IETF_REPLAY_HEADER.into()),
             },
-            in_progress_retry_ms: None,
+            // A handler usually takes well under a second; suggesting the whole
+            // time until takeover (up to the TTL) made clients wait 30 s.
+            in_progress_retry_ms: Some(DEFAULT_IN_PROGRESS_RETRY_MS),
             wait_ms: 0,
             on_server_error: OnServerError::Store,
         }
@@ -111,6 +116,10 @@ impl Config {
                     return bad(format!("{field}: {name:?} is not an HTTP token"));
                 }
             }
+        }
+        if let Some(name) = self.replay_headers.iter().find(|n| n.eq_ignore_ascii_case("set-cookie")) {
+            // A stored cookie would hand one caller's session to every retry.
+            return bad(format!("replay-headers: {name:?} is never stored or replayed"));
         }
         if self.pending_ttl_ms == 0 || self.pending_ttl_ms > MAX_DURATION_MS {
             return bad(format!("pending-ttl-ms must be 1..={MAX_DURATION_MS}, got {}", self.pending_ttl_ms));

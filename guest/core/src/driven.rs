@@ -1,13 +1,12 @@
-//! The driven API: the session's steps with a ledger that runs each batch.
-//! The component's `run-*` methods and native hosts both use these.
+//! The driven I/O mode: an exchange whose batches a [`Ledger`] runs. The
+//! component's `driven` exchanges (through the `ledger` import) and native
+//! tests use it; the sequence is the exchange's own.
 
 use alloc::vec::Vec;
 
+use crate::exchange::{Action, Event, Exchange};
 use crate::machine::Session;
-use crate::types::{
-    AbandonReason, BatchError, Completion, CompletionOutcome, Decision, MutationResponse, ProtocolError, Statement,
-    StatementResult, SweepResult, Ticket,
-};
+use crate::types::{BatchError, ProtocolError, Statement, StatementResult, SweepReport};
 
 /// Runs a batch of statements as one atomic unit, one result per statement.
 pub trait Ledger {
@@ -23,63 +22,31 @@ where
     }
 }
 
+/// Performs every `run-batch` the exchange asks for through `ledger` (at
+/// `now`), returning the first action that is not a batch.
+pub fn drive(session: &Session, exchange: &mut Exchange, ledger: &mut impl Ledger, now: i64, mut action: Action) -> Action {
+    while let Action::RunBatch(statements) = action {
+        let event = match ledger.execute_batch(&statements) {
+            Ok(results) => Event::BatchDone(results),
+            Err(error) => Event::BatchFailed(error),
+        };
+        action = exchange.step(session, now, event);
+    }
+    action
+}
+
 impl Session {
-    fn run(&self, ledger: &mut impl Ledger, statements: &[Statement]) -> Result<Vec<StatementResult>, ProtocolError> {
-        ledger.execute_batch(statements).map_err(|e| ProtocolError::Ledger(self.classify(&e)))
-    }
-
+    /// Creates the table and index if missing.
     pub fn migrate(&self, ledger: &mut impl Ledger) -> Result<(), ProtocolError> {
-        let statements: Vec<Statement> =
-            self.config().dialect.statements().schema.iter().map(|sql| Statement { sql, params: Vec::new() }).collect();
-        self.run(ledger, &statements).map(|_| ())
+        ledger.execute_batch(&self.migration()).map(|_| ()).map_err(|e| ProtocolError::Ledger(self.classify(&e)))
     }
 
-    pub fn run_decision(
-        &self,
-        ledger: &mut impl Ledger,
-        principal: &str,
-        key: &str,
-        fingerprint: &str,
-        now: i64,
-        waiting_since: i64,
-    ) -> Result<Decision, ProtocolError> {
-        let plan = self.plan_decision(principal, key, fingerprint, now)?;
-        let results = self.run(ledger, &plan)?;
-        self.decide(principal, key, fingerprint, now, waiting_since, &results)
-    }
-
-    pub fn run_completion(
-        &self,
-        ledger: &mut impl Ledger,
-        ticket: &Ticket,
-        response: MutationResponse,
-        now: i64,
-    ) -> Result<Completion, ProtocolError> {
-        let plan = self.plan_completion(ticket, response, now)?;
-        let results = self.run(ledger, &plan.statements)?;
-        let outcome = self.finish_completion(plan.action, &results)?;
-        let mut log: Vec<_> = plan.log.into_iter().collect();
-        if outcome == CompletionOutcome::FencedOut {
-            log.push(self.fenced_out_log(ticket));
+    /// One bounded sweep batch through `ledger`.
+    pub fn run_sweep(&self, ledger: &mut impl Ledger, now: i64) -> SweepReport {
+        let statements = self.plan_sweep(now);
+        match ledger.execute_batch(&statements) {
+            Ok(results) => self.swept(Ok(&results)),
+            Err(error) => self.swept(Err(&error)),
         }
-        Ok(Completion {
-            response: plan.response,
-            send_mutation_body: plan.send_mutation_body,
-            outcome,
-            sweep_due: plan.sweep_due,
-            log,
-        })
-    }
-
-    pub fn run_abandon(&self, ledger: &mut impl Ledger, ticket: &Ticket, reason: AbandonReason) -> Result<bool, ProtocolError> {
-        match self.plan_abandon(ticket, reason)? {
-            Some(plan) => self.finish_release(&self.run(ledger, &plan)?),
-            None => Ok(false),
-        }
-    }
-
-    pub fn run_sweep(&self, ledger: &mut impl Ledger, now: i64) -> Result<SweepResult, ProtocolError> {
-        let plan = self.plan_sweep(now);
-        self.finish_sweep(&self.run(ledger, &plan)?)
     }
 }

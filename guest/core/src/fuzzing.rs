@@ -411,8 +411,10 @@ pub fn step_results(data: &[u8]) {
     }
 }
 
-/// SPEC 7: whatever a mutation returns, the stored row replays exactly what
-/// the first caller got.
+/// SPEC 7: whatever a handler returns, the stored row replays exactly:
+/// the handler's status, allowlisted headers and body when it could be
+/// stored, else the 500 the first caller got too (or, under `ietf`, the
+/// status and headers without the body).
 pub fn completion_roundtrip(data: &[u8]) {
     let mut b = Bytes::new(data);
     let config = Config { body_cap_bytes: u32::from(b.byte()), ..config_from(&mut b) };
@@ -424,14 +426,13 @@ pub fn completion_roundtrip(data: &[u8]) {
         headers.push(Header { name: NAMES[b.byte() as usize % NAMES.len()].into(), value: b.latin1() });
     }
     let body = if b.byte() % 2 == 0 { ResponseBody::Text(b.text()) } else { ResponseBody::Bytes(b.rest().to_vec()) };
+    let handler = MutationResponse { status, headers, body };
     let ticket = Ticket { principal: "p".into(), key: "k".into(), fingerprint: fp.clone(), generation: 1, created_at: 0 };
-    let plan = session.plan_completion(&ticket, MutationResponse { status, headers, body }, 5).expect("valid");
-    let fresh = plan.response;
-    assert!(responses::is_sendable_status(i64::from(fresh.status)));
-    if let Some(body) = &fresh.body {
-        assert!(body.len() <= config.body_cap_bytes as usize);
+    let plan = session.plan_completion(&ticket, handler.clone(), 5).expect("valid");
+    if let Answer::Core(sent) = &plan.answer {
+        assert_eq!(sent.status, 500, "the core answers an executed request only with its unstorable 500");
+        assert!(plan.log.is_some());
     }
-    assert!(!plan.send_mutation_body || (config.profile == Profile::Ietf && fresh.body.is_none() && plan.log.is_some()));
     if plan.action == CompletionAction::Release {
         assert!(config.on_server_error == OnServerError::Release && status >= 500);
         return;
@@ -440,22 +441,38 @@ pub fn completion_roundtrip(data: &[u8]) {
     let params = &plan.statements[0].params;
     let row = alloc::vec![Value::Text(fp.clone()), Value::Text("completed".into()), Value::Integer(1), params[0].clone(), params[1].clone(), params[2].clone(), Value::Integer(5)];
     let results = [StatementResult::default(), StatementResult::default(), StatementResult { rows: alloc::vec![row], changes: 0 }];
-    match session.decide("p", "k", &fp, 6, 6, &results).expect("decides") {
-        Decision::Replay(mut replayed) => {
-            if let Some(name) = &config.replay_header {
-                let marker = replayed.headers.pop().expect("the replay marker is last");
-                assert!(marker.name.eq_ignore_ascii_case(name) && marker.value == "true");
-            }
-            if plan.send_mutation_body {
-                // The body was left out: the same status and headers, plus the marker.
-                let omitted = replayed.headers.pop().expect("the omitted marker");
-                assert_eq!(omitted.name, responses::BODY_OMITTED_HEADER);
-                assert_eq!((replayed.status, &replayed.headers, replayed.body), (fresh.status, &fresh.headers, None));
+    let mut replayed = match session.decide("p", "k", &fp, 6, 6, &results).expect("decides") {
+        Decision::Replay(replayed) => replayed,
+        other => panic!("a stored completion must replay, got {other:?}"),
+    };
+    if let Some(name) = &config.replay_header {
+        let marker = replayed.headers.pop().expect("the replay marker is last");
+        assert!(marker.name.eq_ignore_ascii_case(name) && marker.value == "true");
+    }
+    match (&plan.answer, plan.log.is_some()) {
+        (Answer::Core(sent), _) => assert_eq!(&replayed, sent),
+        (Answer::Handler, true) => {
+            // ietf: the body was left out; status and headers kept, plus the marker.
+            assert_eq!(config.profile, Profile::Ietf);
+            let omitted = replayed.headers.pop().expect("the omitted marker");
+            assert_eq!(omitted.name, responses::BODY_OMITTED_HEADER);
+            assert_eq!((replayed.status, replayed.body), (status, None));
+        }
+        (Answer::Handler, false) => {
+            assert_eq!(replayed.status, status);
+            let expected = if responses::is_null_body_status(status) {
+                None
             } else {
-                assert_eq!(replayed, fresh);
+                Some(match handler.body {
+                    ResponseBody::Text(t) => t,
+                    ResponseBody::Bytes(bytes) => String::from_utf8(bytes).expect("stored bodies are UTF-8"),
+                })
+            };
+            assert_eq!(replayed.body, expected);
+            for h in &replayed.headers {
+                assert!(config.replay_headers.iter().any(|n| n.eq_ignore_ascii_case(&h.name)));
             }
         }
-        other => panic!("a stored completion must replay, got {other:?}"),
     }
 }
 
@@ -468,3 +485,67 @@ pub fn sf_string(data: &[u8]) {
         assert!(value.len() >= key.len() + 2);
     }
 }
+
+/// The exchange under any sequence of events: it never panics, runs the
+/// handler at most once, and after a final action answers every further
+/// event with the 500 of a host bug.
+pub fn exchange_events(data: &[u8]) {
+    use crate::exchange::{Action, BodyProblem, Event, HandlerResult};
+    let mut b = Bytes::new(data);
+    let session = session(config_from(&mut b));
+    let mut headers = b.headers();
+    if b.byte() % 4 != 0 {
+        headers.push(Header { name: "Idempotency-Key".into(), value: b.latin1() });
+    }
+    let head = RequestHead { method: if b.byte() % 5 == 0 { "GET".into() } else { "POST".into() }, path_and_query: "/o".into(), headers };
+    let principal = if b.byte() % 6 == 0 { None } else { Some(b.latin1()) };
+    let (mut action, exchange) = session.start(&head, principal.as_deref());
+    let Some(mut exchange) = exchange else {
+        assert!(action.is_final());
+        return;
+    };
+    let mut handlers = 0;
+    let mut ended = false;
+    for _ in 0..(b.byte() % 12) {
+        let event = match b.byte() % 9 {
+            0 => {
+                let n = b.byte() as usize;
+                Event::Body(b.take(n).to_vec())
+            }
+            1 => Event::BodyHashed(if b.byte() % 2 == 0 { fingerprint::digest("p", b"") } else { b.latin1() }),
+            2 => Event::BodyTooLarge,
+            3 => Event::BodyUnreadable([BodyProblem::LengthUnknown, BodyProblem::Incomplete, BodyProblem::Consumed][b.byte() as usize % 3]),
+            4 | 5 => Event::BatchDone(
+                (0..b.byte() % 4)
+                    .map(|_| StatementResult {
+                        rows: (0..b.byte() % 2).map(|_| (0..b.byte() % 8).map(|_| b.value()).collect()).collect(),
+                        changes: b.int() as u64 % 3,
+                    })
+                    .collect(),
+            ),
+            6 => Event::BatchFailed(BatchError::database(b.latin1(), b.latin1())),
+            7 => Event::Slept,
+            _ => Event::HandlerDone(match b.byte() % 4 {
+                0 => HandlerResult::Answered(MutationResponse { status: b.int() as u16, headers: b.headers(), body: ResponseBody::Text(b.text()) }),
+                1 => HandlerResult::Raised(b.text()),
+                2 => HandlerResult::NothingChanged,
+                _ => HandlerResult::Declined,
+            }),
+        };
+        let was_final = action.is_final();
+        action = exchange.step(&session, b.int(), event);
+        if was_final || ended {
+            ended = true;
+            match &action {
+                Action::Respond(reply) => assert_eq!(reply.outcome, Outcome::InternalError),
+                other => panic!("an event after a final action must be refused, got {other:?}"),
+            }
+        }
+        if let Action::RunHandler(ticket) = &action {
+            handlers += 1;
+            assert!(ticket.generation >= 1);
+        }
+        assert!(handlers <= 1, "the handler ran twice in one exchange");
+    }
+}
+

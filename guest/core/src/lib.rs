@@ -23,6 +23,7 @@ extern crate alloc;
 pub mod classify;
 pub mod config;
 pub mod driven;
+pub mod exchange;
 pub mod fingerprint;
 #[doc(hidden)]
 pub mod fuzzing;
@@ -35,6 +36,7 @@ pub mod sql;
 pub mod types;
 
 pub use config::{Config, OnServerError, Profile};
+pub use exchange::{Action, BodyProblem, Event, Exchange, Failure, HandlerResult, ReadBody, Reply};
 pub use machine::Session;
-pub use sql::Dialect;
+pub use sql::{Dialect, Query};
 pub use types::*;

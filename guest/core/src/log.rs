@@ -36,20 +36,12 @@ pub fn fenced_out(ticket: &Ticket) -> LogLine {
 }
 
 pub fn unstorable(config: &Config, ticket: &Ticket, status: u16, why: Unstorable) -> LogLine {
-    let reason = match why {
-        Unstorable::Status => format!("status {status} is not a final status (200-599)"),
-        Unstorable::HeaderValue => "a replayed header's value cannot be sent back exactly".into(),
-        Unstorable::BodyTooLarge { size } => {
-            format!("its body of {size} bytes exceeds body-cap-bytes ({})", config.body_cap_bytes)
-        }
-        Unstorable::BodyNotUtf8 { size } => format!("its body of {size} bytes is not UTF-8"),
-        Unstorable::BodyHasNul { size } => format!("its body of {size} bytes contains NUL"),
-    };
+    let reason = crate::responses::unstorable_reason(config, status, why);
     let consequence = match (config.profile, why) {
         (crate::config::Profile::Ietf, Unstorable::BodyTooLarge { .. } | Unstorable::BodyNotUtf8 { .. } | Unstorable::BodyHasNul { .. }) => {
-            format!("replays get status {status} without the body")
+            format!("this caller gets it, and replays get status {status} without the body")
         }
-        _ => "it is stored and replayed as a 500 without a body".into(),
+        _ => "this caller and every replay get a 500 saying so".into(),
     };
     line(LogLevel::Error, format!("[idempotency] response for {} cannot be stored: {reason}; {consequence}", owner(ticket)))
 }
@@ -88,16 +80,18 @@ pub fn event(config: &Config, event: &LogEvent) -> LogLine {
             let what = match reason {
                 AbandonReason::Raised => format!("mutation failed for {}: {detail}", owner(ticket)),
                 AbandonReason::NothingChanged => format!("mutation changed nothing for {}", owner(ticket)),
+                AbandonReason::Declined => format!("the framework refused the request before its handler ran for {}", owner(ticket)),
             };
+            let releases = !matches!(reason, AbandonReason::Raised) || config.on_server_error == OnServerError::Release;
             match (reason, released) {
-                (AbandonReason::NothingChanged, true) => {
+                (AbandonReason::NothingChanged | AbandonReason::Declined, true) => {
                     line(LogLevel::Info, format!("[idempotency] {what}; the reservation was released"))
                 }
                 (AbandonReason::Raised, true) => line(
                     LogLevel::Warn,
                     format!("[idempotency] {what}; the reservation was released, so a retry runs the mutation again"),
                 ),
-                (_, false) if *reason == AbandonReason::NothingChanged || config.on_server_error == OnServerError::Release => line(
+                (_, false) if releases => line(
                     LogLevel::Warn,
                     format!("[idempotency] {what}; the reservation was no longer this owner's, so nothing was released"),
                 ),
@@ -119,5 +113,17 @@ pub fn event(config: &Config, event: &LogEvent) -> LogLine {
             ),
         ),
         LogEvent::SweepFailed(error) => line(LogLevel::Warn, format!("[idempotency] sweep failed: {error}")),
+        LogEvent::PrincipalInvalid { error } => line(
+            LogLevel::Error,
+            format!("[idempotency] request refused: the host's principal is unusable: {error}; the mutation did not run"),
+        ),
+        LogEvent::BodyConsumed { principal, key } => line(
+            LogLevel::Error,
+            format!(
+                "[idempotency] request refused for {}: its body was consumed before the idempotency layer could read it (mount the middleware before any body parser); the mutation did not run",
+                who(principal, key)
+            ),
+        ),
+        LogEvent::InternalError(what) => line(LogLevel::Error, format!("[idempotency] internal error: {what}")),
     }
 }

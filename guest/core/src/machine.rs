@@ -15,11 +15,12 @@ use crate::config::{Config, OnServerError, Profile};
 use crate::fingerprint::{self, is_fingerprint};
 use crate::headers::{content_length, get_combined, is_valid_key, parse_sf_string_item};
 use crate::log;
-use crate::responses::{self, body_for_status, decode_headers, is_sendable_status, NULL_BODY_STATUSES};
+use crate::responses::{self, body_for_status, decode_headers, is_sendable_status};
+use crate::sql::Query;
 use crate::types::{
     AbandonReason, Admission, BatchError, CompletionAction, CompletionOutcome, CompletionPlan, Decision, Header,
     LedgerError, LogEvent, LogLine, MutationResponse, ProtectedRequest, ProtocolError, Rejection, RequestHead,
-    RequestPolicy, Response, Statement, StatementResult, SweepResult, Ticket, Value,
+    RequestPolicy, Response, Statement, StatementResult, SweepReport, SweepResult, Ticket, Value,
 };
 
 /// Principals are server-derived; the bound keeps a host bug from bloating rows.
@@ -45,11 +46,7 @@ impl Session {
     /// Validates `config` once; every method relies on it.
     pub fn open(config: Config) -> Result<Session, ProtocolError> {
         config.validate()?;
-        let policy = RequestPolicy {
-            protected_methods: config.protected_methods.iter().map(|m| m.to_ascii_uppercase()).collect(),
-            request_body_cap_bytes: config.request_body_cap_bytes,
-            null_body_statuses: NULL_BODY_STATUSES.to_vec(),
-        };
+        let policy = RequestPolicy { protected_methods: config.protected_methods.iter().map(|m| m.to_ascii_uppercase()).collect() };
         let replay_header = config.replay_header.as_ref().map(|h| h.to_ascii_lowercase());
         Ok(Session { config, policy, replay_header })
     }
@@ -62,7 +59,7 @@ impl Session {
         &self.policy
     }
 
-    fn is_protected(&self, method: &str) -> bool {
+    pub fn is_protected(&self, method: &str) -> bool {
         self.policy.protected_methods.iter().any(|m| m.eq_ignore_ascii_case(method))
     }
 
@@ -141,15 +138,14 @@ impl Session {
     /// lookup. Atomic, so the lookup sees the row as the first two left it.
     pub fn plan_decision(&self, principal: &str, key: &str, fingerprint: &str, now: i64) -> Result<Vec<Statement>, ProtocolError> {
         check_request(principal, key, fingerprint)?;
-        let sql = self.config.dialect.statements();
         let (p, k, f) = (text(principal), text(key), text(fingerprint));
         Ok(vec![
-            Statement { sql: sql.claim, params: vec![p.clone(), k.clone(), f.clone(), Value::Integer(now), Value::Integer(now)] },
+            Statement { query: Query::Claim, params: vec![p.clone(), k.clone(), f.clone(), Value::Integer(now), Value::Integer(now)] },
             Statement {
-                sql: sql.takeover,
+                query: Query::Takeover,
                 params: vec![Value::Integer(now), p.clone(), k.clone(), f, Value::Integer(now.saturating_sub(self.config.ttl()))],
             },
-            Statement { sql: sql.lookup, params: vec![p, k] },
+            Statement { query: Query::Lookup, params: vec![p, k] },
         ])
     }
 
@@ -261,7 +257,7 @@ impl Session {
             (CompletionAction::Release, self.release_statements(ticket))
         } else {
             let statement = Statement {
-                sql: self.config.dialect.statements().complete,
+                query: Query::Complete,
                 params: vec![
                     Value::Integer(i64::from(shaped.status)),
                     shaped.body.map_or(Value::Null, Value::Text),
@@ -276,14 +272,7 @@ impl Session {
             };
             (CompletionAction::Store, vec![statement])
         };
-        Ok(CompletionPlan {
-            statements,
-            action,
-            response: shaped.caller,
-            send_mutation_body: shaped.send_mutation_body,
-            sweep_due: self.sweep_due(ticket),
-            log,
-        })
+        Ok(CompletionPlan { statements, action, answer: shaped.answer, sweep_due: self.sweep_due(ticket), log })
     }
 
     /// Reads the completion batch: stored (or released), or fenced out.
@@ -310,7 +299,7 @@ impl Session {
     pub fn plan_abandon(&self, ticket: &Ticket, reason: AbandonReason) -> Result<Option<Vec<Statement>>, ProtocolError> {
         check_ticket(ticket)?;
         let release = match reason {
-            AbandonReason::NothingChanged => true,
+            AbandonReason::NothingChanged | AbandonReason::Declined => true,
             AbandonReason::Raised => self.config.on_server_error == OnServerError::Release,
         };
         Ok(release.then(|| self.release_statements(ticket)))
@@ -318,7 +307,7 @@ impl Session {
 
     fn release_statements(&self, ticket: &Ticket) -> Vec<Statement> {
         vec![Statement {
-            sql: self.config.dialect.statements().release,
+            query: Query::Release,
             params: vec![
                 text(&ticket.principal),
                 text(&ticket.key),
@@ -360,7 +349,7 @@ impl Session {
     /// SPEC 8: the bounded sweep, with the retention the header contract promises.
     pub fn plan_sweep(&self, now: i64) -> Vec<Statement> {
         vec![Statement {
-            sql: self.config.dialect.statements().sweep,
+            query: Query::Sweep,
             params: vec![
                 Value::Integer(now.saturating_sub(self.config.retention())),
                 Value::Integer(i64::from(self.config.sweep_batch)),
@@ -378,6 +367,23 @@ impl Session {
 
     pub fn fenced_out_log(&self, ticket: &Ticket) -> LogLine {
         log::fenced_out(ticket)
+    }
+
+    /// The migration as one batch.
+    pub fn migration(&self) -> Vec<Statement> {
+        vec![Statement { query: Query::CreateTable, params: vec![] }, Statement { query: Query::CreateIndex, params: vec![] }]
+    }
+
+    /// Reads a sweep batch's result or failure: the report to act on.
+    pub fn swept(&self, result: Result<&[StatementResult], &BatchError>) -> SweepReport {
+        let finished = match result {
+            Ok(results) => self.finish_sweep(results),
+            Err(error) => Err(ProtocolError::Ledger(self.classify(error))),
+        };
+        match finished {
+            Ok(r) => SweepReport { deleted: r.deleted, more: r.more, log: None },
+            Err(error) => SweepReport { deleted: 0, more: false, log: Some(self.log_line(&LogEvent::SweepFailed(error))) },
+        }
     }
 }
 

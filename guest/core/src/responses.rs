@@ -9,7 +9,7 @@ use alloc::vec::Vec;
 
 use crate::config::{Config, Profile};
 use crate::headers::{get_combined, is_storable_value, is_token};
-use crate::types::{Header, LedgerError, MutationResponse, ProtocolError, Rejection, RejectionReason, Response, ResponseBody};
+use crate::types::{Answer, Header, LedgerError, MutationResponse, ProtocolError, Rejection, RejectionReason, Response, ResponseBody};
 
 /// Statuses that never carry a body (SPEC 7.3).
 pub const NULL_BODY_STATUSES: [u16; 3] = [204, 205, 304];
@@ -224,6 +224,121 @@ pub fn record_corrupt(profile: Profile) -> Rejection {
     )
 }
 
+/// 411: the request has no `Content-Length` and the host cannot tell where
+/// its body ends, so it cannot be fingerprinted.
+pub fn length_required(profile: Profile) -> Rejection {
+    let message = "The request body has no Content-Length and its end cannot be determined; send it with a Content-Length.";
+    rejection(
+        RejectionReason::LengthRequired,
+        Problem {
+            status: 411,
+            code: "idempotency_length_required",
+            message: Some(message),
+            title: "Length required",
+            detail: message,
+            extra: None,
+            headers: vec![],
+        },
+        profile,
+    )
+}
+
+/// 400: the client's body stream broke before its end.
+pub fn body_incomplete(profile: Profile) -> Rejection {
+    let message = "The request body ended before it was complete; the request was not executed.";
+    rejection(
+        RejectionReason::BodyIncomplete,
+        Problem {
+            status: 400,
+            code: "idempotency_request_incomplete",
+            message: Some(message),
+            title: "Request body incomplete",
+            detail: message,
+            extra: None,
+            headers: vec![],
+        },
+        profile,
+    )
+}
+
+/// 500: something before the middleware consumed the body.
+pub fn body_unavailable(profile: Profile) -> Rejection {
+    let message = "The request body was consumed before the idempotency layer could read it; the request was not executed.";
+    rejection(
+        RejectionReason::BodyUnavailable,
+        Problem {
+            status: 500,
+            code: "idempotency_body_unavailable",
+            message: Some(message),
+            title: "Request body unavailable",
+            detail: message,
+            extra: None,
+            headers: vec![],
+        },
+        profile,
+    )
+}
+
+/// 500: the exchange could not continue (a host bug, or the component
+/// failed); the handler may or may not have run, so it says neither.
+pub fn internal_error(profile: Profile) -> Response {
+    let message = "The idempotency layer failed while handling this request; see the server log.";
+    Problem {
+        status: 500,
+        code: "idempotency_internal_error",
+        message: Some(message),
+        title: "Idempotency layer error",
+        detail: message,
+        extra: None,
+        headers: vec![],
+    }
+    .response(profile)
+}
+
+/// 500 for a host that cannot re-raise a handler's failure to its framework.
+pub fn handler_failed(profile: Profile) -> Response {
+    let message = "The request failed while it was being handled.";
+    Problem {
+        status: 500,
+        code: "idempotency_handler_failed",
+        message: Some(message),
+        title: "Request failed",
+        detail: message,
+        extra: None,
+        headers: vec![],
+    }
+    .response(profile)
+}
+
+/// 500: the handler ran but its response cannot be stored exactly; stored
+/// as it is, so this caller and every replay learn what happened.
+pub fn response_unstorable(config: &Config, status: u16, why: Unstorable) -> Response {
+    let message = format!("The request was executed, but its response could not be stored: {}.", unstorable_reason(config, status, why));
+    Problem {
+        status: 500,
+        code: "idempotency_response_unstorable",
+        message: Some(&message),
+        title: "Response not stored",
+        detail: &message,
+        extra: None,
+        headers: vec![],
+    }
+    .response(config.profile)
+}
+
+/// Why a response cannot be stored, in words (the 500's message and the log).
+pub fn unstorable_reason(config: &Config, status: u16, why: Unstorable) -> String {
+    match why {
+        Unstorable::Status => format!("its status {status} is not a final status (200-599)"),
+        Unstorable::HeaderValue => "a replayed header's value cannot be sent back exactly".into(),
+        Unstorable::BodyTooLarge { size } => {
+            format!("its body of {size} bytes exceeds the ledger's limit of {} bytes (body-cap-bytes)", config.body_cap_bytes)
+        }
+        Unstorable::BodyNotUtf8 { size } => format!("its body of {size} bytes is not UTF-8 text"),
+        Unstorable::BodyHasNul { size } => format!("its body of {size} bytes contains a NUL character"),
+    }
+}
+
 /// What a host answers when a protocol call failed (nothing ran).
 pub fn error_response(config: &Config, error: &ProtocolError) -> Response {
     let problem = match error {
@@ -300,24 +415,28 @@ pub struct Shaped {
     pub body: Option<String>,
     /// `response_headers` column: a JSON object in allowlist order.
     pub headers_json: String,
-    /// What this caller gets.
-    pub caller: Response,
-    /// The caller gets the mutation's own body bytes (`caller.body` is none).
-    pub send_mutation_body: bool,
+    /// What this caller gets: the handler's own response, unless it cannot
+    /// be stored and the core stores (and sends) a 500 instead.
+    pub answer: Answer,
     pub unstorable: Option<Unstorable>,
 }
 
-/// SPEC 7. A response that cannot be stored exactly becomes, under
-/// `recipe`, a 500 with no body and no headers for this caller and every
-/// replay. Under `ietf`, a body that cannot be stored (over the cap, not
-/// UTF-8, with NUL) is left out instead: this caller gets the real response,
-/// replays get its status and headers with `idempotency-body-omitted: true`.
+/// SPEC 7. The caller gets the handler's own response (every header the
+/// application set); the row stores its status, its `replay-headers` and
+/// its body. A response that cannot be stored exactly is stored as a 500
+/// naming the problem, which this caller and every replay get; under
+/// `ietf`, a body that cannot be stored (over the cap, not UTF-8, with NUL)
+/// is left out instead: the caller gets the handler's response, replays get
+/// its status and headers with `idempotency-body-omitted: true`.
 pub fn shape(config: &Config, response: MutationResponse) -> Shaped {
+    let status = response.status;
     let unstorable = |why| {
-        let caller = Response { status: 500, headers: Vec::new(), body: None };
-        Shaped { status: 500, body: None, headers_json: "{}".into(), caller, send_mutation_body: false, unstorable: Some(why) }
+        let problem = response_unstorable(config, status, why);
+        let body = problem.body.clone();
+        let headers_json = encode_headers(&problem.headers);
+        Shaped { status: problem.status, body, headers_json, answer: Answer::Core(problem), unstorable: Some(why) }
     };
-    if !is_sendable_status(i64::from(response.status)) {
+    if !is_sendable_status(i64::from(status)) {
         return unstorable(Unstorable::Status);
     }
     let mut headers = Vec::new();
@@ -329,7 +448,7 @@ pub fn shape(config: &Config, response: MutationResponse) -> Shaped {
             headers.push(Header::new(name.to_ascii_lowercase(), value));
         }
     }
-    let body = if is_null_body_status(response.status) {
+    let body = if is_null_body_status(status) {
         Ok(None)
     } else {
         let text = match response.body {
@@ -351,24 +470,11 @@ pub fn shape(config: &Config, response: MutationResponse) -> Shaped {
         })
     };
     match body {
-        Ok(body) => {
-            let headers_json = encode_headers(&headers);
-            let caller = Response { status: response.status, headers, body: body.clone() };
-            Shaped { status: response.status, body, headers_json, caller, send_mutation_body: false, unstorable: None }
-        }
+        Ok(body) => Shaped { status, body, headers_json: encode_headers(&headers), answer: Answer::Handler, unstorable: None },
         Err(why) if config.profile == Profile::Recipe => unstorable(why),
         Err(why) => {
-            let mut stored = headers.clone();
-            stored.push(Header::new(BODY_OMITTED_HEADER, "true"));
-            let caller = Response { status: response.status, headers, body: None };
-            Shaped {
-                status: response.status,
-                body: None,
-                headers_json: encode_headers(&stored),
-                caller,
-                send_mutation_body: true,
-                unstorable: Some(why),
-            }
+            headers.push(Header::new(BODY_OMITTED_HEADER, "true"));
+            Shaped { status, body: None, headers_json: encode_headers(&headers), answer: Answer::Handler, unstorable: Some(why) }
         }
     }
 }

@@ -47,6 +47,49 @@ impl Dialect {
     }
 }
 
+/// The protocol's statements by name (the WIT `query`): batches carry the
+/// name, and hosts look the SQL up once per session (`Query::sql`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Query {
+    CreateTable,
+    CreateIndex,
+    Claim,
+    Takeover,
+    Lookup,
+    Complete,
+    Release,
+    Sweep,
+}
+
+impl Query {
+    /// Every query, in the WIT enum's order.
+    pub const ALL: [Query; 8] = [
+        Query::CreateTable,
+        Query::CreateIndex,
+        Query::Claim,
+        Query::Takeover,
+        Query::Lookup,
+        Query::Complete,
+        Query::Release,
+        Query::Sweep,
+    ];
+
+    /// This query's SQL in `dialect`.
+    pub fn sql(self, dialect: Dialect) -> &'static str {
+        let s = dialect.statements();
+        match self {
+            Query::CreateTable => s.schema[0],
+            Query::CreateIndex => s.schema[1],
+            Query::Claim => s.claim,
+            Query::Takeover => s.takeover,
+            Query::Lookup => s.lookup,
+            Query::Complete => s.complete,
+            Query::Release => s.release,
+            Query::Sweep => s.sweep,
+        }
+    }
+}
+
 pub const SQLITE: Statements = Statements {
     schema: &[
         "CREATE TABLE IF NOT EXISTS idempotency_keys (

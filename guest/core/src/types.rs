@@ -3,6 +3,8 @@
 use alloc::string::String;
 use alloc::vec::Vec;
 
+pub use crate::sql::Query;
+
 /// One HTTP header field (values are ISO-8859-1-decoded strings).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Header {
@@ -57,11 +59,19 @@ pub enum Value {
     Blob(Vec<u8>),
 }
 
-/// One SQL statement with positional `?` parameters.
+/// One statement of a batch: the query by name (its SQL is
+/// `Query::sql(dialect)`) with its positional parameters.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Statement {
-    pub sql: &'static str,
+    pub query: Query,
     pub params: Vec<Value>,
+}
+
+impl Statement {
+    /// The statement's SQL in `dialect`.
+    pub fn sql(&self, dialect: crate::Dialect) -> &'static str {
+        self.query.sql(dialect)
+    }
 }
 
 /// The rows a statement returned and the rows it changed.
@@ -154,6 +164,30 @@ pub enum RejectionReason {
     InProgress,
     Retry,
     RecordCorrupt,
+    /// 411: the host cannot tell where the body ends.
+    LengthRequired,
+    /// 400: the body stream broke before its end.
+    BodyIncomplete,
+    /// 500: the body was consumed before the middleware could read it.
+    BodyUnavailable,
+}
+
+impl RejectionReason {
+    pub fn outcome(self) -> Outcome {
+        match self {
+            RejectionReason::PrincipalRequired => Outcome::PrincipalRequired,
+            RejectionReason::KeyRequired => Outcome::KeyRequired,
+            RejectionReason::KeyInvalid => Outcome::KeyInvalid,
+            RejectionReason::BodyTooLarge => Outcome::BodyTooLarge,
+            RejectionReason::KeyReused => Outcome::KeyReused,
+            RejectionReason::InProgress => Outcome::InProgress,
+            RejectionReason::Retry => Outcome::Retry,
+            RejectionReason::RecordCorrupt => Outcome::RecordCorrupt,
+            RejectionReason::LengthRequired => Outcome::LengthRequired,
+            RejectionReason::BodyIncomplete => Outcome::BodyIncomplete,
+            RejectionReason::BodyUnavailable => Outcome::BodyUnavailable,
+        }
+    }
 }
 
 /// An answer that executes nothing.
@@ -217,32 +251,32 @@ pub struct LogLine {
     pub message: String,
 }
 
-/// The completion batch with the response to send.
+/// The completion batch with the answer the caller gets.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CompletionPlan {
     pub statements: Vec<Statement>,
     pub action: CompletionAction,
-    pub response: Response,
-    pub send_mutation_body: bool,
+    /// What this caller gets, whatever the batch's outcome.
+    pub answer: Answer,
     pub sweep_due: bool,
     pub log: Option<LogLine>,
 }
 
-/// The finished completion (driven).
+/// What to send: a response the core made, or the handler's own.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Completion {
-    pub response: Response,
-    pub send_mutation_body: bool,
-    pub outcome: CompletionOutcome,
-    pub sweep_due: bool,
-    pub log: Vec<LogLine>,
+pub enum Answer {
+    Core(Response),
+    /// The handler's response exactly as the application made it.
+    Handler,
 }
 
-/// Why a mutation produced no response to complete with.
+/// Why a handler produced no response to complete with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AbandonReason {
     Raised,
     NothingChanged,
+    /// The framework refused the request before the handler ran.
+    Declined,
 }
 
 /// A finished sweep batch.
@@ -252,12 +286,11 @@ pub struct SweepResult {
     pub more: bool,
 }
 
-/// What the host checks itself before calling `admit`.
+/// What the host checks itself before starting an exchange.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RequestPolicy {
+    /// Upper-cased.
     pub protected_methods: Vec<String>,
-    pub request_body_cap_bytes: u64,
-    pub null_body_statuses: Vec<u16>,
 }
 
 /// Host-side events the core words for the log.
@@ -269,4 +302,83 @@ pub enum LogEvent {
     Abandoned { ticket: Ticket, reason: AbandonReason, released: bool, detail: String },
     ReleaseFailed { ticket: Ticket, error: ProtocolError },
     SweepFailed(ProtocolError),
+    /// The host passed a principal the core refuses (a host bug).
+    PrincipalInvalid { error: ProtocolError },
+    /// Something before the middleware consumed the request body.
+    BodyConsumed { principal: String, key: String },
+    /// The exchange could not continue (a host fed an unexpected event, or
+    /// the component failed).
+    InternalError(String),
+}
+
+/// How an exchange ended (the WIT `outcome`): one name per way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    PassedThrough,
+    Executed,
+    TakenOver,
+    Replayed,
+    ReplayedAfterWait,
+    KeyReused,
+    InProgress,
+    Retry,
+    RecordCorrupt,
+    PrincipalRequired,
+    PrincipalInvalid,
+    KeyRequired,
+    KeyInvalid,
+    BodyTooLarge,
+    LengthRequired,
+    BodyIncomplete,
+    BodyUnavailable,
+    Released,
+    Abandoned,
+    FencedOut,
+    CompletionFailed,
+    LedgerBusy,
+    LedgerFailed,
+    LedgerOutcomeUnknown,
+    InternalError,
+}
+
+impl Outcome {
+    /// The outcome's name as the WIT spells it (`taken-over`): what hosts
+    /// count and log by.
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::PassedThrough => "passed-through",
+            Outcome::Executed => "executed",
+            Outcome::TakenOver => "taken-over",
+            Outcome::Replayed => "replayed",
+            Outcome::ReplayedAfterWait => "replayed-after-wait",
+            Outcome::KeyReused => "key-reused",
+            Outcome::InProgress => "in-progress",
+            Outcome::Retry => "retry",
+            Outcome::RecordCorrupt => "record-corrupt",
+            Outcome::PrincipalRequired => "principal-required",
+            Outcome::PrincipalInvalid => "principal-invalid",
+            Outcome::KeyRequired => "key-required",
+            Outcome::KeyInvalid => "key-invalid",
+            Outcome::BodyTooLarge => "body-too-large",
+            Outcome::LengthRequired => "length-required",
+            Outcome::BodyIncomplete => "body-incomplete",
+            Outcome::BodyUnavailable => "body-unavailable",
+            Outcome::Released => "released",
+            Outcome::Abandoned => "abandoned",
+            Outcome::FencedOut => "fenced-out",
+            Outcome::CompletionFailed => "completion-failed",
+            Outcome::LedgerBusy => "ledger-busy",
+            Outcome::LedgerFailed => "ledger-failed",
+            Outcome::LedgerOutcomeUnknown => "ledger-outcome-unknown",
+            Outcome::InternalError => "internal-error",
+        }
+    }
+}
+
+/// A finished sweep batch, with the line to log when it failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SweepReport {
+    pub deleted: u64,
+    pub more: bool,
+    pub log: Option<LogLine>,
 }

@@ -7,7 +7,7 @@ use idempotency_ledger_core::fuzzing;
 
 type Target = fn(&[u8]);
 
-const TARGETS: [(&str, Target); 7] = [
+const TARGETS: [(&str, Target); 8] = [
     ("request_head", fuzzing::request_head),
     ("key", fuzzing::key),
     ("stored_row", fuzzing::stored_row),
@@ -15,6 +15,7 @@ const TARGETS: [(&str, Target); 7] = [
     ("completion_roundtrip", fuzzing::completion_roundtrip),
     ("sf_string", fuzzing::sf_string),
     ("admission_policy", fuzzing::admission_policy),
+    ("exchange_events", fuzzing::exchange_events),
 ];
 
 #[test]

@@ -1,0 +1,680 @@
+//! One request, from its head to its answer: the WIT `exchange`. The host
+//! feeds events (the body, a batch's results, "slept", the handler's end)
+//! and performs the action each returns; every transition of a request is
+//! in [`Exchange::step`], and every answer, wait and log line comes out of
+//! it. Time is the host's `now`, passed with each event.
+//!
+//! The exchange never touches a database: each batch is a
+//! [`Action::RunBatch`]. [`crate::driven::drive`] runs those through a
+//! [`crate::driven::Ledger`] for blocking hosts (the component's `driven`
+//! mode), so both I/O styles share this one sequence.
+
+use alloc::format;
+use alloc::string::String;
+use alloc::vec;
+use alloc::vec::Vec;
+use core::mem;
+
+use crate::fingerprint::{digest, is_fingerprint};
+use crate::machine::Session;
+use crate::responses;
+use crate::types::{
+    AbandonReason, Admission, Answer, BatchError, CompletionAction, CompletionOutcome, Decision, LedgerError, LogEvent,
+    LogLine, MutationResponse, Outcome, ProtocolError, Rejection, RejectionReason, RequestHead, Response, Statement,
+    StatementResult, Ticket,
+};
+
+/// Read the body (at most `cap` bytes), then feed [`Event::Body`] or
+/// [`Event::BodyHashed`] (SHA-256 of `prefix` then the body).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadBody {
+    pub cap: u64,
+    pub prefix: String,
+}
+
+/// Why the host cannot read the body the client sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BodyProblem {
+    /// No `Content-Length` and no way to find the body's end: 411.
+    LengthUnknown,
+    /// The body stream broke before its end: 400.
+    Incomplete,
+    /// Something before the middleware consumed it: 500, logged.
+    Consumed,
+}
+
+/// How the handler ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HandlerResult {
+    Answered(MutationResponse),
+    Raised(String),
+    NothingChanged,
+    /// The framework refused the request before the handler ran.
+    Declined,
+}
+
+/// What happened since the last action.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    Body(Vec<u8>),
+    BodyHashed(String),
+    BodyTooLarge,
+    BodyUnreadable(BodyProblem),
+    BatchDone(Vec<StatementResult>),
+    BatchFailed(BatchError),
+    Slept,
+    HandlerDone(HandlerResult),
+}
+
+impl Event {
+    fn name(&self) -> &'static str {
+        match self {
+            Event::Body(_) => "body",
+            Event::BodyHashed(_) => "body-hashed",
+            Event::BodyTooLarge => "body-too-large",
+            Event::BodyUnreadable(_) => "body-unreadable",
+            Event::BatchDone(_) => "batch-done",
+            Event::BatchFailed(_) => "batch-failed",
+            Event::Slept => "slept",
+            Event::HandlerDone(_) => "handler-done",
+        }
+    }
+}
+
+/// The final answer of an exchange.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reply {
+    pub send: Answer,
+    /// Close the connection after sending: the body was not read to its end.
+    pub close: bool,
+    pub log: Vec<LogLine>,
+    /// Sweep off the request path once the answer is sent.
+    pub sweep: bool,
+    pub outcome: Outcome,
+}
+
+/// The final action after the handler raised.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failure {
+    pub log: Vec<LogLine>,
+    pub outcome: Outcome,
+    /// For a host that cannot re-raise the failure: a 500.
+    pub response: Response,
+}
+
+/// What the host does next.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    ReadBody(ReadBody),
+    RunBatch(Vec<Statement>),
+    Sleep(u32),
+    RunHandler(Ticket),
+    /// Final: run the handler without the ledger, send its response as it is.
+    PassThrough,
+    /// Final.
+    Respond(Reply),
+    /// Final: re-raise the handler's failure.
+    Propagate(Failure),
+}
+
+impl Action {
+    /// True for the actions after which the exchange takes no event.
+    pub fn is_final(&self) -> bool {
+        matches!(self, Action::PassThrough | Action::Respond(_) | Action::Propagate(_))
+    }
+}
+
+/// The request a decision batch is about, and how long it has waited.
+#[derive(Clone, Debug)]
+struct Claim {
+    principal: String,
+    key: String,
+    fingerprint: String,
+    /// The `now` of the first decision: bounds the wait.
+    since: i64,
+    /// The `now` the pending decision batch was planned at.
+    at: i64,
+    waited: bool,
+}
+
+#[derive(Debug)]
+enum State {
+    ReadingBody { principal: String, key: String, prefix: String },
+    Deciding(Claim),
+    Sleeping(Claim),
+    Running(Ticket),
+    Completing { ticket: Ticket, action: CompletionAction, answer: Answer, log: Vec<LogLine>, sweep_due: bool },
+    Releasing { ticket: Ticket, reason: AbandonReason, detail: String },
+    Done,
+}
+
+impl State {
+    fn name(&self) -> &'static str {
+        match self {
+            State::ReadingBody { .. } => "reading the body",
+            State::Deciding(_) => "deciding",
+            State::Sleeping(_) => "sleeping",
+            State::Running(_) => "running the handler",
+            State::Completing { .. } => "completing",
+            State::Releasing { .. } => "releasing",
+            State::Done => "done",
+        }
+    }
+}
+
+/// One request's state (see the module docs).
+#[derive(Debug)]
+pub struct Exchange {
+    state: State,
+}
+
+impl Session {
+    /// Starts a request: pass-through, an answer at once (401, 400, 413, or
+    /// a 500 for a principal the core refuses), or `read-body` and the
+    /// exchange to feed next.
+    pub fn start(&self, head: &RequestHead, principal: Option<&str>) -> (Action, Option<Exchange>) {
+        match self.admit(head, principal) {
+            Ok(Admission::PassThrough) => (Action::PassThrough, None),
+            Ok(Admission::Reject(rejection)) => (rejected(rejection), None),
+            Ok(Admission::Protected(protected)) => {
+                let action = Action::ReadBody(ReadBody {
+                    cap: self.config().request_body_cap_bytes,
+                    prefix: protected.fingerprint_prefix.clone(),
+                });
+                let state = State::ReadingBody {
+                    principal: principal.unwrap_or_default().into(),
+                    key: protected.key,
+                    prefix: protected.fingerprint_prefix,
+                };
+                (action, Some(Exchange { state }))
+            }
+            Err(error) => {
+                let log = vec![self.log_line(&LogEvent::PrincipalInvalid { error: error.clone() })];
+                (respond(Answer::Core(self.error_response(&error)), log, Outcome::PrincipalInvalid), None)
+            }
+        }
+    }
+}
+
+impl Exchange {
+    /// Feeds `event`, which happened at `now`, and returns the next action.
+    /// Every transition of a request is here.
+    pub fn step(&mut self, session: &Session, now: i64, event: Event) -> Action {
+        let state = mem::replace(&mut self.state, State::Done);
+        let action = match (state, event) {
+            // ---- the body ----
+            (State::ReadingBody { principal, key, prefix }, Event::Body(body)) => {
+                if body.len() as u64 > session.config().request_body_cap_bytes {
+                    rejected(session.body_too_large())
+                } else {
+                    let fingerprint = digest(&prefix, &body);
+                    self.decide_first(session, now, principal, key, fingerprint)
+                }
+            }
+            (State::ReadingBody { principal, key, .. }, Event::BodyHashed(fingerprint)) => {
+                if is_fingerprint(&fingerprint) {
+                    self.decide_first(session, now, principal, key, fingerprint)
+                } else {
+                    internal_error(session, format!("body-hashed {fingerprint:?} is not a lowercase hex SHA-256 (the host's hash)"))
+                }
+            }
+            (State::ReadingBody { .. }, Event::BodyTooLarge) => rejected(session.body_too_large()),
+            (State::ReadingBody { principal, key, .. }, Event::BodyUnreadable(problem)) => {
+                let profile = session.config().profile;
+                match problem {
+                    BodyProblem::LengthUnknown => rejected(responses::length_required(profile)),
+                    BodyProblem::Incomplete => rejected(responses::body_incomplete(profile)),
+                    BodyProblem::Consumed => {
+                        let rejection = responses::body_unavailable(profile);
+                        let log = vec![session.log_line(&LogEvent::BodyConsumed { principal, key })];
+                        respond(Answer::Core(rejection.response), log, Outcome::BodyUnavailable)
+                    }
+                }
+            }
+
+            // ---- the decision (SPEC 3, 5, 6) ----
+            (State::Deciding(claim), Event::BatchDone(results)) => {
+                let decided = session.decide(&claim.principal, &claim.key, &claim.fingerprint, claim.at, claim.since, &results);
+                match decided {
+                    Ok(Decision::Execute(ticket)) => {
+                        self.state = State::Running(ticket.clone());
+                        Action::RunHandler(ticket)
+                    }
+                    Ok(Decision::Replay(response)) => {
+                        let outcome = if claim.waited { Outcome::ReplayedAfterWait } else { Outcome::Replayed };
+                        respond(Answer::Core(response), vec![], outcome)
+                    }
+                    Ok(Decision::Reject(rejection)) => rejected(rejection),
+                    Ok(Decision::Wait(ms)) => {
+                        self.state = State::Sleeping(Claim { waited: true, ..claim });
+                        Action::Sleep(ms)
+                    }
+                    Err(error) => decision_failed(session, &claim, error),
+                }
+            }
+            (State::Deciding(claim), Event::BatchFailed(error)) => {
+                decision_failed(session, &claim, ProtocolError::Ledger(session.classify(&error)))
+            }
+            (State::Sleeping(claim), Event::Slept) => self.plan_decision(session, Claim { at: now, ..claim }),
+
+            // ---- the handler ----
+            (State::Running(ticket), Event::HandlerDone(result)) => self.handler_done(session, now, ticket, result),
+
+            // ---- completion (SPEC 6, 7) ----
+            (State::Completing { ticket, action, answer, log, sweep_due }, Event::BatchDone(results)) => {
+                match session.finish_completion(action, &results) {
+                    Ok(stored) => completed(session, ticket, answer, log, sweep_due, stored),
+                    Err(error) => completion_failed(session, ticket, answer, log, error),
+                }
+            }
+            (State::Completing { ticket, answer, log, .. }, Event::BatchFailed(error)) => {
+                completion_failed(session, ticket, answer, log, ProtocolError::Ledger(session.classify(&error)))
+            }
+
+            // ---- release (SPEC 9.3) ----
+            (State::Releasing { ticket, reason, detail }, Event::BatchDone(results)) => match session.finish_release(&results) {
+                Ok(released) => abandoned(session, ticket, reason, detail, released),
+                Err(error) => release_failed(session, ticket, reason, error),
+            },
+            (State::Releasing { ticket, reason, .. }, Event::BatchFailed(error)) => {
+                release_failed(session, ticket, reason, ProtocolError::Ledger(session.classify(&error)))
+            }
+
+            (state, event) => {
+                let what = format!("the host fed {} while the exchange was {}", event.name(), state.name());
+                internal_error(session, what)
+            }
+        };
+        action
+    }
+
+    /// The first decision: `now` starts the wait.
+    fn decide_first(&mut self, session: &Session, now: i64, principal: String, key: String, fingerprint: String) -> Action {
+        self.plan_decision(session, Claim { principal, key, fingerprint, since: now, at: now, waited: false })
+    }
+
+    fn plan_decision(&mut self, session: &Session, claim: Claim) -> Action {
+        match session.plan_decision(&claim.principal, &claim.key, &claim.fingerprint, claim.at) {
+            Ok(statements) => {
+                self.state = State::Deciding(claim);
+                Action::RunBatch(statements)
+            }
+            Err(error) => decision_failed(session, &claim, error),
+        }
+    }
+
+    fn handler_done(&mut self, session: &Session, now: i64, ticket: Ticket, result: HandlerResult) -> Action {
+        let (reason, detail) = match result {
+            HandlerResult::Answered(response) => return self.complete(session, now, ticket, response),
+            HandlerResult::Raised(detail) => (AbandonReason::Raised, detail),
+            HandlerResult::NothingChanged => (AbandonReason::NothingChanged, String::new()),
+            HandlerResult::Declined => (AbandonReason::Declined, String::new()),
+        };
+        match session.plan_abandon(&ticket, reason) {
+            Ok(Some(statements)) => {
+                self.state = State::Releasing { ticket, reason, detail };
+                Action::RunBatch(statements)
+            }
+            // Raised under `store`: the row stays pending until the TTL.
+            Ok(None) => abandoned(session, ticket, reason, detail, false),
+            Err(error) => internal_error(session, format!("the ticket cannot be released: {error}")),
+        }
+    }
+
+    fn complete(&mut self, session: &Session, now: i64, ticket: Ticket, response: MutationResponse) -> Action {
+        match session.plan_completion(&ticket, response, now) {
+            Ok(plan) => {
+                self.state = State::Completing {
+                    ticket,
+                    action: plan.action,
+                    answer: plan.answer,
+                    log: plan.log.into_iter().collect(),
+                    sweep_due: plan.sweep_due,
+                };
+                Action::RunBatch(plan.statements)
+            }
+            Err(error) => internal_error(session, format!("the ticket cannot be completed: {error}")),
+        }
+    }
+}
+
+fn respond(send: Answer, log: Vec<LogLine>, outcome: Outcome) -> Action {
+    Action::Respond(Reply { send, close: false, log, sweep: false, outcome })
+}
+
+/// An answer that ran nothing; the connection closes when the body was left unread.
+fn rejected(rejection: Rejection) -> Action {
+    let close = matches!(
+        rejection.reason,
+        RejectionReason::BodyTooLarge | RejectionReason::LengthRequired | RejectionReason::BodyIncomplete
+    );
+    let outcome = rejection.reason.outcome();
+    Action::Respond(Reply { send: Answer::Core(rejection.response), close, log: vec![], sweep: false, outcome })
+}
+
+fn internal_error(session: &Session, what: String) -> Action {
+    let log = vec![session.log_line(&LogEvent::InternalError(what))];
+    respond(Answer::Core(responses::internal_error(session.config().profile)), log, Outcome::InternalError)
+}
+
+/// SPEC 9.1: the decision failed; nothing ran.
+fn decision_failed(session: &Session, claim: &Claim, error: ProtocolError) -> Action {
+    let outcome = match &error {
+        ProtocolError::Ledger(LedgerError::Busy) => Outcome::LedgerBusy,
+        ProtocolError::Ledger(LedgerError::OutcomeUnknown(_)) => Outcome::LedgerOutcomeUnknown,
+        _ => Outcome::LedgerFailed,
+    };
+    let event = LogEvent::DecisionFailed { principal: claim.principal.clone(), key: claim.key.clone(), error: error.clone() };
+    respond(Answer::Core(session.error_response(&error)), vec![session.log_line(&event)], outcome)
+}
+
+fn completed(
+    session: &Session,
+    ticket: Ticket,
+    answer: Answer,
+    mut log: Vec<LogLine>,
+    sweep_due: bool,
+    stored: CompletionOutcome,
+) -> Action {
+    let outcome = match stored {
+        CompletionOutcome::Stored if ticket.generation > 1 => Outcome::TakenOver,
+        CompletionOutcome::Stored => Outcome::Executed,
+        CompletionOutcome::Released => Outcome::Released,
+        CompletionOutcome::FencedOut => {
+            log.push(session.fenced_out_log(&ticket));
+            Outcome::FencedOut
+        }
+    };
+    Action::Respond(Reply { send: answer, close: false, log, sweep: sweep_due, outcome })
+}
+
+/// SPEC 9.4: the caller still gets its answer; the row stays pending.
+fn completion_failed(session: &Session, ticket: Ticket, answer: Answer, mut log: Vec<LogLine>, error: ProtocolError) -> Action {
+    log.push(session.log_line(&LogEvent::CompletionFailed { ticket, error }));
+    respond(answer, log, Outcome::CompletionFailed)
+}
+
+/// The end of a handler without a stored response: its release (or not)
+/// logged; a raised handler's failure propagates, the others send the
+/// handler's response.
+fn abandoned(session: &Session, ticket: Ticket, reason: AbandonReason, detail: String, released: bool) -> Action {
+    let releases = reason != AbandonReason::Raised || session.config().on_server_error == crate::OnServerError::Release;
+    let outcome = match (released, releases) {
+        (true, _) => Outcome::Released,
+        (false, true) => Outcome::FencedOut,
+        (false, false) => Outcome::Abandoned,
+    };
+    let log = vec![session.log_line(&LogEvent::Abandoned { ticket, reason, released, detail })];
+    ended(session, reason, log, outcome)
+}
+
+fn release_failed(session: &Session, ticket: Ticket, reason: AbandonReason, error: ProtocolError) -> Action {
+    let log = vec![session.log_line(&LogEvent::ReleaseFailed { ticket, error })];
+    ended(session, reason, log, Outcome::Abandoned)
+}
+
+fn ended(session: &Session, reason: AbandonReason, log: Vec<LogLine>, outcome: Outcome) -> Action {
+    match reason {
+        AbandonReason::Raised => {
+            Action::Propagate(Failure { log, outcome, response: responses::handler_failed(session.config().profile) })
+        }
+        AbandonReason::NothingChanged | AbandonReason::Declined => respond(Answer::Handler, log, outcome),
+    }
+}
+
+impl Session {
+    /// The reply for a request whose exchange cannot continue because the
+    /// component itself failed (a trap): a 500, logged.
+    pub fn fault(&self, detail: &str) -> Reply {
+        let log = vec![self.log_line(&LogEvent::InternalError(format!("the idempotency core failed: {detail}")))];
+        Reply { send: Answer::Core(responses::internal_error(self.config().profile)), close: false, log, sweep: false, outcome: Outcome::InternalError }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Config, OnServerError, Profile};
+    use crate::types::{Header, ResponseBody, Value};
+    use crate::Query;
+    use alloc::string::ToString;
+
+    const NOW: i64 = 1_767_225_600_000;
+
+    fn session(config: Config) -> Session {
+        Session::open(config).expect("valid config")
+    }
+
+    fn head(method: &str, headers: &[(&str, &str)]) -> RequestHead {
+        RequestHead {
+            method: method.into(),
+            path_and_query: "/orders".into(),
+            headers: headers.iter().map(|(n, v)| Header::new(*n, *v)).collect(),
+        }
+    }
+
+    fn keyed() -> RequestHead {
+        head("POST", &[("Idempotency-Key", "k-1"), ("Content-Type", "application/json")])
+    }
+
+    fn started(s: &Session, head: &RequestHead) -> (ReadBody, Exchange) {
+        match s.start(head, Some("acct")) {
+            (Action::ReadBody(read), Some(exchange)) => (read, exchange),
+            other => panic!("expected read-body, got {other:?}"),
+        }
+    }
+
+    fn batch(action: Action) -> Vec<Statement> {
+        match action {
+            Action::RunBatch(statements) => statements,
+            other => panic!("expected run-batch, got {other:?}"),
+        }
+    }
+
+    fn reply(action: Action) -> Reply {
+        match action {
+            Action::Respond(reply) => reply,
+            other => panic!("expected respond, got {other:?}"),
+        }
+    }
+
+    /// The claim's results for generation 1, the takeover's for a later one.
+    fn claimed(generation: i64) -> Vec<StatementResult> {
+        let won = StatementResult { rows: vec![vec![Value::Integer(generation), Value::Integer(NOW)]], changes: 1 };
+        let lost = StatementResult::default();
+        if generation == 1 {
+            vec![won, lost, StatementResult::default()]
+        } else {
+            vec![lost, won, StatementResult::default()]
+        }
+    }
+
+    fn lookup(fingerprint: &str, status: &str, updated_at: i64) -> Vec<StatementResult> {
+        let row = vec![
+            Value::Text(fingerprint.into()),
+            Value::Text(status.into()),
+            Value::Integer(1),
+            if status == "completed" { Value::Integer(201) } else { Value::Null },
+            if status == "completed" { Value::Text("{\"id\":1}".into()) } else { Value::Null },
+            if status == "completed" { Value::Text("{\"content-type\":\"application/json\"}".into()) } else { Value::Null },
+            Value::Integer(updated_at),
+        ];
+        vec![StatementResult::default(), StatementResult::default(), StatementResult { rows: vec![row], changes: 0 }]
+    }
+
+    fn answered(status: u16, body: &str) -> Event {
+        Event::HandlerDone(HandlerResult::Answered(MutationResponse {
+            status,
+            headers: vec![Header::new("Content-Type", "application/json"), Header::new("X-Frame-Options", "DENY")],
+            body: ResponseBody::Text(body.into()),
+        }))
+    }
+
+    fn stored() -> Event {
+        Event::BatchDone(vec![StatementResult { rows: vec![vec![Value::Integer(1)]], changes: 1 }])
+    }
+
+    #[test]
+    fn a_fresh_request_claims_runs_once_and_sends_the_handlers_own_response() {
+        let s = session(Config::default());
+        let (read, mut x) = started(&s, &keyed());
+        assert_eq!(read.cap, 1024 * 1024);
+        let decision = batch(x.step(&s, NOW, Event::Body(b"{}".to_vec())));
+        assert_eq!(decision.iter().map(|st| st.query).collect::<Vec<_>>(), [Query::Claim, Query::Takeover, Query::Lookup]);
+        assert_eq!(decision[0].params[2], Value::Text(digest(&read.prefix, b"{}")));
+        let ticket = match x.step(&s, NOW, Event::BatchDone(claimed(1))) {
+            Action::RunHandler(ticket) => ticket,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!((ticket.key.as_str(), ticket.generation), ("k-1", 1));
+        let completion = batch(x.step(&s, NOW + 5, answered(201, "{\"id\":1}")));
+        assert_eq!(completion[0].query, Query::Complete);
+        // Only the allowlist is stored; the caller gets every header the application set.
+        assert_eq!(completion[0].params[2], Value::Text("{\"content-type\":\"application/json\"}".into()));
+        let done = reply(x.step(&s, NOW + 6, stored()));
+        assert_eq!((done.send, done.outcome, done.close, done.log.len()), (Answer::Handler, Outcome::Executed, false, 0));
+        // Nothing more: an event after the final action is a host bug.
+        assert_eq!(reply(x.step(&s, NOW, Event::Slept)).outcome, Outcome::InternalError);
+    }
+
+    #[test]
+    fn a_duplicate_waits_then_replays_and_says_it_waited() {
+        let s = session(Config { wait_ms: 1_000, ..Config::default() });
+        let (read, mut x) = started(&s, &keyed());
+        let fp = digest(&read.prefix, b"");
+        batch(x.step(&s, NOW, Event::BodyHashed(fp.clone())));
+        assert_eq!(x.step(&s, NOW, Event::BatchDone(lookup(&fp, "pending", NOW - 10))), Action::Sleep(10));
+        let again = batch(x.step(&s, NOW + 10, Event::Slept));
+        assert_eq!(again[0].params[3], Value::Integer(NOW + 10), "the decision is planned at the time it wakes");
+        let done = reply(x.step(&s, NOW + 10, Event::BatchDone(lookup(&fp, "completed", NOW + 5))));
+        assert_eq!(done.outcome, Outcome::ReplayedAfterWait);
+        match done.send {
+            Answer::Core(r) => assert_eq!((r.status, r.body.as_deref()), (201, Some("{\"id\":1}"))),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_in_progress_409_suggests_a_short_retry_by_default() {
+        let s = session(Config::default());
+        let (read, mut x) = started(&s, &keyed());
+        let fp = digest(&read.prefix, b"");
+        batch(x.step(&s, NOW, Event::BodyHashed(fp.clone())));
+        let done = reply(x.step(&s, NOW, Event::BatchDone(lookup(&fp, "pending", NOW - 10))));
+        assert_eq!(done.outcome, Outcome::InProgress);
+        match done.send {
+            Answer::Core(r) => {
+                assert_eq!(r.status, 409);
+                assert!(r.headers.contains(&Header::new("retry-after", "1")), "{:?}", r.headers);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn body_problems_are_the_cores_answers_and_close_the_connection() {
+        let s = session(Config { request_body_cap_bytes: 4, ..Config::default() });
+        for (event, status, outcome, close) in [
+            (Event::BodyTooLarge, 413, Outcome::BodyTooLarge, true),
+            (Event::Body(b"12345".to_vec()), 413, Outcome::BodyTooLarge, true),
+            (Event::BodyUnreadable(BodyProblem::LengthUnknown), 411, Outcome::LengthRequired, true),
+            (Event::BodyUnreadable(BodyProblem::Incomplete), 400, Outcome::BodyIncomplete, true),
+            (Event::BodyUnreadable(BodyProblem::Consumed), 500, Outcome::BodyUnavailable, false),
+        ] {
+            let (_, mut x) = started(&s, &keyed());
+            let done = reply(x.step(&s, NOW, event));
+            assert_eq!((done.outcome, done.close), (outcome, close));
+            match done.send {
+                Answer::Core(r) => assert_eq!(r.status, status),
+                other => panic!("{other:?}"),
+            }
+            assert_eq!(done.log.len(), usize::from(outcome == Outcome::BodyUnavailable));
+        }
+        // A declared Content-Length over the cap never reaches read-body.
+        let (action, exchange) = s.start(&head("POST", &[("Idempotency-Key", "k"), ("Content-Length", "5")]), Some("acct"));
+        assert!(exchange.is_none());
+        assert_eq!(reply(action).close, true);
+    }
+
+    #[test]
+    fn a_raised_handler_propagates_and_a_declined_request_releases_its_key() {
+        let s = session(Config::default());
+        let (read, mut x) = started(&s, &keyed());
+        batch(x.step(&s, NOW, Event::BodyHashed(digest(&read.prefix, b""))));
+        x.step(&s, NOW, Event::BatchDone(claimed(1)));
+        match x.step(&s, NOW, Event::HandlerDone(HandlerResult::Raised("boom".into()))) {
+            Action::Propagate(failure) => {
+                assert_eq!(failure.outcome, Outcome::Abandoned);
+                assert_eq!(failure.response.status, 500);
+                assert!(failure.log[0].message.contains("boom"), "{:?}", failure.log);
+            }
+            other => panic!("{other:?}"),
+        }
+        let (read, mut x) = started(&s, &keyed());
+        batch(x.step(&s, NOW, Event::BodyHashed(digest(&read.prefix, b""))));
+        x.step(&s, NOW, Event::BatchDone(claimed(1)));
+        let release = batch(x.step(&s, NOW, Event::HandlerDone(HandlerResult::Declined)));
+        assert_eq!(release[0].query, Query::Release);
+        let done = reply(x.step(&s, NOW, Event::BatchDone(vec![StatementResult { rows: vec![], changes: 1 }])));
+        assert_eq!((done.send, done.outcome), (Answer::Handler, Outcome::Released));
+    }
+
+    #[test]
+    fn an_unstorable_response_is_a_500_that_names_the_cap_under_recipe() {
+        let s = session(Config { body_cap_bytes: 4, ..Config::default() });
+        let (read, mut x) = started(&s, &keyed());
+        batch(x.step(&s, NOW, Event::BodyHashed(digest(&read.prefix, b""))));
+        x.step(&s, NOW, Event::BatchDone(claimed(1)));
+        let completion = batch(x.step(&s, NOW, answered(201, "0123456789")));
+        assert_eq!(completion[0].params[0], Value::Integer(500));
+        let done = reply(x.step(&s, NOW, stored()));
+        match &done.send {
+            Answer::Core(r) => {
+                assert_eq!(r.status, 500);
+                let body = r.body.as_deref().unwrap_or_default();
+                assert!(body.contains("executed") && body.contains("10 bytes") && body.contains("4 bytes"), "{body}");
+                assert_eq!(completion[0].params[1], Value::Text(body.to_string()), "replays get the same 500");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(done.log.len(), 1);
+        // ietf: the caller gets the handler's response; the row keeps no body.
+        let s = session(Config { body_cap_bytes: 4, ..Config::for_profile(Profile::Ietf) });
+        let (read, mut x) = started(&s, &keyed());
+        batch(x.step(&s, NOW, Event::BodyHashed(digest(&read.prefix, b""))));
+        x.step(&s, NOW, Event::BatchDone(claimed(1)));
+        let completion = batch(x.step(&s, NOW, answered(201, "0123456789")));
+        assert_eq!((&completion[0].params[0], &completion[0].params[1]), (&Value::Integer(201), &Value::Null));
+        assert_eq!(reply(x.step(&s, NOW, stored())).send, Answer::Handler);
+    }
+
+    #[test]
+    fn failures_of_the_ledger_are_answered_and_logged_by_the_core() {
+        let s = session(Config { on_server_error: OnServerError::Store, ..Config::default() });
+        let (read, mut x) = started(&s, &keyed());
+        batch(x.step(&s, NOW, Event::BodyHashed(digest(&read.prefix, b""))));
+        let done = reply(x.step(&s, NOW, Event::BatchFailed(BatchError::database("SQLITE_BUSY", "database is locked"))));
+        assert_eq!((done.outcome, done.log.len()), (Outcome::LedgerBusy, 1));
+        // After the handler ran, a failed completion still sends the handler's response.
+        let (read, mut x) = started(&s, &keyed());
+        batch(x.step(&s, NOW, Event::BodyHashed(digest(&read.prefix, b""))));
+        x.step(&s, NOW, Event::BatchDone(claimed(2)));
+        batch(x.step(&s, NOW, answered(201, "{}")));
+        let done = reply(x.step(&s, NOW, Event::BatchFailed(BatchError::OutcomeUnknown("reset".into()))));
+        assert_eq!((done.send, done.outcome, done.sweep), (Answer::Handler, Outcome::CompletionFailed, false));
+        // A fenced-out completion (0 rows) is logged at error level.
+        let (read, mut x) = started(&s, &keyed());
+        batch(x.step(&s, NOW, Event::BodyHashed(digest(&read.prefix, b""))));
+        x.step(&s, NOW, Event::BatchDone(claimed(1)));
+        batch(x.step(&s, NOW, answered(201, "{}")));
+        let done = reply(x.step(&s, NOW, Event::BatchDone(vec![StatementResult::default()])));
+        assert_eq!(done.outcome, Outcome::FencedOut);
+        assert!(done.log.iter().any(|l| l.message.contains("fenced out")));
+    }
+
+    #[test]
+    fn set_cookie_is_never_a_replay_header() {
+        let config = Config { replay_headers: vec!["content-type".into(), "Set-Cookie".into()], ..Config::default() };
+        assert!(matches!(Session::open(config), Err(ProtocolError::InvalidConfig(m)) if m.contains("Set-Cookie")));
+    }
+}
