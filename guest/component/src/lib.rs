@@ -84,6 +84,10 @@ impl wit_session::GuestSession for Session {
         wit_session::Started { action: action_out(action), exchange }
     }
 
+    fn fault(&self) -> wit_exchange::Reply {
+        reply_out(self.0.fault())
+    }
+
     fn migration(&self) -> Vec<wit_ledger::Statement> {
         self.0.migration().iter().map(statement_out).collect()
     }
@@ -338,18 +342,22 @@ fn action_out(a: core::Action) -> wit_exchange::Action {
         core::Action::Sleep(ms) => A::Sleep(ms),
         core::Action::RunHandler(ticket) => A::RunHandler(ticket_out(ticket)),
         core::Action::PassThrough => A::PassThrough,
-        core::Action::Respond(reply) => A::Respond(wit_exchange::Reply {
-            send: answer_out(reply.send),
-            close: reply.close,
-            log: reply.log.into_iter().map(log_line_out).collect(),
-            sweep: reply.sweep,
-            outcome: outcome_out(reply.outcome),
-        }),
+        core::Action::Respond(reply) => A::Respond(reply_out(reply)),
         core::Action::Propagate(failure) => A::Propagate(wit_exchange::Failure {
             log: failure.log.into_iter().map(log_line_out).collect(),
             outcome: outcome_out(failure.outcome),
             response: response_out(failure.response),
         }),
+    }
+}
+
+fn reply_out(reply: core::Reply) -> wit_exchange::Reply {
+    wit_exchange::Reply {
+        send: answer_out(reply.send),
+        close: reply.close,
+        log: reply.log.into_iter().map(log_line_out).collect(),
+        sweep: reply.sweep,
+        outcome: outcome_out(reply.outcome),
     }
 }
 

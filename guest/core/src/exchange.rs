@@ -424,9 +424,11 @@ fn ended(session: &Session, reason: AbandonReason, log: Vec<LogLine>, outcome: O
 
 impl Session {
     /// The reply for a request whose exchange cannot continue because the
-    /// component itself failed (a trap): a 500, logged.
-    pub fn fault(&self, detail: &str) -> Reply {
-        let log = vec![self.log_line(&LogEvent::InternalError(format!("the idempotency core failed: {detail}")))];
+    /// component itself failed (a trap): a 500, logged. Hosts ask for it
+    /// before they need it (the failed component cannot be asked then).
+    pub fn fault(&self) -> Reply {
+        let what = "the idempotency component failed (it trapped) while handling this request; the request's outcome is unknown, and a fresh instance serves the next one";
+        let log = vec![self.log_line(&LogEvent::InternalError(what.into()))];
         Reply { send: Answer::Core(responses::internal_error(self.config().profile)), close: false, log, sweep: false, outcome: Outcome::InternalError }
     }
 }
