@@ -18,7 +18,7 @@ use crate::log;
 use crate::responses::{self, body_for_status, decode_headers, is_sendable_status};
 use crate::sql::Query;
 use crate::types::{
-    AbandonReason, Admission, BatchError, CompletionAction, CompletionOutcome, CompletionPlan, Decision, Header,
+    AbandonReason, Admission, Answer, BatchError, CompletionAction, CompletionOutcome, CompletionPlan, Decision, Header,
     LedgerError, LogEvent, LogLine, MutationResponse, ProtectedRequest, ProtocolError, Rejection, RequestHead,
     RequestPolicy, Response, Statement, StatementResult, SweepReport, SweepResult, Ticket, Value,
 };
@@ -250,29 +250,30 @@ impl Session {
     pub fn plan_completion(&self, ticket: &Ticket, response: MutationResponse, now: i64) -> Result<CompletionPlan, ProtocolError> {
         check_ticket(ticket)?;
         let status = response.status;
+        let sweep_due = self.sweep_due(ticket);
+        // SPEC 9.3: a 5xx under `release` is never stored, so whether it could
+        // be stored does not matter: the caller gets the handler's own 5xx.
+        if self.config.on_server_error == OnServerError::Release && (500..=599).contains(&status) {
+            let statements = self.release_statements(ticket);
+            return Ok(CompletionPlan { statements, action: CompletionAction::Release, answer: Answer::Handler, sweep_due, log: None });
+        }
         let shaped = responses::shape(&self.config, response);
         let log = shaped.unstorable.map(|why| log::unstorable(&self.config, ticket, status, why));
-        let release = self.config.on_server_error == OnServerError::Release && status >= 500;
-        let (action, statements) = if release {
-            (CompletionAction::Release, self.release_statements(ticket))
-        } else {
-            let statement = Statement {
-                query: Query::Complete,
-                params: vec![
-                    Value::Integer(i64::from(shaped.status)),
-                    shaped.body.map_or(Value::Null, Value::Text),
-                    Value::Text(shaped.headers_json),
-                    Value::Integer(now),
-                    text(&ticket.principal),
-                    text(&ticket.key),
-                    Value::Integer(ticket.generation),
-                    Value::Integer(ticket.created_at),
-                    text(&ticket.fingerprint),
-                ],
-            };
-            (CompletionAction::Store, vec![statement])
+        let statement = Statement {
+            query: Query::Complete,
+            params: vec![
+                Value::Integer(i64::from(shaped.status)),
+                shaped.body.map_or(Value::Null, Value::Text),
+                Value::Text(shaped.headers_json),
+                Value::Integer(now),
+                text(&ticket.principal),
+                text(&ticket.key),
+                Value::Integer(ticket.generation),
+                Value::Integer(ticket.created_at),
+                text(&ticket.fingerprint),
+            ],
         };
-        Ok(CompletionPlan { statements, action, answer: shaped.answer, sweep_due: self.sweep_due(ticket), log })
+        Ok(CompletionPlan { statements: vec![statement], action: CompletionAction::Store, answer: shaped.answer, sweep_due, log })
     }
 
     /// Reads the completion batch: stored (or released), or fenced out.
