@@ -408,9 +408,12 @@ fn abandoned(session: &Session, ticket: Ticket, reason: AbandonReason, detail: S
     ended(session, reason, log, outcome)
 }
 
+/// The release batch failed (or answered with the wrong shape) after the
+/// handler: as for a completion, the row stays pending until the TTL
+/// (`completion-failed`, as a failed release of a 5xx is).
 fn release_failed(session: &Session, ticket: Ticket, reason: AbandonReason, error: ProtocolError) -> Action {
     let log = vec![session.log_line(&LogEvent::ReleaseFailed { ticket, error })];
-    ended(session, reason, log, Outcome::Abandoned)
+    ended(session, reason, log, Outcome::CompletionFailed)
 }
 
 fn ended(session: &Session, reason: AbandonReason, log: Vec<LogLine>, outcome: Outcome) -> Action {
@@ -619,6 +622,32 @@ mod tests {
         assert_eq!(release[0].query, Query::Release);
         let done = reply(x.step(&s, NOW, Event::BatchDone(vec![StatementResult { rows: vec![], changes: 1 }])));
         assert_eq!((done.send, done.outcome), (Answer::Handler, Outcome::Released));
+    }
+
+    #[test]
+    fn a_release_that_fails_after_the_handler_is_a_completion_failure() {
+        let s = session(Config::default());
+        for (result, feed) in [
+            (HandlerResult::Declined, Event::BatchFailed(BatchError::PoolExhausted("pool".into()))),
+            (HandlerResult::NothingChanged, Event::BatchDone(vec![])),
+        ] {
+            let (read, mut x) = started(&s, &keyed());
+            batch(x.step(&s, NOW, Event::BodyHashed(digest(&read.prefix, b""))));
+            x.step(&s, NOW, Event::BatchDone(claimed(1)));
+            batch(x.step(&s, NOW, Event::HandlerDone(result)));
+            let done = reply(x.step(&s, NOW, feed));
+            assert_eq!((done.send, done.outcome), (Answer::Handler, Outcome::CompletionFailed));
+            assert!(done.log[0].message.contains("release failed"), "{:?}", done.log);
+        }
+        let s = session(Config { on_server_error: OnServerError::Release, ..Config::default() });
+        let (read, mut x) = started(&s, &keyed());
+        batch(x.step(&s, NOW, Event::BodyHashed(digest(&read.prefix, b""))));
+        x.step(&s, NOW, Event::BatchDone(claimed(1)));
+        batch(x.step(&s, NOW, Event::HandlerDone(HandlerResult::Raised("boom".into()))));
+        match x.step(&s, NOW, Event::BatchFailed(BatchError::Unreachable("down".into()))) {
+            Action::Propagate(failure) => assert_eq!(failure.outcome, Outcome::CompletionFailed),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
