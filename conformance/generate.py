@@ -1,79 +1,248 @@
 #!/usr/bin/env python3
-"""Writes conformance/vectors.json (format 2): the cases every host suite runs.
+"""Writes conformance/vectors.json (format 3, see README.md): the cases every host suite runs.
 
-Expected fingerprints and sweep hashes come from this file's own
-implementations (hashlib for SPEC 4, FNV-1a 64 for SPEC 8.2), expected answers
-from the tables of docs/SPEC.md written out by hand below, so the vectors check
-the core instead of echoing it. The only texts taken from the core are the ones
-the SPEC does not word: log lines (guest/core/src/log.rs, with the error texts
-they embed) and the sf-string parser's 400 details (headers.rs). Standard
-library only. Usage: generate.py [--check] (--check: exit 1 if the committed
-file differs from what this script writes).
+Each exchange vector is a request, the events a host feeds and the action the
+exchange must answer to each. The vector tables below say what happens (the
+request, the rows, the host's moves: the body it read, what its handler did,
+the batches that failed, the rows another request changed meanwhile) and,
+by hand, how the exchange should end (its sleeps and outcome); every action,
+statement, answer and log line is then computed by oracle.py, the protocol's
+rules in Python, and checked against the hand-written ending. Nothing here
+runs the core. Standard library only. Usage: generate.py [--check] (--check:
+exit 1 if the committed file differs from what this script writes).
 """
 
-import hashlib
 import itertools
 import json
-import re
 import sys
 from pathlib import Path
 
+sys.dont_write_bytecode = True  # no __pycache__ next to the vectors
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import oracle as o  # noqa: E402
+from oracle import NOW, cfg, defaults, digest, prefix_of, sort_rows  # noqa: E402
+
 OUT = Path(__file__).with_name("vectors.json")
 
-MAX_DURATION_MS = 2 ** 53
-# 2^53 + 2: above every 2^53 limit and still exact as a JavaScript number (2^53 + 1 is not).
-OVER_2_53 = 2 ** 53 + 2
+TTL = defaults()["pending-ttl-ms"]
+RETENTION = defaults()["retention-ms"]
+OVER_2_53 = 2 ** 53 + 2  # above every 2^53 limit and still exact as a JavaScript number
+IETF = {"profile": "ietf"}
+REL = {"on-server-error": "release"}
+NO_HINT = {"in-progress-retry-ms": None}
+
+PRINCIPAL = "acct-1"
+KEY = "key-1"
+JSON_HEADER = ["Content-Type", "application/json"]
+BODY_A = b'{"sku":"A-1","qty":1}'
+BODY_B = b'{"sku":"B-2","qty":2}'
 
 
-def defaults(profile="recipe"):
-    """`default-config(profile)`: every field, from the SPEC's Settings table."""
+def request(key=KEY, principal=PRINCIPAL, now=NOW, method="POST", path="/orders", headers=None):
+    if headers is None:
+        headers = [["Idempotency-Key", key], JSON_HEADER]
+    return {"method": method, "path_and_query": path, "headers": headers, "principal": principal, "now": now}
+
+
+def fingerprint_of(config, req, body):
+    return digest(prefix_of(config, req["method"], req["path_and_query"], req["headers"]), body)
+
+
+FP_A = fingerprint_of({}, request(), BODY_A)
+FP_B = fingerprint_of({}, request(), BODY_B)
+
+
+def row(principal=PRINCIPAL, key=KEY, fingerprint=FP_A, status="completed", generation=1,
+        response_status=201, response_body='{"order":"o_1"}',
+        response_headers='{"content-type":"application/json","location":"/orders/o_1"}',
+        created_at=NOW - 60_000, updated_at=NOW - 59_000):
     return {
-        "protected-methods": ["POST", "PATCH", "DELETE"],
-        "fingerprint-headers": ["content-type", "x-api-version"],
-        "replay-headers": ["content-type", "location"],
-        "pending-ttl-ms": 30_000,
-        "retention-ms": 86_400_000,
-        "body-cap-bytes": 16_384,
-        "request-body-cap-bytes": 1_048_576,
-        "sweep-batch": 20,
-        "sweep-every": 8,
-        "dialect": "sqlite",
-        "profile": profile,
-        "key-required": True,
-        "replay-header": None if profile == "recipe" else "Idempotency-Replayed",
-        "in-progress-retry-ms": None,
-        "wait-ms": 0,
-        "on-server-error": "store",
+        "principal": principal, "key": key, "fingerprint": fingerprint, "status": status,
+        "generation": generation, "response_status": response_status, "response_body": response_body,
+        "response_headers": response_headers, "created_at": created_at, "updated_at": updated_at,
     }
 
 
-NOW = 1_767_225_600_000  # 2026-01-01T00:00:00Z
-TTL = defaults()["pending-ttl-ms"]
-RETENTION = defaults()["retention-ms"]
-FP_A = hashlib.sha256(b"request A").hexdigest()
-FP_B = hashlib.sha256(b"request B").hexdigest()
-JSON_CT = ["content-type", "application/json"]
-PROBLEM_CT = ["content-type", "application/problem+json"]
-IETF = {"profile": "ietf"}
+def pending(**kw):
+    base = dict(status="pending", response_status=None, response_body=None, response_headers=None)
+    base.update(kw)
+    return row(**base)
 
 
-def cfg(config, name):
-    """A setting of a vector's config: its override, else the default of its profile."""
-    if name in config:
-        return config[name]
-    return defaults(config.get("profile", "recipe"))[name]
+# ---- the host's moves: what happens at each action (see `play`) ----
+
+def Body(data, at=None):
+    return {"phase": "read-body", "event": {"body": data.hex()}, "at": at}
 
 
-def is_ietf(config):
-    return cfg(config, "profile") == "ietf"
+def Hashed(text, at=None):
+    return {"phase": "read-body", "event": {"body-hashed": text}, "at": at}
 
 
-def ceil_div(a, b):
-    return -(-a // b)
+def TooLarge(at=None):
+    return {"phase": "read-body", "event": {"body-too-large": None}, "at": at}
 
 
-def json_text(value):
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+def Unreadable(problem, at=None):
+    return {"phase": "read-body", "event": {"body-unreadable": problem}, "at": at}
+
+
+def Db(rows=None):
+    """Run the batch on the table (after replacing it with `rows`: another request changed it)."""
+    return {"phase": "run-batch", "db": True, "rows": rows}
+
+
+def Fail(error):
+    return {"phase": "run-batch", "event": {"batch-failed": error}}
+
+
+def Done(results):
+    """A scripted batch result (of the wrong shape, or with values a database would hand over)."""
+    return {"phase": "run-batch", "event": {"batch-done": results}}
+
+
+def Slept(at):
+    return {"phase": "sleep", "event": {"slept": None}, "at": at}
+
+
+HANDLER_HEADERS = [["Content-Type", "application/json"], ["Location", "/orders/o_9"], ["Set-Cookie", "s=1"],
+                   ["X-Trace-Id", "t-1"]]
+HANDLER_BODY = '{"order":"o_9"}'
+
+
+def Answered(status=201, headers=None, body=HANDLER_BODY, at=None):
+    response = {"status": status, "headers": HANDLER_HEADERS if headers is None else headers}
+    if isinstance(body, bytes):
+        response["body_hex"] = body.hex()
+    else:
+        response["body_text"] = body
+    return {"phase": "run-handler", "event": {"handler-done": {"answered": response}}, "at": at}
+
+
+def Raised(detail="TypeError: boom", at=None):
+    return {"phase": "run-handler", "event": {"handler-done": {"raised": detail}}, "at": at}
+
+
+def NothingChanged(at=None):
+    return {"phase": "run-handler", "event": {"handler-done": {"nothing-changed": None}}, "at": at}
+
+
+def Declined(at=None):
+    return {"phase": "run-handler", "event": {"handler-done": {"declined": None}}, "at": at}
+
+
+def Feed(phase, event, at=None):
+    """Any event at the action of `phase` (`final`: after the final action)."""
+    return {"phase": phase, "event": event, "at": at}
+
+
+BATCH_EVENTS = ("batch-done", "batch-failed")
+
+
+def play(config, req, body, rows, database, moves):
+    """Runs the oracle's exchange with the host doing `moves` (in order, each at the first action of its
+    phase; where no move is given: the body, the batch run on the table, the sleep as asked, the
+    handler's 201). Returns the steps, the table after, and whether only a stepped host can feed them."""
+    exchange = o.Exchange(config)
+    table = o.Table(rows)
+    moves = list(moves)
+    steps = []
+    stepped_only = False
+    now = req["now"]
+    action = exchange.start(req)
+    while True:
+        assert len(steps) < 100, "an exchange that does not end"
+        kind = next(iter(action))
+        phase = "final" if o.is_final(action) else kind
+        move = moves.pop(0) if moves and moves[0]["phase"] == phase else None
+        step = {"expect": action}
+        if phase == "final" and move is None:
+            steps.append(step)
+            break
+        if phase == "run-batch":
+            if move is None or move.get("db"):
+                if move is not None and move["rows"] is not None:
+                    table.replace(move["rows"])
+                    if database:
+                        step["rows"] = sort_rows(move["rows"])
+                event = {"batch-done": table.run(action["run-batch"])}
+                feed = not database
+            else:
+                event, feed = move["event"], True
+                stepped_only = stepped_only or next(iter(event)) not in BATCH_EVENTS
+            at = now  # the now of the event that caused the batch
+        else:
+            if move is None:
+                move = {"read-body": Body(body), "sleep": Slept(now + action.get("sleep", 0)),
+                        "run-handler": Answered()}[phase]
+            event, feed = move["event"], True
+            at = now if move.get("at") is None else move["at"]
+        step["now"] = at
+        if feed:
+            step["feed"] = event
+        if "rows" in step:
+            step["rows"] = step.pop("rows")
+        steps.append(step)
+        now = at
+        action = exchange.step(at, event)
+    assert not moves, f"moves left over: {moves}"
+    return steps, (table.sorted() if database else None), stepped_only
+
+
+def trace(steps):
+    """How an exchange went, in short: its sleeps and the outcome of each final action (what the tables
+    state by hand)."""
+    out = []
+    for step in steps:
+        kind, value = next(iter(step["expect"].items()))
+        if kind == "sleep":
+            out.append(value)
+        elif kind == "pass-through":
+            out.append("passed-through")
+        elif kind in ("respond", "propagate"):
+            out.append(value["outcome"])
+    return out
+
+
+def exchange(spec, config=None, req=None, body=BODY_A, rows=(), moves=(), database=True, model_rows=None,
+             expect=None):
+    """One exchange vector. `model_rows`: the table a vector without database plays on (its batch
+    results are scripted from it). `expect`: the hand-written trace (sleeps, then the outcome)."""
+    config = {} if config is None else config
+    req = request() if req is None else req
+    assert database or not rows, "a vector without database has no rows"
+    assert not database or "dialect" not in config, "a database vector runs in the runner's dialect"
+    steps, rows_after, stepped_only = play(config, req, body, rows if database else (model_rows or ()), database,
+                                           moves)
+    for rows_of_step in [rows, rows_after] + [step.get("rows") for step in steps]:
+        check_rows(rows_of_step, spec)
+    if expect is not None:
+        got = trace(steps)
+        want = expect if isinstance(expect, list) else [expect]
+        assert got == want, f"{spec}: the oracle's exchange went {got}, the table says {want}"
+    vector = {"id": None, "spec": spec, "config": config, "database": database}
+    if stepped_only:
+        vector["stepped_only"] = True
+    vector.update({"rows": sort_rows(rows) if database else [], "request": req, "steps": steps,
+                   "rows_after": rows_after})
+    return vector
+
+
+INTEGER_COLUMNS = ("generation", "response_status", "created_at", "updated_at")
+
+
+def check_rows(rows, what):
+    """README: every row value fits its column in SQLite and PostgreSQL alike."""
+    for r in rows or ():
+        assert list(r) == o.COLUMNS, what
+        for column, value in r.items():
+            if column in INTEGER_COLUMNS:
+                assert value is None or o.is_integer(value), (what, column, value)
+            else:
+                assert value is None or (isinstance(value, str) and "\0" not in value), (what, column, value)
+        assert all(r[c] is not None for c in ("principal", "key", "fingerprint", "status", "generation",
+                                               "created_at", "updated_at")), what
 
 
 def number(items, prefix):
@@ -82,22 +251,13 @@ def number(items, prefix):
     return items
 
 
-# ---- SPEC 4: an independent fingerprint implementation ----
-
-def http_trim(value):
-    return value.strip(" \t\r\n")
-
-
-def headers_get(headers, name):
-    """Fetch Headers.get(): values of `name` (ASCII case-insensitive) joined by ', '."""
-    values = [http_trim(v) for (n, v) in headers if n.lower() == name.lower()]
-    return ", ".join(values) if values else None
+def replayable(config, req, body, principal=None, key=None):
+    """A completed row for this request's own fingerprint: its decision is a replay (used where the
+    decision only has to show the statements: the prefix, the key, the fingerprint)."""
+    return row(principal=principal or req["principal"], key=key, fingerprint=fingerprint_of(config, req, body))
 
 
-def prefix_of(config, method, path, headers):
-    part = "\n".join(f"{n.lower()}:{headers_get(headers, n) or ''}" for n in cfg(config, "fingerprint-headers"))
-    return f"{method.upper()}\n{path}\n{part}\n"
-
+# ---- SPEC 4: fingerprints (the prefix in read-body, the digest in the claim) ----
 
 def fingerprint_vectors():
     methods = ["POST", "post", "Patch", "DELETE"]
@@ -140,140 +300,41 @@ def fingerprint_vectors():
         {"fingerprint-headers": []},
         {"fingerprint-headers": ["X-Tenant", "content-type"]},
     ]
-    vectors = []
+    cases = []
     combos = itertools.product(range(len(methods)), range(len(paths)), range(len(header_sets)), range(len(bodies)))
     # A deterministic spread over the product: every path, header set and body
     # meets several methods and configs.
-    for n, (m, p, h, b) in enumerate(combos):
+    for m, p, h, b in combos:
         if (m * 7 + p * 5 + h * 3 + b) % 12 != 0:
             continue
-        config = configs[(p + h + b) % len(configs)]
-        vectors.append(fp_vector(config, methods[m], paths[p], header_sets[h], bodies[b]))
+        cases.append((configs[(p + h + b) % len(configs)], methods[m], paths[p], header_sets[h], bodies[b]))
     # Pairs the SPEC calls out must differ (or match) exactly as stated.
-    special = [
-        ({}, "POST", "/orders?id=1&id=2", [JSON_CT], b"{}"),
-        ({}, "POST", "/orders?id=2&id=1", [JSON_CT], b"{}"),
-        ({}, "post", "/orders", [JSON_CT], b"{}"),
-        ({}, "POST", "/orders", [JSON_CT, ["X-Request-Id", "r-1"]], b"{}"),
-        ({}, "POST", "/orders", [JSON_CT, ["X-Request-Id", "r-2"]], b"{}"),
+    json_ct = [JSON_HEADER]
+    cases += [
+        ({}, "POST", "/orders?id=1&id=2", json_ct, b"{}"),
+        ({}, "POST", "/orders?id=2&id=1", json_ct, b"{}"),
+        ({}, "post", "/orders", json_ct, b"{}"),
+        ({}, "POST", "/orders", json_ct + [["X-Request-Id", "r-1"]], b"{}"),
+        ({}, "POST", "/orders", json_ct + [["X-Request-Id", "r-2"]], b"{}"),
         ({"fingerprint-headers": ["x-tenant"]}, "POST", "/orders", [["X-Tenant", "t1"], ["x-tenant", "t2"]], b""),
         ({}, "POST", "/orders", [["content-type", "application/json"], ["content-type", "text/plain"]], b"x"),
+        # The Idempotency-Key header is hashed only when it is listed.
+        ({"fingerprint-headers": ["idempotency-key"]}, "POST", "/orders", [], b"{}"),
     ]
-    for s in special:
-        vectors.append(fp_vector(*s))
-    for i, v in enumerate(vectors):
-        v["id"] = f"fingerprint-{i:03d}"
-    return vectors
+    vectors = []
+    for config, method, path, headers, body in cases:
+        req = request(method=method, path=path, headers=headers + [["Idempotency-Key", KEY]])
+        # The decision finds the row this very fingerprint completed: a replay, so
+        # the claim's fingerprint and the stored one must both be this digest.
+        vectors.append(exchange("4", config, req, body, database=False,
+                                model_rows=[replayable(config, req, body, key=KEY)], expect="replayed"))
+    return number(vectors, "fingerprint")
 
 
-def fp_vector(config, method, path, headers, body):
-    prefix = prefix_of(config, method, path, headers)
-    return {
-        "id": None,
-        "spec": "4",
-        "config": config,
-        "method": method,
-        "path_and_query": path,
-        "headers": headers,
-        "body_hex": body.hex(),
-        "prefix": prefix,
-        "fingerprint": hashlib.sha256(prefix.encode() + body).hexdigest(),
-    }
-
-
-# ---- SPEC "Profiles": the error answers, by code ----
-
-PROBLEM_TYPE = "urn:idempotency-ledger:problem:"
-PRINCIPAL_MESSAGE = "An authenticated principal is required for requests with an Idempotency-Key."
-KEY_INVALID_MESSAGE = "Idempotency-Key must be 1-255 printable ASCII characters."
-
-
-def answer(config, status, code, message, title, detail=None, retry_after=None, retry_after_ms=None):
-    """One row of the error-answers table in the config's profile. `detail`
-    None: the problem detail is the same as the recipe message."""
-    if is_ietf(config):
-        body = {
-            "type": PROBLEM_TYPE + code[len("idempotency_"):].replace("_", "-"),
-            "title": title,
-            "status": status,
-            "detail": message if detail is None else detail,
-            "code": code,
-        }
-        headers = [PROBLEM_CT]
-    else:
-        body = {"error": code}
-        if message is not None:
-            body["message"] = message
-        headers = [JSON_CT]
-    if retry_after_ms is not None:
-        body["retry_after_ms"] = retry_after_ms
-    if retry_after is not None:
-        headers.append(["retry-after", str(retry_after)])
-    return {"status": status, "headers": headers, "body": json_text(body)}
-
-
-def principal_required_answer(config):
-    return answer(config, 401, "idempotency_principal_required", PRINCIPAL_MESSAGE, "Authentication required")
-
-
-def key_required_answer(config):
-    return answer(config, 400, "idempotency_key_required", None, "Idempotency-Key is missing",
-                  "This operation is idempotent and requires an Idempotency-Key header.")
-
-
-def key_invalid_answer(config, reason=None):
-    return answer(config, 400, "idempotency_key_invalid", KEY_INVALID_MESSAGE, "Idempotency-Key is invalid", reason)
-
-
-def too_large_answer(config):
-    return answer(config, 413, "idempotency_request_too_large",
-                  f"The request body exceeds {cfg(config, 'request-body-cap-bytes')} bytes.", "Request body too large")
-
-
-def reused_answer(config):
-    return answer(config, 422 if is_ietf(config) else 409, "idempotency_key_reused", None,
-                  "Idempotency-Key is already used",
-                  "This Idempotency-Key was already used with a different request payload.")
-
-
-def in_progress_answer(config, ms):
-    return answer(config, 409, "idempotency_key_in_progress", None, "A request is outstanding for this Idempotency-Key",
-                  f"A request with this Idempotency-Key is still being processed; retry in {ms} ms.",
-                  retry_after=ceil_div(ms, 1000), retry_after_ms=ms)
-
-
-def retry_answer(config):
-    return answer(config, 409, "idempotency_key_retry", "Retry the request.", "Retry the request",
-                  "The record of this Idempotency-Key changed while the request was decided; retry the request.")
-
-
-def corrupt_answer(config):
-    return answer(config, 500, "idempotency_record_corrupt",
-                  "The stored response for this Idempotency-Key cannot be replayed.", "Stored response cannot be replayed")
-
-
-def busy_answer(config):
-    return answer(config, 503, "idempotency_ledger_unavailable", "The idempotency ledger is busy; retry the request.",
-                  "Idempotency ledger busy", retry_after=1)
-
-
-def failed_answer(config):
-    return answer(config, 500, "idempotency_ledger_unavailable",
-                  "The idempotency ledger failed; the request was not executed.", "Idempotency ledger unavailable")
-
-
-def outcome_unknown_answer(config):
-    ttl = cfg(config, "pending-ttl-ms")
-    return answer(config, 503, "idempotency_ledger_outcome_unknown",
-                  "The connection to the idempotency ledger broke while deciding; the request was not executed, "
-                  f"but its Idempotency-Key may stay reserved for up to {ttl} ms.",
-                  "Idempotency ledger outcome unknown", retry_after=ceil_div(ttl, 1000))
-
-
-# ---- SPEC 1: admission ----
+# ---- SPEC 1: admission (pass-through, the rejections, or read-body and the key in the claim) ----
 
 PASS = ("pass-through",)
-ERROR = ("error",)
+ERROR = ("principal-invalid",)
 
 
 def protected(key):
@@ -284,169 +345,9 @@ def rejected(reason, detail=None):
     return ("reject", reason, detail)
 
 
-# The sf-string parser's reasons (the 400's detail under `ietf`); wording from
-# guest/core/src/headers.rs, the cases from RFC 8941 and SPEC 1.5.
-SF_NOT_SINGLE = "a quoted Idempotency-Key must be a single sf-string (RFC 8941), optionally with parameters"
-SF_EMPTY = "the quoted Idempotency-Key is empty"
-SF_TOO_LONG = "the quoted Idempotency-Key is longer than 255 characters"
-SF_BAD_ESCAPE = 'the quoted Idempotency-Key has an escape other than \\" or \\\\'
-SF_NO_CLOSE = "the quoted Idempotency-Key has no closing quote"
-SF_NOT_PRINTABLE = "the quoted Idempotency-Key contains a character outside printable ASCII"
-SF_BAD_PARAMS = "the parameters after the quoted Idempotency-Key are not valid sf-parameters (RFC 8941)"
-
-LCALPHA = "abcdefghijklmnopqrstuvwxyz"
-DIGITS = "0123456789"
-ALPHA = LCALPHA + LCALPHA.upper()
-TCHAR = ALPHA + DIGITS + "!#$%&'*+-.^_`|~"
-
-
-def sf_string(s, i):
-    """RFC 8941 4.2.5 from s[i] == '"': (value, index after the closing quote) or raises ValueError(reason)."""
-    out = []
-    i += 1
-    while i < len(s):
-        c = s[i]
-        if c == "\\":
-            if i + 1 == len(s):
-                raise ValueError(SF_NO_CLOSE)
-            if s[i + 1] not in '"\\':
-                raise ValueError(SF_BAD_ESCAPE)
-            out.append(s[i + 1])
-            i += 2
-        elif c == '"':
-            return "".join(out), i + 1
-        elif 0x20 <= ord(c) <= 0x7E:
-            out.append(c)
-            i += 1
-        else:
-            raise ValueError(SF_NOT_PRINTABLE)
-    raise ValueError(SF_NO_CLOSE)
-
-
-def span(s, i, chars):
-    j = i
-    while j < len(s) and s[j] in chars:
-        j += 1
-    return j
-
-
-def bare_item(s, i):
-    """Any RFC 8941 bare item at s[i] (syntax only): the index after it, or raises ValueError."""
-    c = s[i] if i < len(s) else ""
-    if c == '"':
-        return sf_string(s, i)[1]
-    if c == "?":
-        if s[i + 1:i + 2] in ("0", "1"):
-            return i + 2
-        raise ValueError
-    if c == ":":
-        j = span(s, i + 1, ALPHA + DIGITS + "+/=")
-        if s[j:j + 1] != ":":
-            raise ValueError
-        return j + 1
-    if c and c in "-" + DIGITS:
-        start = i + 1 if c == "-" else i
-        j = span(s, start, DIGITS)
-        whole = j - start
-        if whole == 0:
-            raise ValueError
-        if s[j:j + 1] == ".":
-            k = span(s, j + 1, DIGITS)
-            if whole > 12 or not 1 <= k - (j + 1) <= 3:
-                raise ValueError
-            return k
-        if whole > 15:
-            raise ValueError
-        return j
-    if c and c in ALPHA + "*":
-        return span(s, i + 1, TCHAR + ":/")
-    raise ValueError
-
-
-def parameters(s, i):
-    """RFC 8941 parameters from s[i]: the index after them, or raises ValueError(SF_BAD_PARAMS)."""
-    while s[i:i + 1] == ";":
-        i = span(s, i + 1, " ")
-        if s[i:i + 1] == "" or s[i] not in LCALPHA + "*":
-            raise ValueError(SF_BAD_PARAMS)
-        i = span(s, i + 1, LCALPHA + DIGITS + "_-.*")
-        if s[i:i + 1] == "=":
-            try:
-                i = bare_item(s, i + 1)
-            except ValueError:
-                raise ValueError(SF_BAD_PARAMS) from None
-    return i
-
-
-def sf_key(value):
-    """SPEC 1.5 under `ietf` for a value starting with '"': (key, None) or (None, reason)."""
-    try:
-        key, i = sf_string(value, 0)
-        i = parameters(value, i)
-    except ValueError as e:
-        return None, e.args[0]
-    if i != len(value):
-        return None, SF_NOT_SINGLE
-    if key == "":
-        return None, SF_EMPTY
-    if len(key) > 255:
-        return None, SF_TOO_LONG
-    return key, None
-
-
-def content_length(headers):
-    """SPEC 1.6: one number, or repeats of the same number; anything else is no Content-Length."""
-    values = [http_trim(v) for (n, v) in headers if n.lower() == "content-length"]
-    if not values or any(v != values[0] for v in values) or not re.fullmatch("[0-9]+", values[0]):
-        return None
-    return int(values[0])
-
-
-def admit(config, method, headers, principal):
-    """An independent implementation of SPEC 1, to cross-check the hand-written answers below."""
-    if method.upper() not in [m.upper() for m in cfg(config, "protected-methods")]:
-        return PASS
-    raw = headers_get(headers, "idempotency-key")
-    if raw == "":
-        raw = None
-    if raw is None and not cfg(config, "key-required"):
-        return PASS
-    if not principal:
-        return rejected("principal-required")
-    if len(principal.encode()) > 4096 or "\0" in principal:
-        return ERROR
-    if raw is None:
-        return rejected("key-required")
-    if is_ietf(config) and raw.startswith('"'):
-        key, reason = sf_key(raw)
-        if key is None:
-            return rejected("key-invalid", reason)
-    elif 1 <= len(raw) <= 255 and all(0x20 <= ord(c) <= 0x7E for c in raw):
-        key = raw
-    else:
-        return rejected("key-invalid")
-    length = content_length(headers)
-    if length is not None and length > cfg(config, "request-body-cap-bytes"):
-        return rejected("body-too-large")
-    return protected(key)
-
-
-def admission_expect(config, expect):
-    if expect == PASS:
-        return {"kind": "pass-through"}
-    if expect == ERROR:
-        # The SPEC does not word this message: the kind is the contract.
-        return {"kind": "error", "error": {"kind": "invalid-argument"}}
-    if expect[0] == "protected":
-        return {"kind": "protected", "key": expect[1]}
-    _, reason, detail = expect
-    response = {
-        "principal-required": principal_required_answer,
-        "key-required": key_required_answer,
-        "key-invalid": lambda c: key_invalid_answer(c, detail),
-        "body-too-large": too_large_answer,
-    }[reason](config)
-    return {"kind": "reject", "reason": reason, "response": response}
+SF_NOT_SINGLE, SF_EMPTY, SF_TOO_LONG = o.SF_NOT_SINGLE, o.SF_EMPTY, o.SF_TOO_LONG
+SF_BAD_ESCAPE, SF_NO_CLOSE, SF_NOT_PRINTABLE, SF_BAD_PARAMS = (o.SF_BAD_ESCAPE, o.SF_NO_CLOSE, o.SF_NOT_PRINTABLE,
+                                                              o.SF_BAD_PARAMS)
 
 
 def admission_vectors():
@@ -515,14 +416,14 @@ def admission_vectors():
         ("1.3: key-required false, no key: passes through without a principal", "POST", [], optional, None, PASS),
         ("1.3: key-required false, a key and no principal: 401", "POST", K("k"), optional, None,
          reject("principal-required")),
-        ("1.4: principal with NUL: invalid-argument", "POST", K("k"), {}, "acct\u00001", ERROR),
-        ("1.4: principal of 4097 bytes: invalid-argument", "POST", K("k"), {}, "p" * 4097, ERROR),
+        ("1.4: principal with NUL: 500 principal-invalid, logged", "POST", K("k"), {}, "acct\u00001", ERROR),
+        ("1.4: principal of 4097 bytes: 500 principal-invalid, logged", "POST", K("k"), {}, "p" * 4097, ERROR),
         ("1.4: principal of 4096 bytes is fine", "POST", K("k"), {}, "p" * 4096, protected("k")),
         ("1.4: principal of 2048 two-byte characters (4096 bytes) is fine", "POST", K("k"), {}, "\u00e9" * 2048,
          protected("k")),
-        ("1.4: principal of 4097 bytes in UTF-8: invalid-argument", "POST", K("k"), {}, "\u00e9" * 2048 + "p", ERROR),
-        ("1.4: principal with NUL and no key: invalid-argument before 400", "POST", [], {}, "\u0000", ERROR),
-        ("1.4: principal with NUL: invalid-argument (ietf)", "POST", K("k"), IETF, "acct\u00001", ERROR),
+        ("1.4: principal of 4097 bytes in UTF-8: 500 principal-invalid, logged", "POST", K("k"), {}, "\u00e9" * 2048 + "p", ERROR),
+        ("1.4: principal with NUL and no key: 500 principal-invalid before 400", "POST", [], {}, "\u0000", ERROR),
+        ("1.4: principal with NUL: 500 principal-invalid (ietf)", "POST", K("k"), IETF, "acct\u00001", ERROR),
         ("1.1: an unprotected method never looks at the principal", "GET", K("k"), {}, "acct\u00001", PASS),
         ("1.4: a principal with a newline is a principal", "POST", K("k"), {}, "acct\n1", protected("k")),
         # 1.3 key-required false.
@@ -659,746 +560,500 @@ def admission_vectors():
         ("1.5: recipe: an unterminated quote is a printable key", "POST", K('"abc'), {}, "acct-1", protected('"abc')),
     ]
     cases += new
+    cases += [
+        ("1.6: repeats of one number in one field (\"2000000, 2000000\"): 413", "POST",
+         K("k") + CL("2000000, 2000000"), {}, "acct-1", reject("body-too-large")),
+        ("1.6: the same number spelled with leading zeros is one number: 413", "POST",
+         K("k") + CL("2000000", "02000000"), {}, "acct-1", reject("body-too-large")),
+        ("1.6: different numbers in one field are not one number: ignored", "POST", K("k") + CL("2000000, 5"), {},
+         "acct-1", protected("k")),
+        ("1.6: a trailing comma is not a number: ignored", "POST", K("k") + CL("2000000,"), {}, "acct-1",
+         protected("k")),
+        ("1.6: a number beyond 64 bits is not a Content-Length: ignored", "POST",
+         K("k") + CL("99999999999999999999999"), {}, "acct-1", protected("k")),
+        ("1.6: 2^64-1 is a number (over the cap): 413", "POST", K("k") + CL(str(2 ** 64 - 1)), {}, "acct-1",
+         reject("body-too-large")),
+        ("1.4: principal with NUL: 500, logged, before the key is read (ietf)", "POST", K('"abc'), IETF,
+         "\u0000", ERROR),
+        ("1.2: repeated empty keys join into \", \", a key", "POST", K("") + K(""), {}, "acct-1", protected(", ")),
+        ("1.5: a 255-character key of spaces inside is kept as it is", "POST", K("a" + " " * 253 + "b"), {},
+         "acct-1", protected("a" + " " * 253 + "b")),
+    ]
     vectors = []
     for spec, method, headers, config, principal, expect in cases:
-        assert admit(config, method, headers, principal) == expect, (spec, method, headers, config, principal, expect)
-        vectors.append({
-            "id": None,
-            "spec": spec,
-            "config": config,
-            "method": method,
-            "path_and_query": "/orders",
-            "headers": headers,
-            "principal": principal,
-            "expect": admission_expect(config, expect),
-        })
+        got = o.admit(config, method, headers, principal)
+        assert got == expect or (expect == ERROR and got[0] == ERROR[0]), (spec, got, expect)
+        req = request(method=method, headers=headers, principal=principal)
+        body = b"{}" if cfg(config, "request-body-cap-bytes") >= 2 else b""
+        model_rows = []
+        outcome = {"pass-through": "passed-through", "principal-invalid": "principal-invalid"}.get(expect[0])
+        if expect[0] == "protected":
+            outcome = "replayed"
+            model_rows = [replayable(config, req, body, key=expect[1])]
+        elif expect[0] == "reject":
+            outcome = expect[1]
+        vector = exchange(spec, config, req, body, database=False, model_rows=model_rows, expect=outcome)
+        if expect[0] == "protected":
+            claim = vector["steps"][1]["expect"]["run-batch"][0]
+            assert claim["query"] == "claim" and claim["params"][:2] == [principal, expect[1]], spec
+        vectors.append(vector)
     return number(vectors, "admission")
 
 
-# ---- SPEC 3, 5, 6: decisions on a real database ----
+# ---- SPEC 3, 5, 6, 7.5: decisions on a real database ----
 
-def row(principal="acct-1", key="key-1", fingerprint=FP_A, status="completed", generation=1,
-        response_status=201, response_body='{"order":"o_1"}',
-        response_headers='{"content-type":"application/json","location":"/orders/o_1"}',
-        created_at=NOW - 60_000, updated_at=NOW - 59_000):
-    return {
-        "principal": principal, "key": key, "fingerprint": fingerprint, "status": status,
-        "generation": generation, "response_status": response_status, "response_body": response_body,
-        "response_headers": response_headers, "created_at": created_at, "updated_at": updated_at,
-    }
-
-
-def pending(**kw):
-    base = dict(status="pending", response_status=None, response_body=None, response_headers=None)
-    base.update(kw)
-    return row(**base)
-
-
-def fresh_for(config, updated_at, now=NOW):
-    """SPEC 5.3: the time left until a retry can take the row over."""
-    ttl = cfg(config, "pending-ttl-ms")
-    return max(0, min(updated_at + ttl - now, ttl))
-
-
-def in_progress(config, updated_at, now=NOW):
-    """SPEC 5.3: the 409 that tells the truth."""
-    ms = fresh_for(config, updated_at, now)
-    hint = cfg(config, "in-progress-retry-ms")
-    if hint is not None:
-        ms = min(hint, ms)
-    return {"kind": "reject", "reason": "in-progress", "response": in_progress_answer(config, ms)}
-
-
-def wait(ms):
-    return {"kind": "wait", "ms": ms}
-
-
-def execute(generation, created_at):
-    return {"kind": "execute", "generation": generation, "created_at": created_at}
-
-
-def replay(config, status, headers, body):
-    """SPEC 7.5: stored status, headers in stored order, body, then the replay marker."""
-    headers = [list(h) for h in headers]
-    marker = cfg(config, "replay-header")
-    if marker is not None:
-        headers.append([marker.lower(), "true"])
-    return {"kind": "replay", "response": {"status": status, "headers": headers, "body": body}}
-
-
-def reused(config):
-    return {"kind": "reject", "reason": "key-reused", "response": reused_answer(config)}
-
-
-def corrupt(config):
-    return {"kind": "reject", "reason": "record-corrupt", "response": corrupt_answer(config)}
-
-
-def replay_201(config):
-    return replay(config, 201, [JSON_CT, ["location", "/orders/o_1"]], '{"order":"o_1"}')
+RAW = "replayed-after-wait"
 
 
 def decision_vectors():
-    fresh_claim = pending(created_at=NOW, updated_at=NOW, fingerprint=FP_A)
-    R = {}  # the recipe defaults
-    REPLAY_201 = replay_201(R)
-    REUSED = reused(R)
-    CORRUPT = corrupt(R)
-    # Format 1's cases: (spec, config, rows, fingerprint, expect, rows_after). The in-progress
-    # answers now tell the truth (5.3); every other answer is unchanged.
-    cases = [
-        ("3: no row: the claim wins generation 1", {}, [], FP_A, execute(1, NOW), [fresh_claim]),
-        ("5: completed, same fingerprint: replay", {}, [row()], FP_A, REPLAY_201, None),
-        ("5: completed, other fingerprint: reused", {}, [row()], FP_B, REUSED, None),
-        ("5: pending fresh: in progress", {}, [pending(updated_at=NOW - 1_000)], FP_A,
-         in_progress({}, NOW - 1_000), None),
-        ("5: pending at exactly now - ttl is fresh", {}, [pending(updated_at=NOW - TTL)], FP_A,
-         in_progress({}, NOW - TTL), None),
-        ("5: pending updated in the future (clock behind): in progress", {}, [pending(updated_at=NOW + 10_000)], FP_A,
-         in_progress({}, NOW + 10_000), None),
-        ("6: pending stale by 1 ms: takeover to generation 2", {}, [pending(updated_at=NOW - TTL - 1)], FP_A,
-         execute(2, NOW - 60_000), [pending(updated_at=NOW, generation=2)]),
-        ("6: pending stale, generation 5: takeover to 6", {}, [pending(updated_at=NOW - 3_600_000, generation=5)], FP_A,
-         execute(6, NOW - 60_000), [pending(updated_at=NOW, generation=6)]),
-        ("6: pending stale, other fingerprint: reused, no takeover", {}, [pending(updated_at=NOW - TTL - 1)], FP_B,
-         REUSED, None),
-        ("5: pending fresh, other fingerprint: reused", {}, [pending(updated_at=NOW - 10)], FP_B, REUSED, None),
-        ("5: custom ttl 5 s: fresh at now - 5000", {"pending-ttl-ms": 5_000}, [pending(updated_at=NOW - 5_000)], FP_A,
-         in_progress({"pending-ttl-ms": 5_000}, NOW - 5_000), None),
-        ("6: custom ttl 5 s: stale at now - 5001", {"pending-ttl-ms": 5_000}, [pending(updated_at=NOW - 5_001)], FP_A,
-         execute(2, NOW - 60_000), [pending(updated_at=NOW, generation=2)]),
-        ("5: ttl 1500 ms rounds Retry-After up to 2", {"pending-ttl-ms": 1_500}, [pending(updated_at=NOW)], FP_A,
-         in_progress({"pending-ttl-ms": 1_500}, NOW), None),
-        ("1: same key, another principal: independent claim", {}, [row(principal="acct-2")], FP_A,
-         execute(1, NOW), [fresh_claim, row(principal="acct-2")]),
-        ("1: same key, another principal pending: independent claim", {}, [pending(principal="acct-2", updated_at=NOW)],
-         FP_A, execute(1, NOW), [fresh_claim, pending(principal="acct-2", updated_at=NOW)]),
-        ("1: another key of the same principal: independent claim", {}, [row(key="key-0")], FP_A,
-         execute(1, NOW), [row(key="key-0"), fresh_claim]),
-        ("7: completed 204 with a stored body replays without body", {},
-         [row(response_status=204, response_body="ignored", response_headers="{}")], FP_A,
-         replay(R, 204, [], None), None),
-        ("7: completed 205 replays without body", {},
-         [row(response_status=205, response_body="", response_headers="{}")], FP_A, replay(R, 205, [], None), None),
-        ("7: completed 304 replays without body", {},
-         [row(response_status=304, response_body="x", response_headers='{"location":"/x"}')], FP_A,
-         replay(R, 304, [["location", "/x"]], None), None),
-        ("7: oversized sentinel (500, no body) replays as stored", {},
-         [row(response_status=500, response_body=None, response_headers="{}")], FP_A, replay(R, 500, [], None), None),
-        ("7: empty body stays an empty body", {}, [row(response_status=200, response_body="", response_headers="{}")],
-         FP_A, replay(R, 200, [], ""), None),
-        ("7: NULL response_headers replays no headers", {}, [row(response_headers=None)], FP_A,
-         replay(R, 201, [], '{"order":"o_1"}'), None),
-        ("7: stored header order is kept", {},
-         [row(response_headers='{"location":"/orders/o_1","content-type":"application/json"}')], FP_A,
-         replay(R, 201, [["location", "/orders/o_1"], JSON_CT], '{"order":"o_1"}'), None),
-        ("7: multi-byte body replays byte-exact", {}, [row(response_body='{"name":"注文 ✓ café"}')], FP_A,
-         replay(R, 201, [JSON_CT, ["location", "/orders/o_1"]], '{"name":"注文 ✓ café"}'), None),
-        ("5: completed long ago but not yet swept still replays", {},
-         [row(created_at=NOW - 10 * RETENTION, updated_at=NOW - 10 * RETENTION)], FP_A, REPLAY_201, None),
-        ("9: corrupt response_headers (not JSON)", {}, [row(response_headers="not json")], FP_A, CORRUPT, None),
-        ("9: corrupt response_headers (number value)", {}, [row(response_headers='{"content-type":1}')], FP_A, CORRUPT, None),
-        ("9: corrupt response_headers (array)", {}, [row(response_headers="[]")], FP_A, CORRUPT, None),
-        ("9: corrupt response_headers (CRLF injection)", {},
-         [row(response_headers='{"location":"/a\\r\\nSet-Cookie: x=1"}')], FP_A, CORRUPT, None),
-        ("9: corrupt response_headers (bad header name)", {}, [row(response_headers='{"bad name":"x"}')], FP_A,
-         CORRUPT, None),
-        ("9: corrupt response_headers (duplicate name)", {},
-         [row(response_headers='{"location":"/a","Location":"/b"}')], FP_A, CORRUPT, None),
-        ("9: corrupt response_headers (value beyond ISO-8859-1)", {}, [row(response_headers='{"location":"/€"}')], FP_A,
-         CORRUPT, None),
-        ("9: corrupt response_status 99", {}, [row(response_status=99)], FP_A, CORRUPT, None),
-        ("9: corrupt response_status 600", {}, [row(response_status=600)], FP_A, CORRUPT, None),
-        ("9: corrupt response_status NULL on a completed row", {}, [row(response_status=None)], FP_A, CORRUPT, None),
-        # INTEGER affinity would turn "201" into 201, so the text must not look numeric.
-        ("9: corrupt response_status stored as text", {}, [row(response_status="201 Created")], FP_A, CORRUPT, None),
-        ("9: unknown status never executes", {}, [row(status="weird")], FP_A, CORRUPT, None),
-        ("9: unknown status with another fingerprint is still reuse", {}, [row(status="weird")], FP_B, REUSED, None),
-    ]
-    cases = [c + (NOW,) for c in cases]
-
-    I = IETF
+    fresh_claim = pending(created_at=NOW, updated_at=NOW)
+    busy_row = pending(updated_at=NOW - 1_000)  # fresh for 29 000 ms more
     marker = {"replay-header": "Idempotent-Replayed"}
     omitted = '{"content-type":"application/json","idempotency-body-omitted":"true"}'
     hint = lambda ms, **kw: dict({"in-progress-retry-ms": ms}, **kw)  # noqa: E731
-    W = {"wait-ms": 1_000}
-    busy_row = pending(updated_at=NOW - 1_000)  # fresh for 29 000 ms more
-    new = [
-        # Profiles and 5.1 under ietf.
-        ("5.1: ietf: completed, same fingerprint: replay with idempotency-replayed: true last", I, [row()], FP_A,
-         replay_201(I), None),
-        ("5.1: ietf: completed, other fingerprint: 422", I, [row()], FP_B, reused(I), None),
-        ("5.1: ietf: pending fresh, other fingerprint: 422", I, [pending(updated_at=NOW - 10)], FP_B, reused(I), None),
-        ("5.1: ietf: pending stale, other fingerprint: 422, no takeover", I, [pending(updated_at=NOW - TTL - 1)], FP_B,
-         reused(I), None),
-        ("5.1: ietf: unknown status with another fingerprint: 422", I, [row(status="weird")], FP_B, reused(I), None),
-        ("5.3: ietf: pending fresh: 409 problem with retry_after_ms", I, [busy_row], FP_A,
-         in_progress(I, NOW - 1_000), None),
-        ("5.1: ietf: corrupt response_headers: 500 problem", I, [row(response_headers="not json")], FP_A, corrupt(I),
-         None),
-        ("5.1: ietf: unknown status: 500 problem", I, [row(status="weird")], FP_A, corrupt(I), None),
-        ("3: ietf: no row: the claim wins generation 1", I, [], FP_A, execute(1, NOW), [fresh_claim]),
-        ("6: ietf: pending stale: takeover", I, [pending(updated_at=NOW - TTL - 1)], FP_A, execute(2, NOW - 60_000),
-         [pending(updated_at=NOW, generation=2)]),
-        # 7.5 the replay marker.
-        ("7.5: ietf: a 204 replay carries only the marker", I,
-         [row(response_status=204, response_body=None, response_headers="{}")], FP_A,
-         replay(I, 204, [], None), None),
-        ("7.5: ietf: a row stored without its body replays status, headers, idempotency-body-omitted and the marker",
-         I, [row(response_status=200, response_body=None, response_headers=omitted)], FP_A,
-         replay(I, 200, [JSON_CT, ["idempotency-body-omitted", "true"]], None), None),
-        ("7.5: ietf with replay-header none: no marker", dict(I, **{"replay-header": None}), [row()], FP_A,
-         replay(R, 201, [JSON_CT, ["location", "/orders/o_1"]], '{"order":"o_1"}'), None),
-        ("7.5: ietf with a custom replay-header", dict(I, **{"replay-header": "X-Replayed"}), [row()], FP_A,
-         replay_201(dict(I, **{"replay-header": "X-Replayed"})), None),
-        ("7.5: recipe with replay-header: appended last, name lower-cased", marker, [row()], FP_A, replay_201(marker),
-         None),
-        ("7.5: recipe with replay-header: the stored 500 sentinel carries it too", marker,
-         [row(response_status=500, response_body=None, response_headers="{}")], FP_A, replay(marker, 500, [], None),
-         None),
-        ("7.5: recipe with replay-header: stored header order kept, marker last", marker,
-         [row(response_headers='{"location":"/orders/o_1","content-type":"application/json"}')], FP_A,
-         replay(marker, 201, [["location", "/orders/o_1"], JSON_CT], '{"order":"o_1"}'), None),
-        ("7.5: a reuse answer never carries the marker", marker, [row()], FP_B, REUSED, None),
-        # 5.3 in progress: the hint, capped by the time to takeover.
-        ("5.3: updated 1 ms ago: 29999 ms, Retry-After 30", {}, [pending(updated_at=NOW - 1)], FP_A,
-         in_progress({}, NOW - 1), None),
-        ("5.3: 1 ms left: Retry-After 1", {}, [pending(updated_at=NOW - TTL + 1)], FP_A,
-         in_progress({}, NOW - TTL + 1), None),
-        ("5.3: updated far in the future (clock behind): capped at the TTL", {}, [pending(updated_at=NOW + 10 * TTL)],
-         FP_A, in_progress({}, NOW + 10 * TTL), None),
-        ("5.3: ietf: clock behind: capped at the TTL", I, [pending(updated_at=NOW + 10_000)], FP_A,
-         in_progress(I, NOW + 10_000), None),
-        ("5.3: hint 2000 below fresh_for 29000: 2000", hint(2_000), [busy_row], FP_A,
-         in_progress(hint(2_000), NOW - 1_000), None),
-        ("5.3: hint 45000 above fresh_for 29000: 29000", hint(45_000), [busy_row], FP_A,
-         in_progress(hint(45_000), NOW - 1_000), None),
-        ("5.3: hint 1500: Retry-After 2", hint(1_500), [busy_row], FP_A, in_progress(hint(1_500), NOW - 1_000), None),
-        ("5.3: hint 0: 0 and Retry-After 0", hint(0), [busy_row], FP_A, in_progress(hint(0), NOW - 1_000), None),
-        ("5.3: hint 2000, 500 ms left: 500", hint(2_000), [pending(updated_at=NOW - TTL + 500)], FP_A,
-         in_progress(hint(2_000), NOW - TTL + 500), None),
-        ("5.3: hint 2000, clock behind: 2000", hint(2_000), [pending(updated_at=NOW + 10_000)], FP_A,
-         in_progress(hint(2_000), NOW + 10_000), None),
-        ("5.3: ietf: hint 2000: detail and retry_after_ms say 2000", hint(2_000, profile="ietf"), [busy_row], FP_A,
-         in_progress(hint(2_000, profile="ietf"), NOW - 1_000), None),
-        # 5.4 wait: min(clamp(waited, 10, 200), wait-ms - waited, fresh_for + 1) while waited < wait-ms.
-        ("5.4: first poll: 10 ms", W, [busy_row], FP_A, wait(10), None, NOW),
-        ("5.4: waited 5: still 10 ms", W, [busy_row], FP_A, wait(10), None, NOW - 5),
-        ("5.4: waited 10: 10 ms", W, [busy_row], FP_A, wait(10), None, NOW - 10),
-        ("5.4: waited 20: 20 ms (doubling)", W, [busy_row], FP_A, wait(20), None, NOW - 20),
-        ("5.4: waited 40: 40 ms", W, [busy_row], FP_A, wait(40), None, NOW - 40),
-        ("5.4: waited 150: 150 ms", W, [busy_row], FP_A, wait(150), None, NOW - 150),
-        ("5.4: waited 200: 200 ms", W, [busy_row], FP_A, wait(200), None, NOW - 200),
-        ("5.4: waited 640: capped at 200 ms", W, [busy_row], FP_A, wait(200), None, NOW - 640),
-        ("5.4: waited 900 of 1000: 100 ms left", W, [busy_row], FP_A, wait(100), None, NOW - 900),
-        ("5.4: waited 999 of 1000: 1 ms left", W, [busy_row], FP_A, wait(1), None, NOW - 999),
-        ("5.4: waited 1000 of 1000: the 409", W, [busy_row], FP_A, in_progress(W, NOW - 1_000), None, NOW - 1_000),
-        ("5.4: waited 5000 of 1000: the 409", W, [busy_row], FP_A, in_progress(W, NOW - 1_000), None, NOW - 5_000),
-        ("5.4: used up, with a hint: the hinted 409", dict(W, **{"in-progress-retry-ms": 2_000}), [busy_row], FP_A,
-         in_progress(dict(W, **{"in-progress-retry-ms": 2_000}), NOW - 1_000), None, NOW - 1_000),
-        ("5.4: 5 ms to takeover: poll 6 ms", W, [pending(updated_at=NOW - TTL + 5)], FP_A, wait(6), None, NOW),
-        ("5.4: 0 ms to takeover (updated exactly now - ttl): poll 1 ms", W, [pending(updated_at=NOW - TTL)], FP_A,
-         wait(1), None, NOW - 100),
-        ("5.4: clock behind: a normal poll", W, [pending(updated_at=NOW + 10_000)], FP_A, wait(10), None, NOW),
-        ("5.4: first request completed meanwhile: replay", W, [row()], FP_A, REPLAY_201, None, NOW - 300),
-        ("5.4: row went stale meanwhile: takeover", W, [pending(updated_at=NOW - TTL - 1)], FP_A,
-         execute(2, NOW - 60_000), [pending(updated_at=NOW, generation=2)], NOW - 300),
-        ("5.4: row swept meanwhile: the claim wins", W, [], FP_A, execute(1, NOW), [fresh_claim], NOW - 300),
-        ("5.4: another fingerprint never waits: reused", W, [busy_row], FP_B, REUSED, None, NOW),
-        ("5.4: a corrupt row never waits", W, [row(status="weird")], FP_A, CORRUPT, None, NOW),
-        ("5.4: wait-ms equal to the TTL", {"wait-ms": TTL}, [busy_row], FP_A, wait(200), None, NOW - 20_000),
-        ("5.4: wait-ms equal to the TTL, takeover nearer than the wait", {"wait-ms": TTL},
-         [pending(updated_at=NOW - TTL + 50)], FP_A, wait(51), None, NOW - 20_000),
-        ("5.4: ietf: first poll: 10 ms", dict(I, **W), [busy_row], FP_A, wait(10), None, NOW),
-        ("5.4: ietf: used up: the 409 problem", dict(I, **W), [busy_row], FP_A,
-         in_progress(dict(I, **W), NOW - 1_000), None, NOW - 1_000),
-        ("5.4: ietf: completed meanwhile: replay with the marker", dict(I, **W), [row()], FP_A,
-         replay_201(dict(I, **W)), None, NOW - 300),
-    ]
-    cases += [c if len(c) == 7 else c + (NOW,) for c in new]
+    I = IETF
     vectors = []
-    for spec, config, rows, fingerprint, expect, rows_after, waiting_since in cases:
-        vectors.append({
-            "id": None,
-            "spec": spec,
-            "config": config,
-            "rows": rows,
-            "principal": "acct-1",
-            "key": "key-1",
-            "fingerprint": fingerprint,
-            "now": NOW,
-            "waiting_since": waiting_since,
-            "expect": expect,
-            "rows_after": sort_rows(rows_after if rows_after is not None else rows),
-        })
+
+    def d(spec, config, rows, expect, body=BODY_A, **kw):
+        vectors.append(exchange(spec, config, body=body, rows=rows, expect=expect, **kw))
+
+    # (spec, config, rows, request body, how it ends). An execution runs the default handler (201) to the end.
+    d("3: no row: the claim wins generation 1, the handler runs, its response is stored", {}, [], "executed")
+    d("5: completed, same fingerprint: replay", {}, [row()], "replayed")
+    d("5: completed, other fingerprint: reused", {}, [row()], "key-reused", BODY_B)
+    d("5: pending fresh: in progress (the default hint: 1000 ms)", {}, [busy_row], "in-progress")
+    d("5: pending at exactly now - ttl is fresh", {}, [pending(updated_at=NOW - TTL)], "in-progress")
+    d("5: pending updated in the future (clock behind): in progress", {}, [pending(updated_at=NOW + 10_000)],
+      "in-progress")
+    d("6: pending stale by 1 ms: takeover to generation 2", {}, [pending(updated_at=NOW - TTL - 1)], "taken-over")
+    d("6: pending stale, generation 5: takeover to 6", {}, [pending(updated_at=NOW - 3_600_000, generation=5)],
+      "taken-over")
+    d("6: pending stale, other fingerprint: reused, no takeover", {}, [pending(updated_at=NOW - TTL - 1)],
+      "key-reused", BODY_B)
+    d("5: pending fresh, other fingerprint: reused", {}, [pending(updated_at=NOW - 10)], "key-reused", BODY_B)
+    d("5: custom ttl 5 s: fresh at now - 5000", {"pending-ttl-ms": 5_000}, [pending(updated_at=NOW - 5_000)],
+      "in-progress")
+    d("6: custom ttl 5 s: stale at now - 5001", {"pending-ttl-ms": 5_000}, [pending(updated_at=NOW - 5_001)],
+      "taken-over")
+    d("5.3: ttl 1500 ms, no hint: Retry-After rounds up to 2", dict(NO_HINT, **{"pending-ttl-ms": 1_500}),
+      [pending(updated_at=NOW)], "in-progress")
+    d("1: same key, another principal: independent claim", {}, [row(principal="acct-2")], "executed")
+    d("1: same key, another principal pending: independent claim", {}, [pending(principal="acct-2", updated_at=NOW)],
+      "executed")
+    d("1: another key of the same principal: independent claim", {}, [row(key="key-0")], "executed")
+    d("7: completed 204 with a stored body replays without body", {},
+      [row(response_status=204, response_body="ignored", response_headers="{}")], "replayed")
+    d("7: completed 205 replays without body", {}, [row(response_status=205, response_body="", response_headers="{}")],
+      "replayed")
+    d("7: completed 304 replays without body", {},
+      [row(response_status=304, response_body="x", response_headers='{"location":"/x"}')], "replayed")
+    d("7: a stored 500 without body (format 2's unstorable sentinel) replays as stored", {},
+      [row(response_status=500, response_body=None, response_headers="{}")], "replayed")
+    d("7: empty body stays an empty body", {}, [row(response_status=200, response_body="", response_headers="{}")],
+      "replayed")
+    d("7: NULL response_headers replays no headers", {}, [row(response_headers=None)], "replayed")
+    d("7: stored header order is kept", {},
+      [row(response_headers='{"location":"/orders/o_1","content-type":"application/json"}')], "replayed")
+    d("7: multi-byte body replays byte-exact", {}, [row(response_body='{"name":"注文 ✓ café"}')], "replayed")
+    d("5.2: completed long ago but not yet swept still replays", {},
+      [row(created_at=NOW - 10 * RETENTION, updated_at=NOW - 10 * RETENTION)], "replayed")
+    d("7.4: a stored unstorable 500 replays as stored (recipe)", {},
+      [row(response_status=500, response_headers='{"content-type":"application/json"}',
+           response_body=o.unstorable_answer({}, 201, ("too-large", 20_000))["body"])], "replayed")
+    d("7.4: a stored unstorable 500 replays as stored, with the marker (ietf)", I,
+      [row(response_status=500, response_headers='{"content-type":"application/problem+json"}',
+           response_body=o.unstorable_answer(I, 99, ("status", None))["body"])], "replayed")
+    for spec, headers in (
+            ("not JSON", "not json"),
+            ("number value", '{"content-type":1}'),
+            ("array", "[]"),
+            ("CRLF injection", '{"location":"/a\\r\\nSet-Cookie: x=1"}'),
+            ("bad header name", '{"bad name":"x"}'),
+            ("duplicate name", '{"location":"/a","Location":"/b"}'),
+            ("value beyond ISO-8859-1", '{"location":"/€"}'),
+            ("trailing data", '{"location":"/a"} x'),
+            ("lone surrogate", '{"location":"\\ud800"}'),
+            ("value with surrounding whitespace", '{"location":" /a"}'),
+            ("null value", '{"location":null}'),
+            ("nested object", '{"location":{"a":"b"}}')):
+        d(f"5.1: corrupt response_headers ({spec}): 500, never executes", {}, [row(response_headers=headers)],
+          "record-corrupt")
+    d("5.1: escaped header values decode (\\u00e9, \\/)", {},
+      [row(response_headers='{"location":"\\/caf\\u00e9","content-type":"text/plain"}')], "replayed")
+    d("5.1: corrupt response_status 99", {}, [row(response_status=99)], "record-corrupt")
+    d("5.1: corrupt response_status 600", {}, [row(response_status=600)], "record-corrupt")
+    d("5.1: corrupt response_status NULL on a completed row", {}, [row(response_status=None)], "record-corrupt")
+    d("5.1: unknown status never executes", {}, [row(status="weird")], "record-corrupt")
+    d("5.1: unknown status with another fingerprint is still reuse", {}, [row(status="weird")], "key-reused", BODY_B)
+    d("5.1: a pending row with a stored response is still in progress", {},
+      [pending(updated_at=NOW - 10, response_status=201, response_body="x")], "in-progress")
+
+    # Profiles and 5.1 under ietf.
+    d("5.1: ietf: completed, same fingerprint: replay with idempotency-replayed: true last", I, [row()], "replayed")
+    d("5.1: ietf: completed, other fingerprint: 422", I, [row()], "key-reused", BODY_B)
+    d("5.1: ietf: pending fresh, other fingerprint: 422", I, [pending(updated_at=NOW - 10)], "key-reused", BODY_B)
+    d("5.1: ietf: pending stale, other fingerprint: 422, no takeover", I, [pending(updated_at=NOW - TTL - 1)],
+      "key-reused", BODY_B)
+    d("5.1: ietf: unknown status with another fingerprint: 422", I, [row(status="weird")], "key-reused", BODY_B)
+    d("5.3: ietf: pending fresh: 409 problem with retry_after_ms", I, [busy_row], "in-progress")
+    d("5.1: ietf: corrupt response_headers: 500 problem", I, [row(response_headers="not json")], "record-corrupt")
+    d("5.1: ietf: unknown status: 500 problem", I, [row(status="weird")], "record-corrupt")
+    d("3: ietf: no row: the claim wins generation 1", I, [], "executed")
+    d("6: ietf: pending stale: takeover", I, [pending(updated_at=NOW - TTL - 1)], "taken-over")
+    # 7.5 the replay marker.
+    d("7.5: ietf: a 204 replay carries only the marker", I,
+      [row(response_status=204, response_body=None, response_headers="{}")], "replayed")
+    d("7.5: ietf: a row stored without its body replays status, headers, idempotency-body-omitted and the marker", I,
+      [row(response_status=200, response_body=None, response_headers=omitted)], "replayed")
+    d("7.5: ietf with replay-header none: no marker", dict(I, **{"replay-header": None}), [row()], "replayed")
+    d("7.5: ietf with a custom replay-header", dict(I, **{"replay-header": "X-Replayed"}), [row()], "replayed")
+    d("7.5: recipe with replay-header: appended last, name lower-cased", marker, [row()], "replayed")
+    d("7.5: recipe with replay-header: a stored 500 carries it too", marker,
+      [row(response_status=500, response_body=None, response_headers="{}")], "replayed")
+    d("7.5: recipe with replay-header: stored header order kept, marker last", marker,
+      [row(response_headers='{"location":"/orders/o_1","content-type":"application/json"}')], "replayed")
+    d("7.5: a reuse answer never carries the marker", marker, [row()], "key-reused", BODY_B)
+
+    # 5.3 in progress: the hint (default 1000 ms), capped by the time to takeover.
+    d("5.3: default hint: 1000 ms below fresh_for 29000", {}, [busy_row], "in-progress")
+    d("5.3: default hint, 500 ms left: 500", {}, [pending(updated_at=NOW - TTL + 500)], "in-progress")
+    d("5.3: default hint, 1 ms left: 1, Retry-After 1", {}, [pending(updated_at=NOW - TTL + 1)], "in-progress")
+    d("5.3: default hint, ietf: detail and retry_after_ms say 1000", I, [busy_row], "in-progress")
+    d("5.3: no hint, updated 1 ms ago: 29999 ms, Retry-After 30", NO_HINT, [pending(updated_at=NOW - 1)],
+      "in-progress")
+    d("5.3: no hint, 1 ms left: Retry-After 1", NO_HINT, [pending(updated_at=NOW - TTL + 1)], "in-progress")
+    d("5.3: no hint, updated exactly now - ttl: 0 ms, Retry-After 0", NO_HINT, [pending(updated_at=NOW - TTL)],
+      "in-progress")
+    d("5.3: no hint, updated far in the future (clock behind): capped at the TTL", NO_HINT,
+      [pending(updated_at=NOW + 10 * TTL)], "in-progress")
+    d("5.3: ietf, no hint: clock behind: capped at the TTL", dict(I, **NO_HINT), [pending(updated_at=NOW + 10_000)],
+      "in-progress")
+    d("5.3: hint 2000 below fresh_for 29000: 2000", hint(2_000), [busy_row], "in-progress")
+    d("5.3: hint 45000 above fresh_for 29000: 29000", hint(45_000), [busy_row], "in-progress")
+    d("5.3: hint 1500: Retry-After 2", hint(1_500), [busy_row], "in-progress")
+    d("5.3: hint 0: 0 and Retry-After 0", hint(0), [busy_row], "in-progress")
+    d("5.3: hint 2000, 500 ms left: 500", hint(2_000), [pending(updated_at=NOW - TTL + 500)], "in-progress")
+    d("5.3: hint 2000, clock behind: 2000", hint(2_000), [pending(updated_at=NOW + 10_000)], "in-progress")
+    d("5.3: ietf: hint 2000: detail and retry_after_ms say 2000", hint(2_000, profile="ietf"), [busy_row],
+      "in-progress")
+
+    # 5.4 wait: min(clamp(waited, 10, 200), wait-ms - waited, fresh_for + 1) while waited < wait-ms. The
+    # request starts at `since`; its first poll ends at NOW, where the poll under test is asked; then
+    # (`then`) the first request's answer is found stored.
+    W = {"wait-ms": 1_000}
+
+    def w(spec, config, rows, since, expect, then=None, meanwhile=None, body=BODY_A):
+        moves = [Db(), Slept(NOW), Db(meanwhile)] + ([Db(then)] if then is not None else [])
+        d(spec, config, rows, expect, body, req=request(now=since), moves=moves)
+
+    done = [row()]
+    d("5.4: first poll: 10 ms, then the first request's answer: replayed after the wait", W, [busy_row], [10, RAW],
+      moves=[Db(), Db(done)])
+    w("5.4: waited 5: still 10 ms", W, [busy_row], NOW - 5, [10, 10, RAW], done)
+    w("5.4: waited 10: 10 ms", W, [busy_row], NOW - 10, [10, 10, RAW], done)
+    w("5.4: waited 20: 20 ms (doubling)", W, [busy_row], NOW - 20, [10, 20, RAW], done)
+    w("5.4: waited 40: 40 ms", W, [busy_row], NOW - 40, [10, 40, RAW], done)
+    w("5.4: waited 150: 150 ms", W, [busy_row], NOW - 150, [10, 150, RAW], done)
+    w("5.4: waited 200: 200 ms", W, [busy_row], NOW - 200, [10, 200, RAW], done)
+    w("5.4: waited 640: capped at 200 ms", W, [busy_row], NOW - 640, [10, 200, RAW], done)
+    w("5.4: waited 900 of 1000: 100 ms left", W, [busy_row], NOW - 900, [10, 100, RAW], done)
+    w("5.4: waited 999 of 1000: 1 ms left", W, [busy_row], NOW - 999, [10, 1, RAW], done)
+    w("5.4: waited 1000 of 1000: the 409", W, [busy_row], NOW - 1_000, [10, "in-progress"])
+    w("5.4: waited 5000 of 1000 (the first poll came back late): the 409", W, [busy_row], NOW - 5_000,
+      [10, "in-progress"])
+    w("5.4: used up, with a hint: the hinted 409", dict(W, **{"in-progress-retry-ms": 2_000}), [busy_row], NOW - 1_000,
+      [10, "in-progress"])
+    d("5.4: 5 ms to takeover: poll 6 ms, then the stale row is taken over", W, [pending(updated_at=NOW - TTL + 5)],
+      [6, "taken-over"])
+    w("5.4: 0 ms to takeover (updated exactly now - ttl): poll 1 ms, then taken over", W,
+      [pending(updated_at=NOW - TTL)], NOW - 100, [10, 1, "taken-over"])
+    d("5.4: clock behind: a normal poll", W, [pending(updated_at=NOW + 10_000)], [10, RAW], moves=[Db(), Db(done)])
+    w("5.4: first request completed meanwhile: replay", W, [busy_row], NOW - 300, [10, RAW], meanwhile=done)
+    w("5.4: row went stale meanwhile: takeover", W, [busy_row], NOW - 300, [10, "taken-over"],
+      meanwhile=[pending(updated_at=NOW - TTL - 1)])
+    w("5.4: row swept meanwhile: the claim wins", W, [busy_row], NOW - 300, [10, "executed"], meanwhile=[])
+    d("5.4: another fingerprint never waits: reused", W, [busy_row], "key-reused", BODY_B)
+    d("5.4: a corrupt row never waits", W, [row(status="weird")], "record-corrupt")
+    w("5.4: wait-ms equal to the TTL", {"wait-ms": TTL}, [busy_row], NOW - 20_000, [10, 200, RAW], done)
+    w("5.4: wait-ms equal to the TTL, takeover nearer than the wait", {"wait-ms": TTL},
+      [pending(updated_at=NOW - TTL + 50)], NOW - 20_000, [10, 51, "taken-over"])
+    d("5.4: ietf: first poll: 10 ms", dict(I, **W), [busy_row], [10, RAW], moves=[Db(), Db(done)])
+    w("5.4: ietf: used up: the 409 problem", dict(I, **W), [busy_row], NOW - 1_000, [10, "in-progress"])
+    w("5.4: ietf: completed meanwhile: replay with the marker", dict(I, **W), [busy_row], NOW - 300, [10, RAW],
+      meanwhile=done)
+    w("5.4: no hint: used up: the 409 says the time to takeover", dict(W, **NO_HINT), [busy_row], NOW - 1_000,
+      [10, "in-progress"])
+
+    # Values a database cannot hold in its columns, as a driver could still hand them over.
+    def scripted(spec, lookup_row, expect, config=None):
+        results = [o.result(), o.result(), o.result([lookup_row])]
+        vectors.append(exchange(spec, config or {}, database=False, moves=[Done(results)], expect=expect))
+
+    vectors.append(exchange("5.1: no row after the claim and takeover (swept between them): 409 retry", {},
+                            database=False, moves=[Done([o.result(), o.result(), o.result()])], expect="retry"))
+    vectors.append(exchange("5.1: no row after the claim and takeover: 409 retry (ietf problem)", IETF,
+                            database=False, moves=[Done([o.result(), o.result(), o.result()])], expect="retry"))
+    completed_a = [FP_A, "completed", 1, 201, '{"order":"o_1"}', '{"content-type":"application/json"}', NOW - 10]
+    scripted("5.1: a text response_status (\"201 Created\"): 500", completed_a[:3] + ["201 Created"] + completed_a[4:],
+             "record-corrupt")
+    scripted("5.1: a text response_status that looks numeric (\"201\"): 500",
+             completed_a[:3] + ["201"] + completed_a[4:], "record-corrupt")
+    scripted("5.1: D1 hands integers over as reals: an integral real status replays",
+             completed_a[:2] + [{"real": 1.0}, {"real": 201.0}] + completed_a[4:6] + [{"real": float(NOW - 10)}],
+             "replayed")
+    scripted("5.1: a real response_status with a fraction: 500", completed_a[:3] + [{"real": 201.5}] + completed_a[4:],
+             "record-corrupt")
+    scripted("5.1: a blob response_body: 500", completed_a[:4] + [{"blob": "7b7d"}] + completed_a[5:],
+             "record-corrupt")
+    scripted("5.1: a blob response_headers: 500", completed_a[:5] + [{"blob": "7b7d"}] + completed_a[6:],
+             "record-corrupt")
+    scripted("5.1: an integer response_body: 500", completed_a[:4] + [42] + completed_a[5:], "record-corrupt")
     return number(vectors, "decision")
 
 
-def sort_rows(rows):
-    return sorted(rows, key=lambda r: (r["principal"], r["key"]))
+# ---- SPEC 6, 7, 8.2, 9.3: completion (shaping, fencing, release, sweep-due) ----
+
+CLAIMED_AT = NOW - 1_000  # the claim; the handler answers at NOW
 
 
-# ---- log wording (guest/core/src/log.rs; the SPEC leaves it to the core) ----
-
-def rust_debug(s):
-    """Rust's `{:?}` of a str, for the characters the vectors use."""
-    out = ['"']
-    for c in s:
-        if c in '"\\':
-            out.append("\\" + c)
-        elif c in "\t\r\n\0":
-            out.append({"\t": "\\t", "\r": "\\r", "\n": "\\n", "\0": "\\0"}[c])
-        elif ord(c) < 0x20 or ord(c) == 0x7F:
-            out.append(f"\\u{{{ord(c):x}}}")
-        else:
-            assert ord(c) < 0x7F or c in "\u00e9注文", f"rust_debug does not know how Rust shows {c!r}"
-            out.append(c)
-    out.append('"')
-    return "".join(out)
-
-
-def who(principal, key):
-    return f"principal={rust_debug(principal)} key={rust_debug(key)}"
-
-
-def owner(ticket):
-    return f"{who(ticket['principal'], ticket['key'])} generation={ticket['generation']}"
-
-
-def error_text(error):
-    """The Display of a protocol-error, as log lines embed it."""
-    kind = error["kind"]
-    if kind == "ledger":
-        ledger = error["ledger"]
-        if ledger["kind"] == "busy":
-            return "ledger busy"
-        prefix = {
-            "constraint": "ledger constraint failed",
-            "schema": "ledger schema error",
-            "io": "ledger i/o error",
-            "outcome-unknown": "ledger connection lost after the batch was sent (it may have committed)",
-            "other": "ledger error",
-        }[ledger["kind"]]
-        return f"{prefix}: {ledger['message']}"
-    prefix = {"malformed-result": "malformed ledger result", "invalid-config": "invalid config",
-              "invalid-argument": "invalid argument"}[kind]
-    return f"{prefix}: {error['message']}"
-
-
-def log(level, message):
-    return {"level": level, "message": message}
-
-
-def unstorable_log(config, ticket, status, why):
-    kind, size = why
-    reason = {
-        "status": f"status {status} is not a final status (200-599)",
-        "header": "a replayed header's value cannot be sent back exactly",
-        "too-large": f"its body of {size} bytes exceeds body-cap-bytes ({cfg(config, 'body-cap-bytes')})",
-        "not-utf8": f"its body of {size} bytes is not UTF-8",
-        "nul": f"its body of {size} bytes contains NUL",
-    }[kind]
-    if is_ietf(config) and kind in ("too-large", "not-utf8", "nul"):
-        consequence = f"replays get status {status} without the body"
-    else:
-        consequence = "it is stored and replayed as a 500 without a body"
-    return log("error", f"[idempotency] response for {owner(ticket)} cannot be stored: {reason}; {consequence}")
-
-
-# ---- SPEC 6-7: completion (shaping, fencing, release, sweep-due) ----
-
-TICKET = {"principal": "acct-1", "key": "key-1", "fingerprint": FP_A, "generation": 1, "created_at": NOW - 1_000}
-NULL_BODY_STATUSES = (204, 205, 304)
-BODY_OMITTED = ["idempotency-body-omitted", "true"]
-
-
-def shape(config, status, headers, body):
-    """An independent implementation of SPEC 7.1-7.4: (caller response, send-mutation-body,
-    stored (status, body, headers JSON), why it could not be stored exactly or None)."""
-    def as_500(why):
-        return {"status": 500, "headers": [], "body": None}, False, (500, None, "{}"), why
-
-    if not 200 <= status <= 599:
-        return as_500(("status", None))
-    kept = []
-    for name in cfg(config, "replay-headers"):
-        value = headers_get(headers, name)
-        if value is None:
-            continue
-        if any(ord(c) > 0xFF or c in "\0\r\n" for c in value) or value != http_trim(value):
-            return as_500(("header", None))
-        kept.append([name.lower(), value])
-    text, why = None, None
-    if status not in NULL_BODY_STATUSES:
-        raw = body if isinstance(body, bytes) else body.encode()
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            why = ("not-utf8", len(raw))
-        else:
-            if len(raw) > cfg(config, "body-cap-bytes"):
-                why = ("too-large", len(raw))
-            elif "\0" in text:
-                why = ("nul", len(raw))
-    if why is None:
-        return {"status": status, "headers": kept, "body": text}, False, (status, text, headers_json(kept)), None
-    if not is_ietf(config):
-        return as_500(why)
-    return ({"status": status, "headers": kept, "body": None}, True,
-            (status, None, headers_json(kept + [BODY_OMITTED])), why)
-
-
-def headers_json(pairs):
-    return json.dumps({n: v for n, v in pairs}, separators=(",", ":"), ensure_ascii=False)
-
-
-def fnv1a64(data):
-    h = 0xCBF29CE484222325
-    for b in data:
-        h ^= b
-        h = (h * 0x100000001B3) & 0xFFFF_FFFF_FFFF_FFFF
-    return h
-
-
-def sweep_due(config, ticket):
-    """SPEC 8.2: FNV-1a 64 of principal, key, created_at and generation, each followed by 0xFF."""
-    data = (ticket["principal"].encode() + b"\xff" + ticket["key"].encode() + b"\xff"
-            + ticket["created_at"].to_bytes(8, "little", signed=True) + b"\xff"
-            + ticket["generation"].to_bytes(8, "little", signed=True) + b"\xff")
-    return fnv1a64(data) % cfg(config, "sweep-every") == 0
-
-
-def owns(rows, ticket):
-    """SPEC 6.2: the fenced write matches a pending row carrying the ticket's generation,
-    created_at and fingerprint."""
-    return [r for r in rows if r["principal"] == ticket["principal"] and r["key"] == ticket["key"]
-            and r["status"] == "pending" and r["generation"] == ticket["generation"]
-            and r["created_at"] == ticket["created_at"] and r["fingerprint"] == ticket["fingerprint"]]
-
-
-def keyed_ticket(due, config=None, **fields):
-    """The ticket with the first key `key-N` whose sweep_due under `config` is `due`."""
+def due_key(due, config=None, generation=1, created_at=CLAIMED_AT, principal=PRINCIPAL):
+    """The first key `key-N` whose ticket's sweep_due (SPEC 8.2) under `config` is `due`."""
     for n in itertools.count():
-        ticket = dict(TICKET, key=f"key-{n}", **fields)
-        if sweep_due(config or {}, ticket) == due:
-            return ticket
+        ticket = {"principal": principal, "key": f"key-{n}", "fingerprint": FP_A, "generation": generation,
+                  "created_at": created_at}
+        if o.sweep_due(config or {}, ticket) == due:
+            return ticket["key"]
+
+
+def stale(generation=1, created_at=NOW - 60_000, **kw):
+    """A pending row the request (at CLAIMED_AT) takes over: its ticket gets generation + 1 and created_at."""
+    return pending(generation=generation, created_at=created_at, updated_at=CLAIMED_AT - TTL - 1, **kw)
 
 
 def completion_vectors():
-    created = NOW - 1_000
-    owner_row = pending(created_at=created, updated_at=created)
-    body_201 = '{"order":"o_9"}'
-    headers_201 = [["Content-Type", "application/json"], ["Location", "/orders/o_9"], ["X-Trace-Id", "t-1"],
-                   ["Set-Cookie", "s=1"]]
-    # Format 1's cases: (spec, config, rows, ticket, status, headers, body (str|bytes), the fence matches).
-    cases = [
-        ("6: owner completes: stored", {}, [owner_row], {}, 201, headers_201, body_201, True),
-        ("6: taken over (row at generation 2): fenced out", {}, [pending(created_at=created, updated_at=NOW - 5, generation=2)],
-         {}, 201, headers_201, body_201, False),
-        ("6: already completed by another owner: fenced out", {}, [row(created_at=created, updated_at=NOW - 5, generation=2)],
-         {}, 201, headers_201, body_201, False),
-        ("6: row swept: fenced out", {}, [], {}, 201, headers_201, body_201, False),
-        ("6: row swept and claimed anew (same generation, newer created_at): fenced out", {},
-         [pending(created_at=NOW - 10, updated_at=NOW - 10)], {}, 201, headers_201, body_201, False),
-        ("6: row swept and claimed anew by another request: fenced out", {},
-         [pending(created_at=created, updated_at=created, fingerprint=FP_B)], {}, 201, headers_201, body_201, False),
-        ("6: other principal's row is never touched", {}, [owner_row, pending(principal="acct-2", created_at=created, updated_at=created)],
-         {}, 200, [], "ok", True),
-        ("6: takeover owner (generation 3) completes", {}, [pending(created_at=created, updated_at=NOW - 5, generation=3)],
-         {"generation": 3}, 200, [JSON_CT], '{"ok":true}', True),
-        ("7: body at the cap (16384 bytes) is stored", {}, [owner_row], {}, 200, [JSON_CT], "a" * 16_384, True),
-        ("7: body over the cap (16385 bytes) becomes a stored 500", {}, [owner_row], {}, 200, [JSON_CT], "a" * 16_385, True),
-        ("7: multi-byte body at the cap in bytes is stored", {}, [owner_row], {}, 200, [], "é" * 8_192, True),
-        ("7: multi-byte body one byte over the cap", {}, [owner_row], {}, 200, [], "é" * 8_192 + "a", True),
-        ("7: custom cap 10: 10 bytes stored", {"body-cap-bytes": 10}, [owner_row], {}, 200, [], "0123456789", True),
-        ("7: custom cap 10: 11 bytes becomes 500", {"body-cap-bytes": 10}, [owner_row], {}, 200, [], "0123456789a", True),
-        ("7: cap 0: only an empty body is stored", {"body-cap-bytes": 0}, [owner_row], {}, 200, [], "", True),
-        ("7: non-UTF-8 bytes cannot be stored: 500", {}, [owner_row], {}, 200, [["content-type", "application/octet-stream"]],
-         b"\xff\xfe\x00\x01", True),
-        ("7: a body with NUL cannot be stored (PostgreSQL text): 500", {}, [owner_row], {}, 200, [["content-type", "text/plain"]],
-         "a\u0000b", True),
-        ("7: UTF-8 bytes are stored as text", {}, [owner_row], {}, 200, [["content-type", "text/plain"]],
-         "注文 ✓".encode(), True),
-        ("7: empty body is stored as empty, not null", {}, [owner_row], {}, 200, [], "", True),
-        ("7: 204 with a body stores and sends none", {}, [owner_row], {}, 204, [["Location", "/x"]], "should vanish", True),
-        ("7: 205 with a body stores and sends none", {}, [owner_row], {}, 205, [], "x", True),
-        ("7: 304 with an oversized body is still fine (no body)", {}, [owner_row], {}, 304, [], "a" * 20_000, True),
-        ("7: status 99 cannot be sent: 500", {}, [owner_row], {}, 99, [], "x", True),
-        ("7: status 600 cannot be sent: 500", {}, [owner_row], {}, 600, [], "x", True),
-        ("7: status 599 is kept", {}, [owner_row], {}, 599, [], "x", True),
-        ("7: header allowlist in allowlist order, names lower-cased", {}, [owner_row], {}, 201,
-         [["LOCATION", "/o"], ["x-other", "1"], ["Content-TYPE", "text/plain"]], "x", True),
-        ("7: repeated allowlisted header joined by comma", {}, [owner_row], {}, 201,
-         [["location", "/a"], ["Location", "/b"]], "x", True),
-        ("7: header value trimmed as Fetch does", {}, [owner_row], {}, 201, [["content-type", "  text/plain \t"]], "x", True),
-        ("7: header value with LF cannot be stored: 500", {}, [owner_row], {}, 201, [["location", "/a\nx"]], "x", True),
-        ("7: header value beyond ISO-8859-1 cannot be stored: 500", {}, [owner_row], {}, 201, [["location", "/€"]], "x", True),
-        ("7: ISO-8859-1 header value is stored", {}, [owner_row], {}, 201, [["location", "/caf\u00e9"]], "x", True),
-        ("7: custom replay headers", {"replay-headers": ["x-request-id", "ETag"]}, [owner_row], {}, 201,
-         [["ETag", '"v1"'], ["x-request-id", "r-1"], ["content-type", "text/plain"]], "x", True),
-        ("7: no replay headers configured", {"replay-headers": []}, [owner_row], {}, 201, headers_201, body_201, True),
-        ("7: JSON escaping of stored header values", {}, [owner_row], {}, 201, [["location", '/a"b\\c']], "x", True),
-    ]
-
-    def owned(ticket, **kw):
-        return pending(principal=ticket["principal"], key=ticket["key"], created_at=ticket["created_at"],
-                       updated_at=ticket["created_at"], generation=ticket["generation"], **kw)
-
-    I = IETF
-    REL = {"on-server-error": "release"}
-    due = keyed_ticket(True)
-    not_due = keyed_ticket(False, generation=2)
-    ietf_due = keyed_ticket(True, I)
-    negative_due = keyed_ticket(True, created_at=-5_000)
-    negative_not_due = keyed_ticket(False, created_at=-5_000)
-    utf8_due = keyed_ticket(True, principal="acct-\u00e9")
-    every3 = {"sweep-every": 3}
-    every3_due = keyed_ticket(True, every3)
-    every3_not_due = keyed_ticket(False, every3)
-    u32_max = {"sweep-every": 2 ** 32 - 1}
+    owner_row = pending(created_at=CLAIMED_AT, updated_at=CLAIMED_AT)
+    taken_over = pending(created_at=CLAIMED_AT, updated_at=NOW - 5, generation=2)
+    completed_by_other = row(created_at=CLAIMED_AT, updated_at=NOW - 5, generation=2)
+    reclaimed = pending(created_at=NOW - 10, updated_at=NOW - 10)
+    other_request = pending(created_at=CLAIMED_AT, updated_at=CLAIMED_AT, fingerprint=FP_B)
+    other_principal = pending(principal="acct-2", created_at=CLAIMED_AT, updated_at=CLAIMED_AT)
     text = [["content-type", "text/plain"]]
-    new = [
-        # 8.2 sweep-due: one execution in sweep-every, by the FNV-1a 64 hash of the ticket.
-        ("8.2: sweep-every 8: this ticket is due", {}, [owned(due)], due, 201, headers_201, body_201, True),
-        ("8.2: sweep-every 8: a generation-2 ticket that is not due", {}, [owned(not_due)], not_due, 201, headers_201,
-         body_201, True),
-        ("8.2: sweep-every 8: due (ietf)", I, [owned(ietf_due)], ietf_due, 200, text, "ok", True),
-        ("8.2: negative created_at hashes as two's complement: due", {}, [owned(negative_due)], negative_due, 200, text,
-         "ok", True),
-        ("8.2: negative created_at hashes as two's complement: not due", {}, [owned(negative_not_due)],
-         negative_not_due, 200, text, "ok", True),
-        ("8.2: a UTF-8 principal hashes as its bytes: due", {}, [owned(utf8_due)], utf8_due, 200, text, "ok", True),
-        ("8.2: sweep-every 1: every execution is due", {"sweep-every": 1}, [owner_row], {}, 201, headers_201, body_201,
-         True),
-        ("8.2: sweep-every 2", {"sweep-every": 2}, [owner_row], {}, 201, headers_201, body_201, True),
-        ("8.2: sweep-every 3: due", every3, [owned(every3_due)], every3_due, 200, text, "ok", True),
-        ("8.2: sweep-every 3: not due", every3, [owned(every3_not_due)], every3_not_due, 200, text, "ok", True),
-        ("8.2: sweep-every 2^32-1", u32_max, [owner_row], {}, 200, text, "ok", True),
-        ("8.2: sweep-due is the plan's, whatever the outcome: fenced out and due", {},
-         [pending(key=due["key"], created_at=due["created_at"], updated_at=NOW - 5, generation=2)], due, 201,
-         headers_201, body_201, False),
-        ("8.2: sweep-every 1: a fenced-out completion is due too", {"sweep-every": 1}, [], {}, 201, headers_201,
-         body_201, False),
-        # 7.1 final statuses only: 1xx is unstorable now.
-        ("7.1: status 150 cannot be stored: 500", {}, [owner_row], {}, 150, text, "x", True),
-        ("7.1: status 100 cannot be stored: 500", {}, [owner_row], {}, 100, text, "x", True),
-        ("7.1: status 199 cannot be stored: 500", {}, [owner_row], {}, 199, text, "x", True),
-        ("7.1: status 200 is kept", {}, [owner_row], {}, 200, text, "x", True),
-        ("7.1: ietf: status 150 is a stored 500 too", I, [owner_row], {}, 150, text, "x", True),
-        ("7.1: ietf: status 600 is a stored 500 too", I, [owner_row], {}, 600, text, "x", True),
-        # 7.4 under ietf: a body that cannot be stored goes to this caller; the row keeps status and headers.
-        ("7.4: ietf: body over the cap: sent to the caller, stored without body", I, [owner_row], {}, 201, headers_201,
-         "a" * 16_385, True),
-        ("7.4: ietf: body at the cap is stored", I, [owner_row], {}, 201, headers_201, "a" * 16_384, True),
-        ("7.4: ietf: non-UTF-8 body: sent to the caller, stored without body", I, [owner_row], {}, 200,
-         [["content-type", "application/octet-stream"]], b"\xff\xfe\x00\x01", True),
-        ("7.4: ietf: body with NUL: sent to the caller, stored without body", I, [owner_row], {}, 200, text,
-         "a\u0000b", True),
-        ("7.4: ietf: custom cap 10: 11 bytes stored without body", dict(I, **{"body-cap-bytes": 10}), [owner_row], {},
-         200, [], "0123456789a", True),
-        ("7.4: ietf: no replay headers: only idempotency-body-omitted is stored", dict(I, **{"replay-headers": []}),
-         [owner_row], {}, 201, headers_201, "a" * 16_385, True),
-        ("7.4: ietf: a 5xx with an oversized body keeps its status", I, [owner_row], {}, 503, text, "a" * 16_385, True),
-        ("7.4: ietf: a header value that cannot be sent back is still a stored 500", I, [owner_row], {}, 201,
-         [["location", "/a\nx"]], "x", True),
-        ("7.4: ietf: 204 with an oversized body stores no body and needs none", I, [owner_row], {}, 204, [],
-         "a" * 20_000, True),
-        ("7.4: ietf: an ordinary response is stored as under recipe", I, [owner_row], {}, 201, headers_201, body_201,
-         True),
-        ("7.4: ietf: body over the cap, fenced out: the caller still gets its response", I,
-         [pending(created_at=created, updated_at=NOW - 5, generation=2)], {}, 201, headers_201, "a" * 16_385, False),
-        # 9.3 on-server-error: release.
-        ("9.3: release: a 503 releases the reservation", REL, [owner_row], {}, 503, text, "down", True),
-        ("9.3: release: a 500 releases the reservation", REL, [owner_row], {}, 500, headers_201, '{"error":"x"}', True),
-        ("9.3: release: a 599 releases the reservation", REL, [owner_row], {}, 599, [], "", True),
-        ("9.3: release: a 404 is stored", REL, [owner_row], {}, 404, text, "missing", True),
-        ("9.3: release: a 499 is stored", REL, [owner_row], {}, 499, [], "x", True),
-        ("9.3: release: a 201 is stored", REL, [owner_row], {}, 201, headers_201, body_201, True),
-        ("9.3: release: taken over (generation 2): fenced out, row kept", REL,
-         [pending(created_at=created, updated_at=NOW - 5, generation=2)], {}, 503, text, "down", False),
-        ("9.3: release: completed by another owner: fenced out, row kept", REL,
-         [row(created_at=created, updated_at=NOW - 5, generation=2)], {}, 503, text, "down", False),
-        ("9.3: release: row swept: fenced out", REL, [], {}, 503, text, "down", False),
-        ("9.3: release: row swept and claimed anew (newer created_at): fenced out", REL,
-         [pending(created_at=NOW - 10, updated_at=NOW - 10)], {}, 503, text, "down", False),
-        ("9.3: release: row claimed anew by another request: fenced out", REL,
-         [pending(created_at=created, updated_at=created, fingerprint=FP_B)], {}, 503, text, "down", False),
-        ("9.3: release: another principal's row is never touched", REL,
-         [owner_row, pending(principal="acct-2", created_at=created, updated_at=created)], {}, 502, [], "bad gateway",
-         True),
-        ("9.3: release: takeover owner (generation 3) releases", REL,
-         [pending(created_at=created, updated_at=NOW - 5, generation=3)], {"generation": 3}, 500, [], "x", True),
-        ("9.3: release (ietf): a 503 releases the reservation", dict(I, **REL), [owner_row], {}, 503, text, "down",
-         True),
-        ("9.3: release (ietf): a 422 is stored", dict(I, **REL), [owner_row], {}, 422, text, "invalid", True),
-        ("9.3: release with sweep-every 1: due", dict(REL, **{"sweep-every": 1}), [owner_row], {}, 503, text, "down",
-         True),
-        ("9.3: store (the default): a 503 is stored", {}, [owner_row], {}, 503, text, "down", True),
-    ]
+    I = IETF
     vectors = []
-    for spec, config, rows, ticket_fields, status, headers, body, matches in cases + new:
-        ticket = dict(TICKET, **ticket_fields)
-        expected, send_body, (stored_status, stored_body, stored_headers), why = shape(config, status, headers, body)
-        match = owns(rows, ticket)
-        assert bool(match) == matches, spec
-        release = cfg(config, "on-server-error") == "release" and 500 <= status <= 599
-        if not match:
-            outcome, rows_after = "fenced-out", rows
-        elif release:
-            outcome, rows_after = "released", [r for r in rows if r is not match[0]]
-        else:
-            done = dict(match[0], status="completed", response_status=stored_status, response_body=stored_body,
-                        response_headers=stored_headers, updated_at=NOW)
-            outcome, rows_after = "stored", [done if r is match[0] else r for r in rows]
-        response = {"status": status, "headers": headers}
-        if isinstance(body, bytes):
-            response["body_hex"] = body.hex()
-        else:
-            response["body_text"] = body
-        vectors.append({
-            "id": None,
-            "spec": spec,
-            "config": config,
-            "rows": rows,
-            "ticket": ticket,
-            "response": response,
-            "now": NOW,
-            "expect": {
-                "action": "release" if release else "store",
-                "outcome": outcome,
-                "response": expected,
-                "send_mutation_body": send_body,
-                "sweep_due": sweep_due(config, ticket),
-                "log": None if why is None else unstorable_log(config, ticket, status, why),
-            },
-            "rows_after": sort_rows(rows_after),
-        })
+
+    def c(spec, config, status, headers, body, expect, fence=None, rows=(), key=KEY, principal=PRINCIPAL):
+        """The request claims (or takes over `rows`) at CLAIMED_AT, its handler answers at NOW; `fence`: the
+        table another request left before the completion batch runs."""
+        req = request(key=key, principal=principal, now=CLAIMED_AT)
+        moves = [Answered(status, headers, body, at=NOW)]
+        if fence is not None:
+            moves.append(Db(fence))
+        vectors.append(exchange(spec, config, req, rows=rows, moves=moves, expect=expect))
+
+    H, B = HANDLER_HEADERS, HANDLER_BODY
+    c("6: owner completes: stored; the caller gets the handler's own response", {}, 201, H, B, "executed")
+    c("6: taken over (row at generation 2): fenced out", {}, 201, H, B, "fenced-out", [taken_over])
+    c("6: already completed by another owner: fenced out", {}, 201, H, B, "fenced-out", [completed_by_other])
+    c("6: row swept: fenced out", {}, 201, H, B, "fenced-out", [])
+    c("6: row swept and claimed anew (same generation, newer created_at): fenced out", {}, 201, H, B, "fenced-out",
+      [reclaimed])
+    c("6: row swept and claimed anew by another request: fenced out", {}, 201, H, B, "fenced-out", [other_request])
+    c("6: other principal's row is never touched", {}, 200, [], "ok", "executed", rows=[other_principal])
+    c("6: takeover owner (generation 3) completes", {}, 200, [JSON_HEADER], '{"ok":true}', "taken-over",
+      rows=[stale(generation=2)])
+    c("7: body at the cap (16384 bytes) is stored", {}, 200, [JSON_HEADER], "a" * 16_384, "executed")
+    c("7.4: body over the cap (16385 bytes): a stored 500 naming both sizes", {}, 200, [JSON_HEADER], "a" * 16_385,
+      "executed")
+    c("7: multi-byte body at the cap in bytes is stored", {}, 200, [], "é" * 8_192, "executed")
+    c("7.4: multi-byte body one byte over the cap: a stored 500", {}, 200, [], "é" * 8_192 + "a", "executed")
+    c("7: custom cap 10: 10 bytes stored", {"body-cap-bytes": 10}, 200, [], "0123456789", "executed")
+    c("7.4: custom cap 10: 11 bytes: a stored 500", {"body-cap-bytes": 10}, 200, [], "0123456789a", "executed")
+    c("7: cap 0: only an empty body is stored", {"body-cap-bytes": 0}, 200, [], "", "executed")
+    c("7.4: cap 0: one byte: a stored 500", {"body-cap-bytes": 0}, 200, [], "a", "executed")
+    c("7.4: non-UTF-8 bytes cannot be stored: a stored 500", {}, 200, [["content-type", "application/octet-stream"]],
+      b"\xff\xfe\x00\x01", "executed")
+    c("7.4: a body with NUL cannot be stored (PostgreSQL text): a stored 500", {}, 200, text, "a\u0000b", "executed")
+    c("7: UTF-8 bytes are stored as text", {}, 200, text, "注文 ✓".encode(), "executed")
+    c("7: empty body is stored as empty, not null", {}, 200, [], "", "executed")
+    c("7.3: 204 with a body stores none", {}, 204, [["Location", "/x"]], "should vanish", "executed")
+    c("7.3: 205 with a body stores none", {}, 205, [], "x", "executed")
+    c("7.3: 304 with an oversized body is still fine (no body)", {}, 304, [], "a" * 20_000, "executed")
+    c("7.1: status 99 cannot be stored: a stored 500", {}, 99, [], "x", "executed")
+    c("7.1: status 600 cannot be stored: a stored 500", {}, 600, [], "x", "executed")
+    c("7.1: status 599 is kept", {}, 599, [], "x", "executed")
+    c("7.2: header allowlist in allowlist order, names lower-cased", {}, 201,
+      [["LOCATION", "/o"], ["x-other", "1"], ["Content-TYPE", "text/plain"]], "x", "executed")
+    c("7.2: repeated allowlisted header joined by comma", {}, 201, [["location", "/a"], ["Location", "/b"]], "x",
+      "executed")
+    c("7.2: header value trimmed as Fetch does", {}, 201, [["content-type", "  text/plain \t"]], "x", "executed")
+    c("7.4: header value with LF cannot be stored: a stored 500", {}, 201, [["location", "/a\nx"]], "x", "executed")
+    c("7.4: header value beyond ISO-8859-1 cannot be stored: a stored 500", {}, 201, [["location", "/€"]], "x",
+      "executed")
+    c("7.4: a repeat joined with an empty value ends in whitespace: a stored 500", {}, 201,
+      [["location", "/a"], ["location", ""]], "x", "executed")
+    c("7.4: a header value with NUL cannot be stored: a stored 500", {}, 201, [["location", "/a\u0000"]], "x",
+      "executed")
+    c("7.4: a header outside the allowlist is never checked (sent, not stored)", {}, 201,
+      [["x-other", "/a\nx"], JSON_HEADER], "x", "executed")
+    c("7: ISO-8859-1 header value is stored", {}, 201, [["location", "/caf\u00e9"]], "x", "executed")
+    c("7.2: custom replay headers", {"replay-headers": ["x-request-id", "ETag"]}, 201,
+      [["ETag", '"v1"'], ["x-request-id", "r-1"], ["content-type", "text/plain"]], "x", "executed")
+    c("7.2: no replay headers configured", {"replay-headers": []}, 201, H, B, "executed")
+    c("7.2: JSON escaping of stored header values", {}, 201, [["location", '/a"b\\c']], "x", "executed")
+    c("7.2: Set-Cookie and every other header the application set go to this caller only", {}, 201,
+      [["Set-Cookie", "a=1"], ["Set-Cookie", "b=2"], ["Cache-Control", "no-store"], JSON_HEADER], "{}", "executed")
+
+    # 8.2 sweep-due: one execution in sweep-every, by the FNV-1a 64 hash of the ticket.
+    every3 = {"sweep-every": 3}
+    u32_max = {"sweep-every": 2 ** 32 - 1}
+    k = due_key(True)
+    c("8.2: sweep-every 8: this ticket is due", {}, 201, H, B, "executed", key=k)
+    k = due_key(False, generation=2)
+    c("8.2: sweep-every 8: a generation-2 ticket that is not due", {}, 201, H, B, "taken-over", key=k,
+      rows=[stale(key=k)])
+    k = due_key(True, I)
+    c("8.2: sweep-every 8: due (ietf)", I, 200, text, "ok", "executed", key=k)
+    k = due_key(True, generation=2, created_at=-5_000)
+    c("8.2: negative created_at hashes as two's complement: due", {}, 200, text, "ok", "taken-over", key=k,
+      rows=[stale(key=k, created_at=-5_000)])
+    k = due_key(False, generation=2, created_at=-5_000)
+    c("8.2: negative created_at hashes as two's complement: not due", {}, 200, text, "ok", "taken-over", key=k,
+      rows=[stale(key=k, created_at=-5_000)])
+    k = due_key(True, principal="acct-\u00e9")
+    c("8.2: a UTF-8 principal hashes as its bytes: due", {}, 200, text, "ok", "executed", key=k,
+      principal="acct-\u00e9")
+    c("8.2: sweep-every 1: every execution is due", {"sweep-every": 1}, 201, H, B, "executed")
+    c("8.2: sweep-every 2", {"sweep-every": 2}, 201, H, B, "executed")
+    k = due_key(True, every3)
+    c("8.2: sweep-every 3: due", every3, 200, text, "ok", "executed", key=k)
+    k = due_key(False, every3)
+    c("8.2: sweep-every 3: not due", every3, 200, text, "ok", "executed", key=k)
+    c("8.2: sweep-every 2^32-1", u32_max, 200, text, "ok", "executed")
+    k = due_key(True)
+    c("8.2: sweep-due is the plan's, whatever the outcome: fenced out and due", {}, 201, H, B, "fenced-out", key=k,
+      fence=[pending(key=k, created_at=CLAIMED_AT, updated_at=NOW - 5, generation=2)])
+    c("8.2: sweep-every 1: a fenced-out completion is due too", {"sweep-every": 1}, 201, H, B, "fenced-out", [])
+    k = due_key(True)
+    c("8.2: a stored 500 for an unstorable response is an execution: due", {}, 201, H, "a" * 16_385, "executed",
+      key=k)
+
+    # 7.1 final statuses only.
+    for status in (150, 100, 199):
+        c(f"7.1: status {status} cannot be stored: a stored 500", {}, status, text, "x", "executed")
+    c("7.1: status 200 is kept", {}, 200, text, "x", "executed")
+    c("7.1: ietf: status 150 is a stored 500 problem too", I, 150, text, "x", "executed")
+    c("7.1: ietf: status 600 is a stored 500 problem too", I, 600, text, "x", "executed")
+    # 7.4 under ietf: a body that cannot be stored goes to this caller; the row keeps status and headers.
+    c("7.4: ietf: body over the cap: sent to the caller, stored without body", I, 201, H, "a" * 16_385, "executed")
+    c("7.4: ietf: body at the cap is stored", I, 201, H, "a" * 16_384, "executed")
+    c("7.4: ietf: non-UTF-8 body: sent to the caller, stored without body", I, 200,
+      [["content-type", "application/octet-stream"]], b"\xff\xfe\x00\x01", "executed")
+    c("7.4: ietf: body with NUL: sent to the caller, stored without body", I, 200, text, "a\u0000b", "executed")
+    c("7.4: ietf: custom cap 10: 11 bytes stored without body", dict(I, **{"body-cap-bytes": 10}), 200, [],
+      "0123456789a", "executed")
+    c("7.4: ietf: no replay headers: only idempotency-body-omitted is stored", dict(I, **{"replay-headers": []}), 201,
+      H, "a" * 16_385, "executed")
+    c("7.4: ietf: a 5xx with an oversized body keeps its status (store)", I, 503, text, "a" * 16_385, "executed")
+    c("7.4: ietf: a header value that cannot be sent back is a stored 500 problem", I, 201, [["location", "/a\nx"]],
+      "x", "executed")
+    c("7.4: ietf: a header value beyond ISO-8859-1 is a stored 500 problem", I, 201, [["location", "/€"]], "x",
+      "executed")
+    c("7.4: ietf: 204 with an oversized body stores no body and needs none", I, 204, [], "a" * 20_000, "executed")
+    c("7.4: ietf: an ordinary response is stored as under recipe", I, 201, H, B, "executed")
+    c("7.4: ietf: body over the cap, fenced out: the caller still gets its response", I, 201, H, "a" * 16_385,
+      "fenced-out", [taken_over])
+    c("7.4: recipe: body over the cap, fenced out: the caller still gets the 500, both lines logged", {}, 201, H,
+      "a" * 16_385, "fenced-out", [taken_over])
+    # 9.3 on-server-error: release.
+    c("9.3: release: a 503 releases the reservation; the caller gets the handler's 503", REL, 503, text, "down",
+      "released")
+    c("9.3: release: a 500 releases the reservation", REL, 500, H, '{"error":"x"}', "released")
+    c("9.3: release: a 599 releases the reservation", REL, 599, [], "", "released")
+    c("9.3: release: a 404 is stored", REL, 404, text, "missing", "executed")
+    c("9.3: release: a 499 is stored", REL, 499, [], "x", "executed")
+    c("9.3: release: a 201 is stored", REL, 201, H, B, "executed")
+    c("9.3: release: taken over (generation 2): fenced out, row kept", REL, 503, text, "down", "fenced-out",
+      [taken_over])
+    c("9.3: release: completed by another owner: fenced out, row kept", REL, 503, text, "down", "fenced-out",
+      [completed_by_other])
+    c("9.3: release: row swept: fenced out", REL, 503, text, "down", "fenced-out", [])
+    c("9.3: release: row swept and claimed anew (newer created_at): fenced out", REL, 503, text, "down", "fenced-out",
+      [reclaimed])
+    c("9.3: release: row claimed anew by another request: fenced out", REL, 503, text, "down", "fenced-out",
+      [other_request])
+    c("9.3: release: another principal's row is never touched", REL, 502, [], "bad gateway", "released",
+      rows=[other_principal])
+    c("9.3: release: takeover owner (generation 3) releases", REL, 500, [], "x", "released",
+      rows=[stale(generation=2)])
+    c("9.3: release (ietf): a 503 releases the reservation", dict(I, **REL), 503, text, "down", "released")
+    c("9.3: release (ietf): a 422 is stored", dict(I, **REL), 422, text, "invalid", "executed")
+    c("9.3: release with sweep-every 1: due", dict(REL, **{"sweep-every": 1}), 503, text, "down", "released")
+    c("9.3: store (the default): a 503 is stored", {}, 503, text, "down", "executed")
+    c("9.3: release: a 503 with a body over the cap is released, and the caller gets that 503", REL, 503, text,
+      "a" * 16_385, "released")
+    c("9.3: release: a 503 whose header cannot be stored is released all the same", REL, 503, [["location", "/a\nx"]],
+      "down", "released")
+    c("9.3: release (ietf): a 503 with a non-UTF-8 body is released", dict(I, **REL), 503, [], b"\xff", "released")
+    c("9.3: release: status 600 is no 5xx: a stored 500", REL, 600, [], "x", "executed")
+    c("9.3: release: a 500 is released even when its body is empty", REL, 500, [], "", "released")
     return number(vectors, "completion")
 
 
-# ---- SPEC 9.3: abandon (a mutation without a response) ----
+# ---- SPEC 9.3: abandon (a handler that raised, changed nothing, or was declined) ----
 
 def abandon_vectors():
-    created = NOW - 1_000
-    owner_row = pending(created_at=created, updated_at=created)
-    REL = {"on-server-error": "release"}
-    taken_over = pending(created_at=created, updated_at=NOW - 5, generation=2)
-    completed_by_other = row(created_at=created, updated_at=NOW - 5, generation=2)
+    taken_over = pending(created_at=CLAIMED_AT, updated_at=NOW - 5, generation=2)
+    completed_by_other = row(created_at=CLAIMED_AT, updated_at=NOW - 5, generation=2)
     reclaimed = pending(created_at=NOW - 10, updated_at=NOW - 10)
-    other_request = pending(created_at=created, updated_at=created, fingerprint=FP_B)
-    other_principal = pending(principal="acct-2", created_at=created, updated_at=created)
-    # (spec, config, rows, ticket fields, reason, planned, released)
-    cases = [
-        ("9.3: raised under store: nothing planned, the row stays pending", {}, [owner_row], {}, "raised", False, False),
-        ("9.3: raised under store (ietf): nothing planned", IETF, [owner_row], {}, "raised", False, False),
-        ("9.3: raised under store, even when taken over: nothing planned", {}, [taken_over], {}, "raised", False, False),
-        ("9.3: raised under release: released, the row deleted", REL, [owner_row], {}, "raised", True, True),
-        ("9.3: raised under release (ietf): released", dict(IETF, **REL), [owner_row], {}, "raised", True, True),
-        ("9.3: raised under release, taken over: not released, row kept", REL, [taken_over], {}, "raised", True, False),
-        ("9.3: raised under release, completed by another owner: not released", REL, [completed_by_other], {}, "raised",
-         True, False),
-        ("9.3: raised under release, row swept: not released", REL, [], {}, "raised", True, False),
-        ("9.3: raised under release, row swept and claimed anew: not released", REL, [reclaimed], {}, "raised", True,
-         False),
-        ("9.3: raised under release, row claimed by another request: not released", REL, [other_request], {}, "raised",
-         True, False),
-        ("9.3: raised under release: another principal's row is never touched", REL, [owner_row, other_principal], {},
-         "raised", True, True),
-        ("9.3: raised under release: a takeover owner (generation 3) releases", REL,
-         [pending(created_at=created, updated_at=NOW - 5, generation=3)], {"generation": 3}, "raised", True, True),
-        ("9.3: raised under release: a stale row still this owner's is released", REL,
-         [pending(created_at=created, updated_at=created - 10 * TTL)], {}, "raised", True, True),
-        ("9.3: nothing-changed under store: released", {}, [owner_row], {}, "nothing-changed", True, True),
-        ("9.3: nothing-changed under release: released", REL, [owner_row], {}, "nothing-changed", True, True),
-        ("9.3: nothing-changed (ietf): released", IETF, [owner_row], {}, "nothing-changed", True, True),
-        ("9.3: nothing-changed, taken over: not released, row kept", {}, [taken_over], {}, "nothing-changed", True,
-         False),
-        ("9.3: nothing-changed, row swept: not released", {}, [], {}, "nothing-changed", True, False),
-        ("9.3: nothing-changed, row swept and claimed anew: not released", {}, [reclaimed], {}, "nothing-changed", True,
-         False),
-        ("9.3: nothing-changed, row claimed by another request: not released", {}, [other_request], {},
-         "nothing-changed", True, False),
-        ("9.3: nothing-changed, completed by another owner: not released", {}, [completed_by_other], {},
-         "nothing-changed", True, False),
-        ("9.3: nothing-changed, completed at this generation: a stored answer is never released", {},
-         [row(created_at=created, updated_at=NOW - 5)], {}, "nothing-changed", True, False),
-        ("9.3: nothing-changed: another principal's row is never touched", {}, [owner_row, other_principal], {},
-         "nothing-changed", True, True),
-    ]
+    other_request = pending(created_at=CLAIMED_AT, updated_at=CLAIMED_AT, fingerprint=FP_B)
+    other_principal = pending(principal="acct-2", created_at=CLAIMED_AT, updated_at=CLAIMED_AT)
+    completed_here = row(created_at=CLAIMED_AT, updated_at=NOW - 5)
     vectors = []
-    for spec, config, rows, ticket_fields, reason, planned, released in cases:
-        ticket = dict(TICKET, **ticket_fields)
-        match = owns(rows, ticket)
-        assert planned == (reason == "nothing-changed" or cfg(config, "on-server-error") == "release"), spec
-        assert released == (planned and bool(match)), spec
-        vectors.append({
-            "id": None,
-            "spec": spec,
-            "config": config,
-            "rows": rows,
-            "ticket": ticket,
-            "reason": reason,
-            "expect": {"planned": planned, "released": released},
-            "rows_after": sort_rows([r for r in rows if not (released and r is match[0])]),
-        })
+    moves_of = {"raised": lambda: Raised(at=NOW), "nothing-changed": lambda: NothingChanged(at=NOW),
+                "declined": lambda: Declined(at=NOW)}
+
+    def a(spec, config, reason, expect, fence=None, rows=()):
+        moves = [moves_of[reason]()] + ([Db(fence)] if fence is not None else [])
+        vectors.append(exchange(spec, config, request(now=CLAIMED_AT), rows=rows, moves=moves, expect=expect))
+
+    a("9.3: raised under store: propagated, the row stays pending", {}, "raised", "abandoned")
+    a("9.3: raised under store (ietf): propagated with the problem 500 for hosts that cannot re-raise", IETF,
+      "raised", "abandoned")
+    a("9.3: raised under store after a takeover: the row stays pending at generation 2", {}, "raised", "abandoned",
+      rows=[stale()])
+    a("9.3: raised under release: released, the row deleted", REL, "raised", "released")
+    a("9.3: raised under release (ietf): released", dict(IETF, **REL), "raised", "released")
+    a("9.3: raised under release, taken over: not released, row kept", REL, "raised", "fenced-out", [taken_over])
+    a("9.3: raised under release, completed by another owner: not released", REL, "raised", "fenced-out",
+      [completed_by_other])
+    a("9.3: raised under release, row swept: not released", REL, "raised", "fenced-out", [])
+    a("9.3: raised under release, row swept and claimed anew: not released", REL, "raised", "fenced-out", [reclaimed])
+    a("9.3: raised under release, row claimed by another request: not released", REL, "raised", "fenced-out",
+      [other_request])
+    a("9.3: raised under release: another principal's row is never touched", REL, "raised", "released",
+      rows=[other_principal])
+    a("9.3: raised under release: a takeover owner (generation 3) releases", REL, "raised", "released",
+      rows=[stale(generation=2)])
+    a("9.3: raised under release: a stale row still this owner's is released", REL, "raised", "released",
+      [pending(created_at=CLAIMED_AT, updated_at=CLAIMED_AT - 10 * TTL)])
+    for reason in ("nothing-changed", "declined"):
+        a(f"9.3: {reason} under store: released, the handler's response sent", {}, reason, "released")
+        a(f"9.3: {reason} under release: released", REL, reason, "released")
+        a(f"9.3: {reason} (ietf): released", IETF, reason, "released")
+        a(f"9.3: {reason}, taken over: not released, row kept", {}, reason, "fenced-out", [taken_over])
+        a(f"9.3: {reason}, row swept: not released", {}, reason, "fenced-out", [])
+        a(f"9.3: {reason}, row swept and claimed anew: not released", {}, reason, "fenced-out", [reclaimed])
+        a(f"9.3: {reason}, row claimed by another request: not released", {}, reason, "fenced-out", [other_request])
+        a(f"9.3: {reason}, completed by another owner: not released", {}, reason, "fenced-out", [completed_by_other])
+        a(f"9.3: {reason}, completed at this generation: a stored answer is never released", {}, reason,
+          "fenced-out", [completed_here])
+        a(f"9.3: {reason}: another principal's row is never touched", {}, reason, "released", rows=[other_principal])
+        a(f"9.3: {reason} after a takeover: the generation-2 reservation is released", {}, reason, "released",
+          rows=[stale()])
     return number(vectors, "abandon")
 
 
-# ---- SPEC 8: sweep ----
-
-def sweep_vectors():
-    old = NOW - RETENTION - 1
-    # (spec, config, rows, deleted, rows_after or None: not checked)
-    cases = [
-        ("8: expired completed and abandoned pending go, fresh stays", {},
-         [row(key="a", updated_at=old), pending(key="b", updated_at=old), row(key="c", updated_at=NOW - 1_000)],
-         2, [row(key="c", updated_at=NOW - 1_000)]),
-        ("8: updated exactly at now - retention is kept", {}, [row(key="a", updated_at=NOW - RETENTION)], 0,
-         [row(key="a", updated_at=NOW - RETENTION)]),
-        ("8: empty ledger", {}, [], 0, []),
-        ("8: batch bounds the delete", {"sweep-batch": 2},
-         [row(key=k, updated_at=old - i) for i, k in enumerate("abcde")], 2, None),
-        ("8: the sweep uses the same retention as replay", {"retention-ms": 60_000},
-         [row(key="a", updated_at=NOW - 60_001), row(key="b", updated_at=NOW - 60_000)], 1,
-         [row(key="b", updated_at=NOW - 60_000)]),
-        ("8: a freshly taken-over row is not swept even if created long ago", {},
-         [pending(key="a", created_at=old - 5, updated_at=NOW - 10, generation=3)], 0,
-         [pending(key="a", created_at=old - 5, updated_at=NOW - 10, generation=3)]),
-        ("8: rows of every principal are swept", {},
-         [row(principal="p1", key="a", updated_at=old), row(principal="p2", key="a", updated_at=old)], 2, []),
-        # 8.1 more: true when the batch was full.
-        ("8.1: exactly a full batch: more (the host sweeps again and finds nothing)", {"sweep-batch": 2},
-         [row(key="a", updated_at=old), row(key="b", updated_at=old), row(key="c", updated_at=NOW - 1_000)], 2,
-         [row(key="c", updated_at=NOW - 1_000)]),
-        ("8.1: one short of a full batch: no more", {"sweep-batch": 3},
-         [row(key="a", updated_at=old), row(key="b", updated_at=old), row(key="c", updated_at=NOW - 1_000)], 2,
-         [row(key="c", updated_at=NOW - 1_000)]),
-        ("8.1: batch 1 with three expired: one deleted, more", {"sweep-batch": 1},
-         [pending(key=k, updated_at=old) for k in "abc"], 1, None),
-        ("8.1: batch 20 with 25 expired: 20 deleted, more", {},
-         [row(key=f"k{i:02d}", updated_at=old - i) for i in range(25)], 20, None),
-        ("8.1: batch 20 with 20 expired and 5 fresh: all 20 deleted, more", {},
-         [row(key=f"k{i:02d}", updated_at=old if i < 20 else NOW) for i in range(25)], 20,
-         [row(key=f"k{i:02d}", updated_at=NOW) for i in range(20, 25)]),
-        ("8.1: nothing expired: no more", {"sweep-batch": 1}, [row(key="a", updated_at=NOW)], 0,
-         [row(key="a", updated_at=NOW)]),
-    ]
-    vectors = []
-    for spec, config, rows, deleted, rows_after in cases:
-        vectors.append({
-            "id": None,
-            "spec": spec,
-            "config": config,
-            "rows": rows,
-            "now": NOW,
-            "expect": {"deleted": deleted, "remaining": len(rows) - deleted,
-                       "more": deleted == cfg(config, "sweep-batch")},
-            "rows_after": None if rows_after is None else sort_rows(rows_after),
-        })
-    return number(vectors, "sweep")
-
-
-# ---- SPEC 9.2: classify ----
+# ---- SPEC 9.2: classify (a decision batch that fails: the answer and the log line say how) ----
 
 def db(code, message):
     return {"kind": "database", "code": code, "message": message}
@@ -1408,9 +1063,7 @@ def ledger(kind, message=None):
     return {"kind": kind} if message is None else {"kind": kind, "message": message}
 
 
-def with_code(code, message):
-    """SPEC 9.2: the database's message followed by ' (code)', unless it already contains the code."""
-    return message if code is None or code in message else f"{message} ({code})"
+with_code = o.with_code
 
 
 def classify_vectors():
@@ -1512,156 +1165,384 @@ def classify_vectors():
           ledger("other", "TypeError: x is undefined"))
     vectors = []
     for spec, dialect, error, expect in cases:
-        vectors.append({"id": None, "spec": spec, "dialect": dialect, "error": error, "expect": expect})
+        assert o.classify(dialect, error) == expect, (spec, o.classify(dialect, error), expect)
+        outcome = {"busy": "ledger-busy", "outcome-unknown": "ledger-outcome-unknown"}.get(expect["kind"],
+                                                                                          "ledger-failed")
+        vectors.append(exchange(spec, {"dialect": dialect}, database=False, moves=[Fail(error)], expect=outcome))
     return number(vectors, "classify")
 
 
-# ---- SPEC 9.1: error-response ----
+# ---- SPEC 9.1: the answers when the decision cannot be made ----
 
-def ledger_error(kind, message=None):
-    return {"kind": "ledger", "ledger": ledger(kind, message)}
-
-
-PROTOCOL_ERRORS = [
-    ledger_error("busy"),
-    ledger_error("outcome-unknown", "connection reset after the batch was sent"),
-    ledger_error("constraint", "UNIQUE constraint failed (19)"),
-    ledger_error("schema", "no such table: idempotency_keys"),
-    ledger_error("io", "disk I/O error (SQLITE_IOERR)"),
-    ledger_error("other", "something else"),
-    {"kind": "malformed-result", "message": "the claim returned 3 columns"},
-    {"kind": "invalid-config", "message": "pending-ttl-ms must be 1..=9007199254740992, got 0"},
-    {"kind": "invalid-argument", "message": "the principal contains NUL"},
+# A batch error per ledger error kind (the classification is the classify family's business).
+FAILURES = [
+    ("busy", {"kind": "pool-exhausted", "message": "pool timed out"}, "ledger-busy"),
+    ("outcome-unknown", {"kind": "outcome-unknown", "message": "connection reset after the batch was sent"},
+     "ledger-outcome-unknown"),
+    ("constraint", db("SQLITE_CONSTRAINT", "UNIQUE constraint failed: idempotency_keys.key"), "ledger-failed"),
+    ("schema", db("SQLITE_ERROR", "no such table: idempotency_keys"), "ledger-failed"),
+    ("io", {"kind": "unreachable", "message": "connect ECONNREFUSED 127.0.0.1:5432"}, "ledger-failed"),
+    ("other", {"kind": "host", "message": "TypeError: x is undefined"}, "ledger-failed"),
 ]
-
-
-def error_answer(config, error):
-    """SPEC 9.1: busy 503 + Retry-After 1; outcome unknown 503 + Retry-After of the TTL; else 500."""
-    kind = error["ledger"]["kind"] if error["kind"] == "ledger" else None
-    if kind == "busy":
-        return busy_answer(config)
-    if kind == "outcome-unknown":
-        return outcome_unknown_answer(config)
-    return failed_answer(config)
 
 
 def error_vectors():
     vectors = []
     for config in ({}, IETF):
-        for error in PROTOCOL_ERRORS:
-            name = error["ledger"]["kind"] if error["kind"] == "ledger" else error["kind"]
-            vectors.append({"id": None, "spec": f"9.1: {cfg(config, 'profile')}: {name}", "config": config,
-                            "error": error, "expect": error_answer(config, error)})
+        profile = cfg(config, "profile")
+        for name, error, outcome in FAILURES:
+            vectors.append(exchange(f"9.1: {profile}: {name}", dict(config, dialect="sqlite"), database=False,
+                                    moves=[Fail(error)], expect=outcome))
+        vectors.append(exchange(f"9.1: {profile}: a malformed decision result (2 results for 3 statements)", config,
+                                database=False, moves=[Done([o.result(), o.result()])], expect="ledger-failed"))
+        vectors.append(exchange(f"9.1: {profile}: invalid-argument (a principal the core refuses): 500, logged",
+                                config, request(principal="p" * 4097), database=False, expect="principal-invalid"))
+    lost = {"kind": "outcome-unknown", "message": "connection reset"}
     for config in ({"pending-ttl-ms": 1_500}, {"profile": "ietf", "pending-ttl-ms": 1_500},
                    {"pending-ttl-ms": 60_000}, {"pending-ttl-ms": 1}):
-        error = ledger_error("outcome-unknown", "connection reset")
-        vectors.append({"id": None, "spec": f"9.1: outcome unknown: Retry-After is the TTL ({config['pending-ttl-ms']} ms) in seconds, rounded up",
-                        "config": config, "error": error, "expect": error_answer(config, error)})
+        vectors.append(exchange(f"9.1: outcome unknown: Retry-After is the TTL ({config['pending-ttl-ms']} ms) in "
+                                "seconds, rounded up", config, database=False, moves=[Fail(lost)],
+                                expect="ledger-outcome-unknown"))
     busy_ietf = {"profile": "ietf", "pending-ttl-ms": 1_500}
-    vectors.append({"id": None, "spec": "9.1: busy: Retry-After 1 whatever the TTL", "config": busy_ietf,
-                    "error": ledger_error("busy"), "expect": error_answer(busy_ietf, ledger_error("busy"))})
+    vectors.append(exchange("9.1: busy: Retry-After 1 whatever the TTL", busy_ietf, database=False,
+                            moves=[Fail(FAILURES[0][1])], expect="ledger-busy"))
+    vectors.append(exchange("9.1: a decision that fails after a wait is answered the same", {"wait-ms": 1_000},
+                            database=False, model_rows=[pending(updated_at=NOW - 10)],
+                            moves=[Db(), Fail(FAILURES[0][1])], expect=[10, "ledger-busy"]))
+    vectors.append(exchange("9.1: a decision that fails on a database: nothing is written", {}, rows=[row(key="k-0")],
+                            moves=[Fail({"kind": "unreachable", "message": "connection refused"})],
+                            expect="ledger-failed"))
     return number(vectors, "error")
 
 
-# ---- SPEC 9.4: log lines ----
+# ---- SPEC 9.4: log lines (worded by the core; each from the exchange that writes it) ----
 
 def log_vectors():
-    REL = {"on-server-error": "release"}
     ttl5 = {"pending-ttl-ms": 5_000}
-    ticket = dict(TICKET)
-    gen3 = dict(TICKET, generation=3)
-    odd = dict(TICKET, principal="acct\n1", key='k"ey\\1')
-    unknown = ledger_error("outcome-unknown", "connection reset")
-    busy = ledger_error("busy")
-    cases = []
-
-    def c(spec, config, event, level, message):
-        cases.append((spec, config, event, log(level, message)))
-
-    for error in PROTOCOL_ERRORS:
-        if error == PROTOCOL_ERRORS[1]:
-            continue
-        name = error["ledger"]["kind"] if error["kind"] == "ledger" else error["kind"]
-        c(f"9.4: decision failed ({name})", {}, {"kind": "decision-failed", "principal": "acct-1", "key": "key-1",
-                                                "error": error}, "error",
-          f"[idempotency] decision failed for principal=\"acct-1\" key=\"key-1\": {error_text(error)}; "
-          "the mutation did not run")
-    for config in ({}, ttl5):
-        c("9.4: decision outcome unknown: the key may stay reserved for the TTL", config,
-          {"kind": "decision-failed", "principal": "acct-1", "key": "key-1", "error": unknown}, "error",
-          "[idempotency] decision outcome unknown for principal=\"acct-1\" key=\"key-1\": ledger connection lost after "
-          "the batch was sent (it may have committed): connection reset; the mutation did not run, and the key may "
-          f"stay reserved for up to {cfg(config, 'pending-ttl-ms')} ms")
-    c("9.4: a principal with a newline is escaped ({:?})", {},
-      {"kind": "decision-failed", "principal": "acct\n1", "key": "key-1", "error": busy}, "error",
-      "[idempotency] decision failed for principal=\"acct\\n1\" key=\"key-1\": ledger busy; the mutation did not run")
-    c("9.4: quotes, backslashes, tabs and control characters are escaped", {},
-      {"kind": "decision-failed", "principal": "a\"b\\c\td\re\u001bf\u0000", "key": "k'1", "error": busy}, "error",
-      "[idempotency] decision failed for principal=\"a\\\"b\\\\c\\td\\re\\u{1b}f\\0\" key=\"k'1\": ledger busy; "
-      "the mutation did not run")
-    c("9.4: non-ASCII printable characters are kept", {},
-      {"kind": "decision-failed", "principal": "caf\u00e9", "key": "注文", "error": busy}, "error",
-      "[idempotency] decision failed for principal=\"caf\u00e9\" key=\"注文\": ledger busy; the mutation did not run")
-    for config in ({}, ttl5):
-        for error in (busy, ledger_error("io", "disk I/O error (10)")):
-            c("9.4: completion failed: the row stays pending", config,
-              {"kind": "completion-failed", "ticket": ticket, "error": error}, "error",
-              f"[idempotency] completion not stored for principal=\"acct-1\" key=\"key-1\" generation=1: "
-              f"{error_text(error)}; the row stays pending, and a retry after {cfg(config, 'pending-ttl-ms')} ms takes "
-              "it over")
-    c("9.4: completion outcome unknown", {}, {"kind": "completion-failed", "ticket": gen3, "error": unknown}, "error",
-      "[idempotency] completion outcome unknown for principal=\"acct-1\" key=\"key-1\" generation=3: ledger connection "
-      "lost after the batch was sent (it may have committed): connection reset; the response may or may not be stored")
-    c("9.4: completion failed with malformed result", {},
-      {"kind": "completion-failed", "ticket": odd, "error": PROTOCOL_ERRORS[6]}, "error",
-      "[idempotency] completion not stored for principal=\"acct\\n1\" key=\"k\\\"ey\\\\1\" generation=1: malformed "
-      "ledger result: the claim returned 3 columns; the row stays pending, and a retry after 30000 ms takes it over")
-    for config in ({}, ttl5):
-        c("9.4: release failed", config, {"kind": "release-failed", "ticket": ticket, "error": busy}, "error",
-          "[idempotency] release failed for principal=\"acct-1\" key=\"key-1\" generation=1: ledger busy; the row stays "
-          f"pending, and a retry after {cfg(config, 'pending-ttl-ms')} ms takes it over")
-    c("9.4: release outcome unknown is worded like any release failure", {},
-      {"kind": "release-failed", "ticket": ticket, "error": unknown}, "error",
-      "[idempotency] release failed for principal=\"acct-1\" key=\"key-1\" generation=1: ledger connection lost after "
-      "the batch was sent (it may have committed): connection reset; the row stays pending, and a retry after 30000 ms "
-      "takes it over")
-    for t in (ticket, gen3, odd):
-        c("6.2: fenced out", {}, {"kind": "fenced-out", "ticket": t}, "error",
-          f"[idempotency] fenced out: {owner(t)}: a takeover superseded this owner, so its response was not stored and "
-          "its mutation may have run twice")
-    detail = "TypeError: boom"
-    raised = lambda released, t=ticket: {"kind": "abandoned", "ticket": t, "reason": "raised",  # noqa: E731
-                                         "released": released, "detail": detail}
-    nothing = lambda released: {"kind": "abandoned", "ticket": ticket, "reason": "nothing-changed",  # noqa: E731
-                                "released": released, "detail": ""}
-    failed = f"mutation failed for principal=\"acct-1\" key=\"key-1\" generation=1: {detail}"
-    unchanged = "mutation changed nothing for principal=\"acct-1\" key=\"key-1\" generation=1"
-    c("9.3: raised, store: the row stays pending", {}, raised(False), "warn",
-      f"[idempotency] {failed}; the row stays pending, and a retry after 30000 ms takes it over")
-    c("9.3: raised, store, ttl 5 s", ttl5, raised(False), "warn",
-      f"[idempotency] {failed}; the row stays pending, and a retry after 5000 ms takes it over")
-    c("9.3: raised, release: released", REL, raised(True), "warn",
-      f"[idempotency] {failed}; the reservation was released, so a retry runs the mutation again")
-    c("9.3: raised, release: no longer this owner's", REL, raised(False), "warn",
-      f"[idempotency] {failed}; the reservation was no longer this owner's, so nothing was released")
-    c("9.3: raised with an escaped principal", {}, raised(False, odd), "warn",
-      f"[idempotency] mutation failed for {owner(odd)}: {detail}; the row stays pending, and a retry after 30000 ms "
-      "takes it over")
-    c("9.3: nothing changed: released", {}, nothing(True), "info",
-      f"[idempotency] {unchanged}; the reservation was released")
-    c("9.3: nothing changed, release policy: released", REL, nothing(True), "info",
-      f"[idempotency] {unchanged}; the reservation was released")
-    c("9.3: nothing changed: no longer this owner's", {}, nothing(False), "warn",
-      f"[idempotency] {unchanged}; the reservation was no longer this owner's, so nothing was released")
-    c("9.3: nothing changed, release policy: no longer this owner's", REL, nothing(False), "warn",
-      f"[idempotency] {unchanged}; the reservation was no longer this owner's, so nothing was released")
-    for error in (busy, PROTOCOL_ERRORS[3], PROTOCOL_ERRORS[6]):
-        c("8: sweep failed", {}, {"kind": "sweep-failed", "error": error}, "warn",
-          f"[idempotency] sweep failed: {error_text(error)}")
+    odd = {"principal": "acct\n1", "key": 'k"ey\\1'}
+    busy = {"kind": "pool-exhausted", "message": "pool timed out"}
+    lost = {"kind": "outcome-unknown", "message": "connection reset"}
+    io = {"kind": "unreachable", "message": "disk I/O error"}
     vectors = []
-    for spec, config, event, expect in cases:
-        vectors.append({"id": None, "spec": spec, "config": config, "event": event, "expect": expect})
+
+    def lg(spec, config, expect, req=None, moves=(), model_rows=()):
+        vectors.append(exchange(spec, config, req or request(), database=False, moves=moves, model_rows=model_rows,
+                                expect=expect))
+
+    for name, error, outcome in FAILURES:
+        if name != "outcome-unknown":
+            lg(f"9.4: decision failed ({name})", {"dialect": "sqlite"}, outcome, moves=[Fail(error)])
+    lg("9.4: decision failed (malformed result)", {}, "ledger-failed",
+       moves=[Done([o.result(), o.result(), o.result([[FP_A, "pending"]])])])
+    for config in ({}, ttl5):
+        lg("9.4: decision outcome unknown: the key may stay reserved for the TTL", config, "ledger-outcome-unknown",
+           moves=[Fail(lost)])
+    lg("9.4: a principal with a newline is escaped ({:?})", {}, "ledger-busy", request(principal="acct\n1"),
+       [Fail(busy)])
+    lg("9.4: quotes, backslashes, tabs and control characters are escaped", {}, "ledger-busy",
+       request(principal="a\"b\\c\td\re\u001bf\u007f", key="k'1"), [Fail(busy)])
+    lg("9.4: non-ASCII printable characters are kept", {}, "ledger-busy", request(principal="caf\u00e9 注文 \u00ff"),
+       [Fail(busy)])
+    lg("9.4: a key with quotes and backslashes is escaped", {}, "ledger-busy", request(**odd), [Fail(busy)])
+    after_handler = lambda failure: [Answered(), Fail(failure)]  # noqa: E731
+    for config in ({}, ttl5):
+        for error in (busy, io):
+            lg("9.4: completion failed: the row stays pending, the caller still gets the handler's response", config,
+               "completion-failed", moves=after_handler(error))
+    lg("9.4: completion outcome unknown (a takeover owner, generation 3)", {}, "completion-failed",
+       model_rows=[pending(generation=2, updated_at=NOW - TTL - 1)], moves=after_handler(lost))
+    lg("9.4: completion failed with a malformed result, escaped names", {}, "completion-failed", request(**odd),
+       moves=[Answered(), Done([o.result(), o.result()])])
+    lg("9.4: completion failed after an unstorable response: both lines, the stored 500 still sent", {},
+       "completion-failed", moves=[Answered(body="a" * 16_385), Fail(busy)])
+    for config in ({}, ttl5):
+        lg("9.4: release failed: the row stays pending", config, "completion-failed",
+           moves=[NothingChanged(), Fail(busy)])
+    lg("9.4: release outcome unknown is worded like any release failure", {}, "completion-failed",
+       moves=[NothingChanged(), Fail(lost)])
+    lg("9.4: release failed under release, after a raise: propagated", REL, "completion-failed",
+       moves=[Raised(), Fail(io)])
+    lg("9.4: a release of a 5xx that fails is a completion failure", REL, "completion-failed",
+       moves=[Answered(503, [], "down"), Fail(busy)])
+    fence = [pending(generation=9)]
+    lg("6.2: fenced out (generation 1)", {}, "fenced-out", moves=[Answered(), Db(fence)])
+    lg("6.2: fenced out (generation 3, a takeover owner)", {}, "fenced-out",
+       model_rows=[pending(generation=2, updated_at=NOW - TTL - 1)], moves=[Answered(), Db(fence)])
+    lg("6.2: fenced out (escaped names)", {}, "fenced-out", request(**odd), moves=[Answered(), Db([])])
+    detail = "TypeError: boom"
+    lg("9.3: raised, store: the row stays pending", {}, "abandoned", moves=[Raised(detail)])
+    lg("9.3: raised, store, ttl 5 s", ttl5, "abandoned", moves=[Raised(detail)])
+    lg("9.3: raised, release: released", REL, "released", moves=[Raised(detail)])
+    lg("9.3: raised, release: no longer this owner's", REL, "fenced-out", moves=[Raised(detail), Db([])])
+    lg("9.3: raised with an escaped principal", {}, "abandoned", request(**odd), moves=[Raised(detail)])
+    lg("9.3: raised with a multi-line detail (kept as the host gave it)", {}, "abandoned",
+       moves=[Raised("Traceback:\n  boom")])
+    lg("9.3: nothing changed: released", {}, "released", moves=[NothingChanged()])
+    lg("9.3: nothing changed, release policy: released", REL, "released", moves=[NothingChanged()])
+    lg("9.3: nothing changed: no longer this owner's", {}, "fenced-out", moves=[NothingChanged(), Db([])])
+    lg("9.3: nothing changed, release policy: no longer this owner's", REL, "fenced-out",
+       moves=[NothingChanged(), Db([])])
+    lg("9.3: declined: released", {}, "released", moves=[Declined()])
+    lg("9.3: declined: no longer this owner's", {}, "fenced-out", moves=[Declined(), Db([])])
+    lg("9.4: the unstorable line names the owner, the sizes and the cap (ietf: replays without body)",
+       dict(IETF, **{"body-cap-bytes": 3}), "executed", moves=[Answered(body="abcd")])
     return number(vectors, "log")
+
+
+# ---- the body (wit/exchange.wit read-body, body-problem) ----
+
+def body_vectors():
+    vectors = []
+
+    def b(spec, config, expect, moves=(), body=BODY_A, req=None, model_rows=()):
+        vectors.append(exchange(spec, config, req, body, database=False, moves=moves, model_rows=model_rows,
+                                expect=expect))
+
+    cap4 = {"request-body-cap-bytes": 4}
+    for config in ({}, IETF):
+        p = cfg(config, "profile")
+        b(f"1.6: {p}: the host stopped reading past the cap: 413, the connection closed", config, "body-too-large",
+          [TooLarge()])
+        b(f"wit body-problem: {p}: length-unknown: 411, the connection closed", config, "length-required",
+          [Unreadable("length-unknown")])
+        b(f"wit body-problem: {p}: incomplete: 400, the connection closed", config, "body-incomplete",
+          [Unreadable("incomplete")])
+        b(f"wit body-problem: {p}: consumed before the middleware: 500, logged", config, "body-unavailable",
+          [Unreadable("consumed")])
+    b("1.6: a whole body fed over the cap (5 bytes, cap 4): 413, closed", cap4, "body-too-large", body=b"12345")
+    b("1.6: a body exactly at the cap (4 bytes) is decided", cap4, "replayed", body=b"1234",
+      model_rows=[replayable(cap4, request(), b"1234", key=KEY)])
+    b("1.6: cap 0: an empty body is decided", {"request-body-cap-bytes": 0}, "replayed", body=b"",
+      model_rows=[replayable({}, request(), b"", key=KEY)])
+    b("1.6: cap 0: one byte: 413", {"request-body-cap-bytes": 0}, "body-too-large", body=b"x")
+    b("1.6: cap 10 (ietf): body-too-large: the problem names the cap", dict(IETF, **{"request-body-cap-bytes": 10}),
+      "body-too-large", [TooLarge()])
+    b("wit body-problem: consumed: the log line escapes the principal and key", {}, "body-unavailable",
+      [Unreadable("consumed")], req=request(principal="acct\n1", key='k"1'))
+    b("4: body-hashed: the host's own digest is the fingerprint", {}, "replayed", [Hashed(FP_A)],
+      model_rows=[row()])
+    b("4: body-hashed of another body: key reused", {}, "key-reused", [Hashed(FP_B)], model_rows=[row()])
+    for spec, text in (("upper-case hex", FP_A.upper()), ("63 digits", FP_A[:63]), ("65 digits", FP_A + "0"),
+                       ("not hex", "z" * 64), ("empty", ""), ("a quote inside", '"' + FP_A[1:])):
+        b(f"wit body-hashed: {spec}: not a lowercase hex SHA-256: 500 internal-error, logged", {}, "internal-error",
+          [Hashed(text)])
+    b("1.6: body-too-large under key-required false with a key: 413", {"key-required": False}, "body-too-large",
+      [TooLarge()])
+    return number(vectors, "body")
+
+
+# ---- whole sequences, and events the exchange was not waiting for ----
+
+def sequence_vectors():
+    vectors = []
+    busy = {"kind": "pool-exhausted", "message": "pool timed out"}
+    lost = {"kind": "outcome-unknown", "message": "connection reset"}
+
+    def s(spec, config, expect, rows=(), moves=(), req=None, database=True, model_rows=(), body=BODY_A):
+        vectors.append(exchange(spec, config, req, body, rows=rows, moves=moves, database=database,
+                                model_rows=model_rows, expect=expect))
+
+    W = {"wait-ms": 1_000}
+    busy_row = pending(updated_at=NOW - 10)
+    # Waits: polls 10, 10, 20, 40, 80, 160, 200, 200, 200, 80 over 1000 ms.
+    s("5.4: a duplicate polls until its wait is used up, then gets the 409", W,
+      [10, 10, 20, 40, 80, 160, 200, 200, 200, 80, "in-progress"], [busy_row])
+    s("5.4: a duplicate polls, then finds the first request's answer: replayed after the wait", W,
+      [10, 10, 20, 40, RAW], [busy_row], [Db(), Db(), Db(), Db(), Db([row()])])
+    s("5.4: a duplicate polls until the row goes stale, then takes it over and completes", W,
+      [10, 10, 20, 40, 11, "taken-over"], [pending(updated_at=NOW - TTL + 90)])
+    s("5.4: a duplicate polls, the row is swept meanwhile: it claims and executes", W, [10, 10, "executed"],
+      [busy_row], [Db(), Db(), Db([])])
+    s("5.4: a duplicate polls, another payload took the key meanwhile: key reused", W, [10, "key-reused"],
+      [busy_row], [Db(), Db([pending(updated_at=NOW - 10, fingerprint=FP_B)])])
+    s("5.4: a duplicate polls, the stored answer is corrupt: 500", W, [10, "record-corrupt"], [busy_row],
+      [Db(), Db([row(response_headers="[]")])])
+    s("5.4: a duplicate polls, the next decision batch fails: 503", W, [10, "ledger-busy"], [busy_row],
+      [Db(), Fail(busy)])
+    s("5.4: a wait the host sleeps longer than asked: the time it woke counts", W, [10, "in-progress"], [busy_row],
+      [Slept(NOW + 1_500)])
+    s("5.4: ietf: polls then replays with the marker", dict(IETF, **W), [10, 10, RAW], [busy_row],
+      [Db(), Db(), Db([row()])])
+    # Takeovers.
+    s("6: a takeover, then the completion: taken-over, the row completed at generation 2", {}, "taken-over",
+      [pending(updated_at=NOW - TTL - 1)])
+    s("6: a takeover, then another takeover while the handler runs: fenced out", {}, "fenced-out",
+      [pending(updated_at=NOW - TTL - 1)], [Db(), Db([pending(updated_at=NOW + 5, generation=3)])])
+    s("6: a takeover whose handler raised: the row stays pending at generation 2", {}, "abandoned",
+      [pending(updated_at=NOW - TTL - 1)], [Raised()])
+    s("6: a takeover declined by the framework: the generation-2 reservation is released", {}, "released",
+      [pending(updated_at=NOW - TTL - 1)], [Declined()])
+    s("6.2: fenced out: the caller still gets the handler's response (recipe)", {}, "fenced-out", [],
+      [Db(), Db([pending(created_at=NOW, updated_at=NOW + 1, generation=2)])])
+    s("6.2: fenced out: the caller still gets the handler's response (ietf)", IETF, "fenced-out", [],
+      [Db(), Db([pending(created_at=NOW, updated_at=NOW + 1, generation=2)])])
+    # The handler's end.
+    s("9.3: raised under store: propagated, the row stays pending", {}, "abandoned", moves=[Raised()])
+    s("9.3: raised under release: propagated, the reservation released", REL, "released", moves=[Raised()])
+    s("9.3: raised under release after the row was taken over: nothing released", REL, "fenced-out",
+      moves=[Raised(), Db([pending(created_at=NOW, updated_at=NOW + 1, generation=2)])])
+    s("9.3: nothing-changed: the handler's response, the reservation released", {}, "released",
+      moves=[NothingChanged()])
+    s("9.3: declined (the framework refused the request): released like nothing-changed", {}, "released",
+      moves=[Declined()])
+    s("9.3: declined (ietf): released", IETF, "released", moves=[Declined()])
+    s("9.3: a handler that took longer than the TTL and was taken over: declined releases nothing", {}, "fenced-out",
+      moves=[Declined(at=NOW + TTL + 5), Db([pending(created_at=NOW, updated_at=NOW + TTL + 2, generation=2)])])
+    s("7: a handler answering much later stores the time it answered", {}, "executed",
+      moves=[Answered(at=NOW + 25_000)])
+    # A completion (or release) batch that fails: the caller still gets its answer.
+    for name, failure in (("busy", busy), ("outcome unknown", lost),
+                          ("unreachable", {"kind": "unreachable", "message": "connection refused"}),
+                          ("a host failure", {"kind": "host", "message": "cannot bind a value"})):
+        s(f"9.4: the completion batch fails ({name}): the handler's response, the row stays pending", {},
+          "completion-failed", moves=[Answered(), Fail(failure)])
+    s("9.4: the completion batch fails under ietf", IETF, "completion-failed", moves=[Answered(), Fail(lost)])
+    s("9.4: the release batch fails after nothing-changed: the handler's response, logged", {}, "completion-failed",
+      moves=[NothingChanged(), Fail(busy)])
+    s("9.4: the release batch fails after a raise under release: propagated, logged", REL, "completion-failed",
+      moves=[Raised(), Fail(lost)])
+    # Results without the shape of the protocol's SQL.
+    malformed_decisions = [
+        ("no result", []),
+        ("4 results for 3 statements", [o.result()] * 4),
+        ("a claim row of 3 columns", [o.result([[1, NOW, 0]], 1), o.result(), o.result()]),
+        ("two claim rows", [o.result([[1, NOW], [1, NOW]], 2), o.result(), o.result()]),
+        ("both the claim and the takeover won", [o.result([[1, NOW]], 1), o.result([[2, NOW]], 1), o.result()]),
+        ("a claim at generation 2", [o.result([[2, NOW]], 1), o.result(), o.result()]),
+        ("a takeover at generation 1", [o.result(), o.result([[1, NOW]], 1), o.result()]),
+        ("a claim generation that is text", [o.result([["1", NOW]], 1), o.result(), o.result()]),
+        ("a claim created_at that is a fractional real", [o.result([[1, {"real": 0.5}]], 1), o.result(), o.result()]),
+        ("two lookup rows", [o.result(), o.result(), o.result([[FP_A, "pending", 1, None, None, None, NOW]] * 2)]),
+        ("a lookup fingerprint that is not text", [o.result(), o.result(), o.result([[1, "pending", 1, None, None,
+                                                                                       None, NOW]])]),
+        ("a lookup status that is not text", [o.result(), o.result(), o.result([[FP_A, 1, 1, None, None, None, NOW]])]),
+        ("a lookup generation that is null", [o.result(), o.result(), o.result([[FP_A, "pending", None, None, None,
+                                                                                  None, NOW]])]),
+        ("a lookup updated_at that is text", [o.result(), o.result(), o.result([[FP_A, "pending", 1, None, None,
+                                                                                  None, "now"]])]),
+        ("a lookup generation that is a blob", [o.result(), o.result(), o.result([[FP_A, "pending", {"blob": "01"},
+                                                                                   None, None, None, NOW]])]),
+    ]
+    for name, results in malformed_decisions:
+        s(f"9.1: a malformed decision result ({name}): 500, logged", {}, "ledger-failed", moves=[Done(results)],
+          database=False)
+    s("5.1: D1 reals: a claim won with integral reals runs the handler", {}, "executed",
+      moves=[Done([o.result([[{"real": 1.0}, {"real": float(NOW)}]], 1), o.result(), o.result()]),
+             Done([o.result([[1]], 1)])], database=False)
+    s("5.1: a lookup for another fingerprint is reuse before any other check of the row", {}, "key-reused",
+      moves=[Done([o.result(), o.result(), o.result([[FP_B, "weird", 1, None, None, None, NOW]])])],
+      database=False)
+    for name, results in (("no result", []), ("2 results", [o.result([[1]], 1)] * 2),
+                          ("a row of 2 columns", [o.result([[1, 2]], 1)]), ("2 rows", [o.result([[1], [1]], 2)])):
+        s(f"9.4: a malformed completion result ({name}): the handler's response, logged", {}, "completion-failed",
+          moves=[Answered(), Done(results)], database=False)
+    for name, results in (("no result", []), ("2 rows deleted", [o.result((), 2)])):
+        s(f"9.4: a malformed release result ({name}): the handler's response, logged", {}, "completion-failed",
+          moves=[NothingChanged(), Done(results)], database=False)
+    s("9.4: a release result with rows is read by its changes", {}, "released",
+      moves=[Declined(), Done([o.result([[1]], 1)])], database=False)
+
+    # Events the exchange was not waiting for: a 500, logged; the exchange is over.
+    reading = [("slept", {"slept": None}), ("batch-done", {"batch-done": []}),
+               ("handler-done", {"handler-done": {"nothing-changed": None}}),
+               ("batch-failed", {"batch-failed": busy})]
+    for name, event in reading:
+        s(f"wit step: {name} while reading the body: 500 internal-error", {}, "internal-error",
+          moves=[Feed("read-body", event)], database=False)
+    s("wit step: slept while deciding (stepped only): 500 internal-error", {}, "internal-error",
+      moves=[Feed("run-batch", {"slept": None})], database=False)
+    s("wit step: a second body while deciding (stepped only): 500 internal-error", {}, "internal-error",
+      moves=[Feed("run-batch", {"body": "00"})], database=False)
+    s("wit step: handler-done before the decision (stepped only): 500 internal-error", {}, "internal-error",
+      moves=[Feed("run-batch", {"handler-done": {"answered": {"status": 201, "headers": [], "body_text": ""}}})],
+      database=False)
+    for name, event in (("batch-done", {"batch-done": []}), ("body", {"body": ""}),
+                        ("handler-done", {"handler-done": {"declined": None}})):
+        s(f"wit step: {name} while sleeping: 500 internal-error", W, [10, "internal-error"], [busy_row],
+          [Db(), Feed("sleep", event)])
+    for name, event in (("batch-done", {"batch-done": [o.result([[1]], 1)]}), ("slept", {"slept": None}),
+                        ("body", {"body": "7b7d"}), ("body-hashed", {"body-hashed": FP_A}),
+                        ("body-too-large", {"body-too-large": None})):
+        s(f"wit step: {name} while the handler runs: 500 internal-error, the row stays pending", {}, "internal-error",
+          moves=[Feed("run-handler", event)])
+    s("wit step: a second handler-done while completing (stepped only): 500 internal-error", {}, "internal-error",
+      moves=[Answered(), Feed("run-batch", {"handler-done": {"answered": {"status": 200, "headers": [],
+                                                                         "body_text": ""}}})], database=False)
+    s("wit step: slept while releasing (stepped only): 500 internal-error", {}, "internal-error",
+      moves=[NothingChanged(), Feed("run-batch", {"slept": None})], database=False)
+    after = [("slept", {"slept": None}), ("body", {"body": ""}), ("batch-done", {"batch-done": []}),
+             ("handler-done", {"handler-done": {"raised": "late"}})]
+    for name, event in after:
+        s(f"wit step: {name} after the final respond: 500 internal-error", {}, ["replayed", "internal-error"],
+          [row()], [Feed("final", event)])
+    s("wit step: an event after the final propagate: 500 internal-error", {}, ["abandoned", "internal-error"],
+      moves=[Raised(), Feed("final", {"slept": None})])
+    s("wit step: an event after an internal error: 500 internal-error again (ietf)", IETF,
+      ["internal-error", "internal-error"], moves=[Feed("read-body", {"slept": None}),
+                                                  Feed("final", {"body": ""})], database=False)
+    s("wit step: an event after an executed exchange: 500, and the stored answer stays", {},
+      ["executed", "internal-error"], moves=[Feed("final", {"handler-done": {"nothing-changed": None}})])
+    return number(vectors, "sequence")
+
+
+# ---- SPEC 8: sweep ----
+
+def sweep_vectors():
+    old = NOW - RETENTION - 1
+    # (spec, config, rows, feed or None, expected deleted (checked against the oracle's table))
+    cases = [
+        ("8: expired completed and abandoned pending go, fresh stays", {},
+         [row(key="a", updated_at=old), pending(key="b", updated_at=old), row(key="c", updated_at=NOW - 1_000)], 2),
+        ("8: updated exactly at now - retention is kept", {}, [row(key="a", updated_at=NOW - RETENTION)], 0),
+        ("8: empty ledger", {}, [], 0),
+        ("8: batch bounds the delete", {"sweep-batch": 2}, [row(key=k, updated_at=old - i) for i, k in enumerate("abcde")],
+         2),
+        ("8: the sweep uses the same retention as replay", {"retention-ms": 60_000},
+         [row(key="a", updated_at=NOW - 60_001), row(key="b", updated_at=NOW - 60_000)], 1),
+        ("8: a freshly taken-over row is not swept even if created long ago", {},
+         [pending(key="a", created_at=old - 5, updated_at=NOW - 10, generation=3)], 0),
+        ("8: rows of every principal are swept", {},
+         [row(principal="p1", key="a", updated_at=old), row(principal="p2", key="a", updated_at=old)], 2),
+        ("8.1: exactly a full batch: more (the host sweeps again and finds nothing)", {"sweep-batch": 2},
+         [row(key="a", updated_at=old), row(key="b", updated_at=old), row(key="c", updated_at=NOW - 1_000)], 2),
+        ("8.1: one short of a full batch: no more", {"sweep-batch": 3},
+         [row(key="a", updated_at=old), row(key="b", updated_at=old), row(key="c", updated_at=NOW - 1_000)], 2),
+        ("8.1: batch 1 with three expired: one deleted, more", {"sweep-batch": 1},
+         [pending(key=k, updated_at=old) for k in "abc"], 1),
+        ("8.1: batch 20 with 25 expired: 20 deleted, more", {},
+         [row(key=f"k{i:02d}", updated_at=old - i) for i in range(25)], 20),
+        ("8.1: batch 20 with 20 expired and 5 fresh: all 20 deleted, more", {},
+         [row(key=f"k{i:02d}", updated_at=old if i < 20 else NOW) for i in range(25)], 20),
+        ("8.1: nothing expired: no more", {"sweep-batch": 1}, [row(key="a", updated_at=NOW)], 0),
+        ("8: ietf: the same sweep", IETF, [row(key="a", updated_at=old), row(key="b", updated_at=NOW)], 1),
+    ]
+    vectors = []
+    for spec, config, rows, deleted in cases:
+        table = o.Table(rows)
+        report = o.swept(config, ("done", table.run(o.sweep_batch(config, NOW))))
+        assert report["deleted"] == deleted, spec
+        check_rows(rows, spec)
+        vectors.append({"id": None, "spec": spec, "config": config, "rows": sort_rows(rows), "now": NOW,
+                        "expect": report, "rows_after": table.sorted()})
+    # A sweep batch that fails, or answers with the wrong shape: logged at warn, nothing deleted.
+    failures = [
+        ("8: sweep failed (busy): logged", {"dialect": "sqlite"}, {"batch-failed": db("SQLITE_BUSY", "database is locked")}),
+        ("8: sweep failed (schema): logged", {"dialect": "sqlite"},
+         {"batch-failed": db(None, "no such table: idempotency_keys")}),
+        ("8: sweep failed (postgres lock timeout is busy): logged", {"dialect": "postgres"},
+         {"batch-failed": db("55P03", "canceling statement due to lock timeout")}),
+        ("8: sweep failed (unreachable): logged", {}, {"batch-failed": {"kind": "unreachable", "message": "ECONNREFUSED"}}),
+        ("8: a malformed sweep result (no result): logged", {}, {"batch-done": []}),
+        ("8: a malformed sweep result (2 results): logged", {}, {"batch-done": [o.result((), 1), o.result((), 1)]}),
+    ]
+    for spec, config, feed in failures:
+        kind, value = next(iter(feed.items()))
+        report = o.swept(config, ("failed" if kind == "batch-failed" else "done", value))
+        assert report["log"] is not None, spec
+        rows = [row(key="a", updated_at=old)]
+        vectors.append({"id": None, "spec": spec, "config": config, "rows": rows, "now": NOW, "feed": feed,
+                        "expect": report, "rows_after": rows})
+    return number(vectors, "sweep")
 
 
 # ---- Settings: defaults and refusals ----
@@ -1671,9 +1552,11 @@ def config_vectors():
     bad = lambda field: {"kind": "invalid", "field": field}  # noqa: E731
     R, I = "recipe", "ietf"
     cases = [
-        ("Settings: recipe defaults", R, {}, ok(R, {})),
+        ("Settings: recipe defaults (in-progress-retry-ms 1000)", R, {}, ok(R, {})),
         ("Settings: ietf defaults", I, {}, ok(I, {})),
         ("Settings: ietf without the replay marker", I, {"replay-header": None}, ok(I, {"replay-header": None})),
+        ("Settings: no in-progress hint (the 409 says the time to takeover)", R, {"in-progress-retry-ms": None}, None),
+        ("Settings: the postgres dialect", R, {"dialect": "postgres"}, None),
         ("Settings: every setting changed at once", R, {
             "protected-methods": ["PUT", "POST"], "fingerprint-headers": ["x-tenant"], "replay-headers": ["etag"],
             "pending-ttl-ms": 5_000, "retention-ms": 5_000, "body-cap-bytes": 0, "request-body-cap-bytes": 0,
@@ -1690,6 +1573,10 @@ def config_vectors():
         ("Settings: token characters in names", R,
          {"protected-methods": ["M-SEARCH"], "fingerprint-headers": ["x!#$%&'*+-.^_`|~1"],
           "replay-header": "X.Replayed_1"}, None),
+        ("Settings: set-cookie may be fingerprinted (a request header), just never replayed", R,
+         {"fingerprint-headers": ["set-cookie"]}, None),
+        ("Settings: a replay header named like set-cookie but longer is fine", R,
+         {"replay-headers": ["set-cookie2", "x-set-cookie"]}, None),
         # One refusal per check (the message starts with the field's name).
         ("Settings: a method with a space", R, {"protected-methods": ["PO ST"]}, bad("protected-methods")),
         ("Settings: an empty method", R, {"protected-methods": ["POST", ""]}, bad("protected-methods")),
@@ -1698,6 +1585,11 @@ def config_vectors():
         ("Settings: an empty fingerprint header", I, {"fingerprint-headers": [""]}, bad("fingerprint-headers")),
         ("Settings: a replay header with a space", R, {"replay-headers": ["bad name"]}, bad("replay-headers")),
         ("Settings: a non-ASCII replay header", R, {"replay-headers": ["caf\u00e9"]}, bad("replay-headers")),
+        ("Settings: set-cookie is never stored or replayed", R, {"replay-headers": ["content-type", "set-cookie"]},
+         bad("replay-headers")),
+        ("Settings: Set-Cookie in any case is refused (ietf)", I, {"replay-headers": ["SET-COOKIE"]},
+         bad("replay-headers")),
+        ("Settings: Set-Cookie alone", R, {"replay-headers": ["Set-Cookie"]}, bad("replay-headers")),
         ("Settings: TTL 0", R, {"pending-ttl-ms": 0}, bad("pending-ttl-ms")),
         ("Settings: TTL above 2^53", R, {"pending-ttl-ms": OVER_2_53, "retention-ms": OVER_2_53}, bad("pending-ttl-ms")),
         ("Settings: retention above 2^53", R, {"retention-ms": OVER_2_53}, bad("retention-ms")),
@@ -1718,30 +1610,37 @@ def config_vectors():
     ]
     vectors = []
     for spec, profile, overrides, expect in cases:
-        vectors.append({"id": None, "spec": spec, "profile": profile, "overrides": overrides,
-                        "expect": expect or ok(profile, overrides)})
+        expect = expect or ok(profile, overrides)
+        field = o.validate(dict(defaults(profile), **overrides))
+        assert (field is None) == (expect["kind"] == "ok") and (field is None or field == expect["field"]), spec
+        vectors.append({"id": None, "spec": spec, "profile": profile, "overrides": overrides, "expect": expect})
     return number(vectors, "config")
 
 
+MAX_DURATION_MS = o.MAX_DURATION_MS
+
+
 def build():
-    kinds = {
+    families = {
         "fingerprint": fingerprint_vectors(),
         "admission": admission_vectors(),
         "decision": decision_vectors(),
         "completion": completion_vectors(),
         "abandon": abandon_vectors(),
-        "sweep": sweep_vectors(),
         "classify": classify_vectors(),
         "error": error_vectors(),
         "log": log_vectors(),
-        "config": config_vectors(),
+        "body": body_vectors(),
+        "sequence": sequence_vectors(),
     }
+    exchanges = [v for vs in families.values() for v in vs]
+    kinds = {"exchange": exchanges, "sweep": sweep_vectors(), "config": config_vectors()}
     ids = [v["id"] for vs in kinds.values() for v in vs]
     assert len(ids) == len(set(ids)), "duplicate vector ids"
     doc = {
-        "format": 2,
-        "description": "Idempotency-Key ledger conformance vectors; see conformance/README.md. Generated by generate.py.",
+        "format": 3,
         "counts": {k: len(v) for k, v in kinds.items()},
+        "families": {k: len(v) for k, v in families.items()},
     }
     doc.update(kinds)
     return json.dumps(doc, indent=None, ensure_ascii=False).replace('}, {"id"', '},\n{"id"') + "\n"
@@ -1755,8 +1654,9 @@ def main():
             return 1
         return 0
     OUT.write_text(text, encoding="utf-8")
-    counts = json.loads(text)["counts"]
-    print(f"wrote {OUT}: " + ", ".join(f"{n} {k}" for k, n in counts.items()))
+    doc = json.loads(text)
+    print(f"wrote {OUT}: " + ", ".join(f"{n} {k}" for k, n in doc["counts"].items())
+          + " (" + ", ".join(f"{n} {k}" for k, n in doc["families"].items()) + ")")
     return 0
 
 
