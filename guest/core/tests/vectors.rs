@@ -473,6 +473,7 @@ fn vector(v: &J) -> Vector<'_> {
     assert!(!database || !v["config"].as_object().expect("config").contains_key("dialect"), "{id}: a database vector names a dialect");
     let steps = v["steps"].as_array().expect("steps").as_slice();
     assert!(!steps.is_empty(), "{id}: no steps");
+    let mut unbatched = false;
     for (n, step) in steps.iter().enumerate() {
         let what = format!("{id} step {n}");
         if n + 1 == steps.len() {
@@ -480,8 +481,12 @@ fn vector(v: &J) -> Vector<'_> {
         } else {
             fields(step, &what, &["expect", "now"], &["feed", "rows"]);
             assert!(step.get("rows").is_none() || database, "{what}: rows without a database");
+            let feed = step.get("feed").map(|f| one(f, &what).0);
+            unbatched |= step["expect"].get("run-batch").is_some()
+                && feed.is_some_and(|f| f != "batch-done" && f != "batch-failed");
         }
     }
+    assert_eq!(map.contains_key("stepped_only"), unbatched, "{id}: stepped_only marks exactly the vectors a driven host cannot feed");
     Vector {
         session: Session::open(config).unwrap_or_else(|e| panic!("{id}: session: {e}")),
         head: RequestHead {
