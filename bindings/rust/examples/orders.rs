@@ -13,13 +13,13 @@ fn create_order(ledger: &mut Ledger, account: &str, http: &Request) -> Response 
         )
     });
     match handled {
-        Ok(handled) => handled.response, // executed, replayed, 400 or 409: ready to send
-        Err(HandleError::Unavailable { response, .. }) => response, // ledger down: nothing ran
-        Err(HandleError::Mutation { error, .. }) => Response {
-            status: 500, // the row stays pending; a retry after the TTL takes it over
-            headers: vec![],
-            body: error.to_string().into_bytes(),
-        },
+        // Executed, replayed, 400, 409, or the core's 5xx when the ledger failed: ready to send.
+        Ok(handled) => handled.response,
+        // The handler failed (the row stays pending until the TTL); the core's 500 to send.
+        Err(HandleError { error, response, .. }) => {
+            eprintln!("create_order failed: {error}");
+            response.expect("a protected request's failure comes with the core's 500")
+        }
     }
 }
 

@@ -25,7 +25,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use idempotency_ledger::{AsyncLedger, AsyncPostgres, AsyncSqlite, Config, IdempotencyLayer, NothingChanged, OnServerError, Profile, Runtime, SystemClock};
+use idempotency_ledger::{AsyncLedger, AsyncPostgres, AsyncSqlite, Config, Dialect, IdempotencyLayer, NothingChanged, OnServerError, Profile, Runtime, Settings, SystemClock};
 
 /// The principal the app's auth derived (the bearer token).
 #[derive(Clone)]
@@ -51,31 +51,29 @@ async fn run() -> Result<(), String> {
     let database = std::env::var("DATABASE_URL").unwrap_or_else(|_| {
         std::env::temp_dir().join("idempotency-ledger-serve-rust.sqlite").display().to_string()
     });
-    let config = config_from_env()?;
     let runtime = Runtime::shared().map_err(|e| e.to_string())?;
+    let settings = settings_from_env(&runtime)?;
     let ledger = if database.starts_with("postgres://") || database.starts_with("postgresql://") {
         let backend = AsyncPostgres::connect(&database, 16).map_err(|e| e.to_string())?;
-        AsyncLedger::new(runtime, backend, config.clone(), SystemClock).await
+        AsyncLedger::new(runtime, backend, settings, SystemClock).await
     } else {
         let backend = AsyncSqlite::open(&database).map_err(|e| e.to_string())?;
-        AsyncLedger::new(runtime, backend, config.clone(), SystemClock).await
+        AsyncLedger::new(runtime, backend, settings, SystemClock).await
     }
     .map_err(|e| format!("opening the ledger on {}: {e}", redact(&database)))?;
+    let config = ledger.config().clone();
 
     let orders = Arc::new(Orders { started: now_nanos(), ..Orders::default() });
-    // Only POST /orders goes through the ledger (GET /orders/count never would:
-    // GET is not a protected method; the route filter says so explicitly).
+    // Only POST /orders goes through the ledger: the layer is applied to that route.
     let sweeps = ledger.clone();
     let idempotency = IdempotencyLayer::new(ledger, |parts: &axum::http::request::Parts| {
         parts.extensions.get::<Principal>().map(|p| p.0.clone())
-    })
-    .routes(|parts| parts.uri.path() == "/orders");
+    });
     let app = Router::new()
-        .route("/orders", post(create_order))
+        .route("/orders", post(create_order).layer(idempotency))
         .route("/orders/count", get(count))
         .with_state(orders)
-        .layer(idempotency)
-        // Added last, so it runs first: the idempotency layer sees the principal.
+        // Outside the route's layer, so it runs first: the idempotency layer sees the principal.
         .layer(middleware::from_fn(bearer_auth));
 
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.map_err(|e| format!("bind 127.0.0.1:{port}: {e}"))?;
@@ -196,50 +194,48 @@ async fn count(State(orders): State<Arc<Orders>>) -> Json<serde_json::Value> {
     Json(serde_json::json!({"count": orders.executions.load(Ordering::SeqCst)}))
 }
 
-/// The core's defaults for the profile, with what the environment sets.
-fn config_from_env() -> Result<Config, String> {
+/// What the environment sets over the core's defaults for the profile.
+fn settings_from_env(runtime: &Runtime) -> Result<Settings, String> {
     let profile = match env_or("IDEMPOTENCY_PROFILE", "recipe").as_str() {
         "recipe" => Profile::Recipe,
         "ietf" => Profile::Ietf,
         other => return Err(format!("IDEMPOTENCY_PROFILE: {other:?} is not recipe or ietf")),
     };
-    let mut config = Config::for_profile(profile);
+    let defaults = runtime.resolve(&Settings::profile(profile), Dialect::Sqlite).map_err(|e| e.to_string())?;
+    let mut settings = Settings::profile(profile);
     let number = |name: &str| -> Result<Option<u64>, String> {
         std::env::var(name).ok().map(|v| v.parse::<u64>().map_err(|e| format!("{name}: {e}"))).transpose()
     };
     if let Some(ttl) = number("IDEMPOTENCY_PENDING_TTL_MS")? {
-        config.pending_ttl_ms = ttl;
-        config.retention_ms = config.retention_ms.max(ttl);
+        settings.pending_ttl_ms = Some(ttl);
+        settings.retention_ms = Some(defaults.retention_ms.max(ttl));
     }
-    if let Some(cap) = number("IDEMPOTENCY_MAX_BODY_BYTES")? {
-        config.request_body_cap_bytes = cap;
-    }
+    let request_cap = number("IDEMPOTENCY_MAX_BODY_BYTES")?.unwrap_or(defaults.request_body_cap_bytes);
+    settings.request_body_cap_bytes = Some(request_cap);
     // The response echoes the request, so the stored-response cap must hold
     // a request at the cap plus the order's own fields.
-    let echo = config.request_body_cap_bytes.saturating_add(1024).min(16 << 20);
-    config.body_cap_bytes = config.body_cap_bytes.max(echo as u32);
+    let echo = request_cap.saturating_add(1024).min(16 << 20);
+    settings.body_cap_bytes = Some(defaults.body_cap_bytes.max(echo as u32));
     if let Ok(v) = std::env::var("IDEMPOTENCY_KEY_REQUIRED") {
-        config.key_required = match v.as_str() {
+        settings.key_required = Some(match v.as_str() {
             "true" | "1" => true,
             "false" | "0" => false,
             other => return Err(format!("IDEMPOTENCY_KEY_REQUIRED: {other:?} is not true or false")),
-        };
+        });
     }
     if let Ok(v) = std::env::var("IDEMPOTENCY_REPLAY_HEADER") {
-        config.replay_header = if v.is_empty() { None } else { Some(v) };
+        settings.replay_header = Some(if v.is_empty() { None } else { Some(v) });
     }
-    if let Some(wait) = number("IDEMPOTENCY_WAIT_MS")? {
-        config.wait_ms = wait;
-    }
+    settings.wait_ms = number("IDEMPOTENCY_WAIT_MS")?;
     if let Ok(v) = std::env::var("IDEMPOTENCY_ON_SERVER_ERROR") {
-        config.on_server_error = match v.as_str() {
+        settings.on_server_error = Some(match v.as_str() {
             "store" => OnServerError::Store,
             "release" => OnServerError::Release,
             other => return Err(format!("IDEMPOTENCY_ON_SERVER_ERROR: {other:?} is not store or release")),
-        };
+        });
     }
     // The core validates the whole config when the ledger opens its session.
-    Ok(config)
+    Ok(settings)
 }
 
 fn describe(c: &Config) -> String {

@@ -1,6 +1,6 @@
-//! The blocking ledger: one backend, one component instance, the driven API
-//! (each `run-*` is one component call that runs one batch through the
-//! ledger import).
+//! The blocking ledger: one backend, one component instance. Its exchanges
+//! are `driven`: the component runs each batch through the ledger import on
+//! this ledger's backend, so a request is one component call per event.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -9,11 +9,10 @@ use std::time::Duration;
 use wasmtime::component::ResourceAny;
 use wasmtime::Store;
 
-use crate::convert::{log_line, Response};
-use crate::runtime::{bindings, HostState, Instance, IntoProtocolResult, Methods, NoBackend};
+use crate::runtime::{bindings, Fault, HostState, Instance, NoBackend};
 use crate::{
-    fallback_error_response, sha256_hex, wit, Begun, Clock, Config, Error, HandleError, Handled, MutationResponse, Outcome,
-    Request, Runtime, SqlBackend, SqliteBackend, Stored, SystemClock, Ticket,
+    event_of, next_of, wit, Clock, Config, Dialect, Error, Feed, HandleError, Handled, MutationResponse, Next,
+    Request, Runtime, Settings, SqlBackend, SqliteBackend, SystemClock, Ticket,
 };
 
 /// One ledger: a database connection plus a component instance with an open
@@ -25,38 +24,73 @@ pub struct Ledger {
     instance: Option<Instance>,
     /// The backend, parked here while no instance holds it (after a trap).
     parked: Option<Box<dyn SqlBackend>>,
+    /// Counts instances: an exchange started on an earlier one is gone.
+    epoch: u64,
+    settings: Settings,
+    dialect: Dialect,
     config: Config,
-    policy: wit::RequestPolicy,
+    protected_methods: Vec<String>,
+    /// The reply for a request whose exchange the component could not continue.
+    fault: Fault,
     clock: Arc<dyn Clock>,
+}
+
+/// One request's exchange on a [`Ledger`] (see [`Ledger::start`]).
+#[derive(Debug, Default)]
+pub struct Exchange {
+    resource: Option<ResourceAny>,
+    epoch: u64,
+    /// The last `read-body` prefix (hashed natively with the body).
+    prefix: Option<String>,
+    /// The ticket the handler runs under, once it does.
+    ticket: Option<Ticket>,
+}
+
+impl Exchange {
+    /// The ticket the handler runs (or ran) under.
+    pub fn ticket(&self) -> Option<&Ticket> {
+        self.ticket.as_ref()
+    }
 }
 
 impl Ledger {
     /// Opens (creating and migrating) a SQLite ledger with the default
     /// settings and the system clock.
     pub fn open(path: impl AsRef<Path>) -> Result<Ledger, Error> {
+        Ledger::open_with(path, Settings::default())
+    }
+
+    /// [`Ledger::open`] with these settings.
+    pub fn open_with(path: impl AsRef<Path>, settings: Settings) -> Result<Ledger, Error> {
         let backend = SqliteBackend::open(path).map_err(|e| Error::Setup(e.to_string()))?;
-        let mut ledger = Ledger::new(Runtime::shared()?, backend, Config::default(), SystemClock)?;
+        let mut ledger = Ledger::new(Runtime::shared()?, backend, settings, SystemClock)?;
         ledger.migrate()?;
         Ok(ledger)
     }
 
-    /// A ledger over any backend, with these settings (validated once, by
-    /// the core) and clock. The dialect is the backend's.
-    pub fn new(
-        runtime: Runtime,
-        backend: impl SqlBackend + 'static,
-        mut config: Config,
-        clock: impl Clock + 'static,
-    ) -> Result<Ledger, Error> {
-        config.dialect = backend.dialect();
-        let mut instance = runtime.instantiate(&config, Box::new(backend))?;
-        let policy = instance.call(|s, store, session| s.call_policy(store, session))?;
-        Ok(Ledger { runtime, instance: Some(instance), parked: None, config, policy, clock: Arc::new(clock) })
+    /// A ledger over any backend, with these settings (resolved against the
+    /// component's defaults and validated once, by the component) and
+    /// clock. The dialect is the backend's.
+    pub fn new(runtime: Runtime, backend: impl SqlBackend + 'static, settings: Settings, clock: impl Clock + 'static) -> Result<Ledger, Error> {
+        let dialect = backend.dialect();
+        let instance = runtime.instantiate(&settings, dialect, Box::new(backend))?;
+        Ok(Ledger {
+            config: instance.config.clone(),
+            protected_methods: instance.protected_methods.clone(),
+            fault: instance.fault.clone(),
+            runtime,
+            instance: Some(instance),
+            parked: None,
+            epoch: 0,
+            settings,
+            dialect,
+            clock: Arc::new(clock),
+        })
     }
 
     /// Creates the table and index if missing.
     pub fn migrate(&mut self) -> Result<(), Error> {
-        self.call(|s, store, session| s.call_migrate(store, session))
+        self.with_instance(|instance| instance.migrate())
     }
 
     /// The settings in force.
@@ -68,284 +102,219 @@ impl Ledger {
         self.clock.now_ms()
     }
 
-    /// Runs `mutation` at most once per (principal, Idempotency-Key): the
-    /// whole contract. One ledger round trip to decide, one to complete.
-    /// `principal` comes from your auth layer; `None` (or "") answers 401.
+    /// True when requests with this method go through the ledger.
+    pub fn protects(&self, method: &str) -> bool {
+        self.protected_methods.iter().any(|m| m.eq_ignore_ascii_case(method))
+    }
+
+    /// Runs `handler` at most once per (principal, Idempotency-Key): the
+    /// whole contract, as the core's exchange directs it (one ledger round
+    /// trip to decide, one to complete). `principal` comes from your auth
+    /// layer; `None` (or "") answers 401. `Err` only when the handler
+    /// failed: re-raise it (the row stays pending until the TTL, or is
+    /// released under `on-server-error: release`).
     pub fn handle<'p, E: std::fmt::Display>(
         &mut self,
         principal: impl Into<Option<&'p str>>,
         request: &Request,
-        mutation: impl FnOnce(&Request) -> Result<MutationResponse, E>,
+        handler: impl FnOnce(&Request) -> Result<MutationResponse, E>,
     ) -> Result<Handled, HandleError<E>> {
-        let ticket = match self.begin(principal, request) {
-            Begun::Answer(Handled { response, outcome: Outcome::Unavailable(error), .. }) => {
-                return Err(HandleError::Unavailable { error, response })
-            }
-            Begun::Answer(handled) => return Ok(handled),
-            Begun::PassThrough => {
-                let response = mutation(request).map_err(|error| HandleError::Mutation { error, ticket: None, released: false })?;
-                let response = response.into_pass_through(&self.policy.null_body_statuses);
-                return Ok(Handled { response, outcome: Outcome::PassThrough, sweep_due: false });
-            }
-            Begun::Execute(ticket) => ticket,
-        };
-        match mutation(request) {
-            Ok(produced) if produced.nothing_changed => {
-                let released = self.abandon(&ticket, wit::AbandonReason::NothingChanged, "");
-                let stored = if released { Stored::Released } else { Stored::FencedOut };
-                let response = produced.into_pass_through(&self.policy.null_body_statuses);
-                Ok(Handled { response, outcome: Outcome::Executed { ticket, stored }, sweep_due: false })
-            }
-            Ok(produced) => Ok(self.finish(ticket, &produced)),
-            Err(error) => {
-                let released = self.abandon(&ticket, wit::AbandonReason::Raised, &error.to_string());
-                Err(HandleError::Mutation { error, ticket: Some(ticket), released })
-            }
-        }
-    }
-
-    /// Admission, fingerprint and decision (waiting while the core says so):
-    /// one ledger round trip per poll for a protected request, none
-    /// otherwise. Never fails: a failure to decide is an `Answer` with the
-    /// core's 5xx (`Outcome::Unavailable`). Follow `Execute` with
-    /// [`Ledger::finish`] or [`Ledger::abandon`].
-    pub fn begin<'p>(&mut self, principal: impl Into<Option<&'p str>>, request: &Request) -> Begun {
-        let principal = principal.into();
-        if !self.policy.protected_methods.iter().any(|m| m.eq_ignore_ascii_case(&request.method)) {
-            return Begun::PassThrough;
-        }
-        let head = request.head();
-        let protected = match self.call(|s, store, session| s.call_admit(store, session, &head, principal)) {
-            Ok(wit::Admission::PassThrough) => return Begun::PassThrough,
-            Ok(wit::Admission::Reject(rejection)) => return Begun::Answer(rejected(rejection)),
-            Ok(wit::Admission::Protected(protected)) => protected,
-            Err(error) => return Begun::Answer(self.unavailable(error, None)),
-        };
-        if request.body.len() as u64 > self.policy.request_body_cap_bytes {
-            return match self.body_too_large() {
-                Ok(rejection) => Begun::Answer(rejected(rejection)),
-                Err(error) => Begun::Answer(self.unavailable(error, None)),
+        let (mut next, mut exchange) = self.start(principal.into(), &request.head());
+        let mut handler = Some(handler);
+        let mut produced: Option<MutationResponse> = None;
+        let mut failed: Option<E> = None;
+        loop {
+            next = match next {
+                Next::ReadBody { cap } => {
+                    let feed = if request.body.len() as u64 > cap { Feed::BodyTooLarge } else { Feed::Body(&request.body) };
+                    self.feed(&mut exchange, feed)
+                }
+                Next::RunHandler(_) => {
+                    let run = handler.take().expect("the exchange runs the handler once");
+                    match run(request) {
+                        Ok(response) => {
+                            let result = response.handler_result();
+                            produced = Some(response);
+                            self.feed(&mut exchange, Feed::Handler(result))
+                        }
+                        Err(error) => {
+                            let detail = error.to_string();
+                            failed = Some(error);
+                            self.feed(&mut exchange, Feed::Handler(wit::HandlerResult::Raised(detail)))
+                        }
+                    }
+                }
+                Next::PassThrough => {
+                    let run = handler.take().expect("pass-through runs the handler once");
+                    return match run(request) {
+                        Ok(response) => Ok(Handled {
+                            response: response.into_response(),
+                            outcome: wit::Outcome::PassedThrough,
+                            ticket: None,
+                            close: false,
+                            sweep_due: false,
+                        }),
+                        Err(error) => Err(HandleError { error, ticket: None, outcome: wit::Outcome::PassedThrough, response: None }),
+                    };
+                }
+                Next::Respond(answer) => {
+                    let response = match (answer.response, produced) {
+                        (Some(response), _) => response,
+                        (None, Some(produced)) => produced.into_response(),
+                        // The core said "the handler's response" before one existed: a core bug.
+                        (None, None) => return Ok(self.fault_handled(exchange.ticket)),
+                    };
+                    return Ok(Handled { response, outcome: answer.outcome, ticket: exchange.ticket, close: answer.close, sweep_due: answer.sweep_due });
+                }
+                Next::Propagate { outcome, response } => {
+                    return match failed {
+                        Some(error) => Err(HandleError { error, ticket: exchange.ticket, outcome, response: Some(response) }),
+                        None => Ok(self.fault_handled(exchange.ticket)),
+                    };
+                }
             };
         }
-        let principal = principal.unwrap_or_default();
-        let fingerprint = sha256_hex(protected.fingerprint_prefix.as_bytes(), &request.body);
-        match self.decide_waiting(principal, &protected.key, &fingerprint) {
-            Ok(wit::Decision::Execute(ticket)) => Begun::Execute(ticket),
-            Ok(wit::Decision::Replay(response)) => {
-                Begun::Answer(Handled { response: Response::from_wit(response), outcome: Outcome::Replayed, sweep_due: false })
-            }
-            Ok(wit::Decision::Reject(rejection)) => Begun::Answer(rejected(rejection)),
-            Ok(wit::Decision::Wait(_)) => unreachable!("decide_waiting waits"),
-            Err(error) => Begun::Answer(self.unavailable(error, Some((principal, &protected.key)))),
+    }
+
+    /// Starts a request's exchange (no call for a method the core does not
+    /// protect). Perform the returned [`Next`], then [`Ledger::feed`] what
+    /// happened, until a final one.
+    pub fn start(&mut self, principal: Option<&str>, head: &wit::RequestHead) -> (Next, Exchange) {
+        let mut exchange = Exchange { epoch: self.epoch, ..Exchange::default() };
+        if !self.protects(&head.method) {
+            return (Next::PassThrough, exchange);
+        }
+        let start = wit::RequestStart {
+            head: head.clone(),
+            principal: principal.map(str::to_string),
+            now: self.clock.now_ms(),
+            mode: wit::IoMode::Driven,
+        };
+        let started = match self.with_instance(|instance| instance.start(&start)) {
+            Ok(started) => started,
+            Err(_) => return (self.fault.next(), exchange),
+        };
+        exchange.resource = started.exchange;
+        exchange.epoch = self.epoch;
+        let next = self.perform(&mut exchange, started.action);
+        (next, exchange)
+    }
+
+    /// Feeds what the adapter did; returns what it does next.
+    pub fn feed(&mut self, exchange: &mut Exchange, feed: Feed<'_>) -> Next {
+        let event = event_of(feed, &mut exchange.prefix);
+        self.step(exchange, event)
+    }
+
+    /// One `step`; the ledger's own actions (sleep, and run-batch should a
+    /// driven exchange ever return one) are performed here.
+    fn step(&mut self, exchange: &mut Exchange, event: wit::Event) -> Next {
+        let Some(resource) = exchange.resource.filter(|_| exchange.epoch == self.epoch) else {
+            return self.fault.next();
+        };
+        let now = self.clock.now_ms();
+        match self.with_instance(|instance| instance.step(resource, now, &event)) {
+            Ok(action) => self.perform(exchange, action),
+            Err(_) => self.fault.next(),
         }
     }
 
-    /// The decision (one ledger round trip), polling while the core says to
-    /// wait (`wait-ms`); never returns `Decision::Wait`.
-    pub fn decide_waiting(&mut self, principal: &str, key: &str, fingerprint: &str) -> Result<wit::Decision, Error> {
-        let since = self.clock.now_ms();
-        let mut now = since;
-        loop {
-            let decision = self.call(|s, store, session| s.call_run_decision(store, session, principal, key, fingerprint, now, since))?;
-            match decision {
-                wit::Decision::Wait(ms) => {
-                    std::thread::sleep(Duration::from_millis(u64::from(ms)));
-                    now = self.clock.now_ms();
+    fn perform(&mut self, exchange: &mut Exchange, action: wit::Action) -> Next {
+        match next_of(action, &mut exchange.prefix, &mut exchange.ticket) {
+            Ok(next) => {
+                if next.is_final() {
+                    self.finish(exchange);
                 }
-                decision => return Ok(decision),
+                next
             }
+            Err(wit::Action::Sleep(ms)) => {
+                std::thread::sleep(Duration::from_millis(u64::from(ms)));
+                self.step(exchange, wit::Event::Slept)
+            }
+            Err(wit::Action::RunBatch(statements)) => {
+                let event = match self.with_instance(|instance| Ok(instance.execute(statements))) {
+                    Ok(Ok(results)) => wit::Event::BatchDone(results),
+                    Ok(Err(error)) => wit::Event::BatchFailed(error),
+                    Err(_) => return self.fault.next(),
+                };
+                self.step(exchange, event)
+            }
+            Err(_) => self.fault.next(),
         }
     }
 
-    /// Stores the mutation's response under `ticket` (the fenced completion
-    /// write) and returns what the caller gets; logs what the core says to.
-    pub fn finish(&mut self, ticket: Ticket, produced: &MutationResponse) -> Handled {
-        let now = self.clock.now_ms();
-        let wit_response = produced.to_wit();
-        let completed = self.call(|s, store, session| s.call_run_completion(store, session, &ticket, &wit_response, now));
-        match completed {
-            Ok(completion) => {
-                completion.log.iter().for_each(log_line);
-                let stored = match completion.outcome {
-                    wit::CompletionOutcome::Stored => Stored::Completed,
-                    wit::CompletionOutcome::Released => Stored::Released,
-                    wit::CompletionOutcome::FencedOut => Stored::FencedOut,
-                };
-                Handled {
-                    response: Response::from_completion(completion.response, completion.send_mutation_body, produced.body.as_bytes()),
-                    outcome: Outcome::Executed { ticket, stored },
-                    sweep_due: completion.sweep_due,
+    /// Frees the exchange in the component once it ended.
+    fn finish(&mut self, exchange: &mut Exchange) {
+        if let Some(resource) = exchange.resource.take() {
+            if exchange.epoch == self.epoch {
+                if let Some(instance) = self.instance.as_mut() {
+                    instance.drop_exchange(resource);
                 }
             }
-            Err(error) => {
-                self.log(&wit::LogEvent::CompletionFailed(wit::TicketFailure { ticket: ticket.clone(), error: error.protocol_error() }));
-                // The caller still gets the response it computed, shaped as a
-                // replay would have been (a pure call: no ledger access).
-                let plan = self.call(|s, store, session| s.call_plan_completion(store, session, &ticket, &wit_response, now));
-                let response = match plan {
-                    Ok(plan) => Response::from_completion(plan.response, plan.send_mutation_body, produced.body.as_bytes()),
-                    Err(_) => fallback_error_response(&self.config, &error),
-                };
-                Handled { response, outcome: Outcome::Executed { ticket, stored: Stored::Failed(error) }, sweep_due: false }
-            }
         }
     }
 
-    /// What a mutation without a response leaves (SPEC 9.3): released when it
-    /// changed nothing (or raised under `on-server-error: release`), else
-    /// pending until the TTL. Logged as the core words it; true when released.
-    pub fn abandon(&mut self, ticket: &Ticket, reason: wit::AbandonReason, detail: &str) -> bool {
-        match self.call(|s, store, session| s.call_run_abandon(store, session, ticket, reason)) {
-            Ok(released) => {
-                self.log(&wit::LogEvent::Abandoned(wit::Abandonment {
-                    ticket: ticket.clone(),
-                    reason,
-                    released,
-                    detail: detail.to_string(),
-                }));
-                released
-            }
-            Err(error) => {
-                self.log(&wit::LogEvent::ReleaseFailed(wit::TicketFailure { ticket: ticket.clone(), error: error.protocol_error() }));
-                false
-            }
-        }
+    fn fault_handled(&self, ticket: Option<Ticket>) -> Handled {
+        self.fault.log.iter().for_each(crate::convert::log_line);
+        Handled { response: self.fault.response.clone(), outcome: self.fault.outcome, ticket, close: false, sweep_due: false }
     }
 
-    /// Frees a reservation whose mutation the host knows changed nothing
-    /// (SPEC 9.3). Ok(false) when the ticket no longer owns the row.
-    pub fn release(&mut self, ticket: &Ticket) -> Result<bool, Error> {
-        self.call(|s, store, session| s.call_run_abandon(store, session, ticket, wit::AbandonReason::NothingChanged))
-    }
-
-    /// The decision step alone (one ledger round trip, no waiting), for
-    /// callers that run the mutation themselves; follow an `execute` with
-    /// [`Ledger::complete`].
-    pub fn decide(&mut self, principal: &str, key: &str, fingerprint: &str) -> Result<wit::Decision, Error> {
+    /// One bounded sweep batch at the clock's now (off the request path).
+    /// Returns the rows deleted; a failure is logged as the core words it
+    /// and returned as 0 rows.
+    pub fn sweep(&mut self) -> Result<wit::SweepReport, Error> {
         let now = self.clock.now_ms();
-        self.call(|s, store, session| s.call_run_decision(store, session, principal, key, fingerprint, now, now))
+        self.sweep_at(now)
     }
 
-    /// The completion step alone: shapes `response` and writes it fenced by
-    /// `ticket` (one ledger round trip). Does not log.
-    pub fn complete(&mut self, ticket: &Ticket, response: &MutationResponse) -> Result<wit::Completion, Error> {
-        let (now, produced) = (self.clock.now_ms(), response.to_wit());
-        self.call(|s, store, session| s.call_run_completion(store, session, ticket, &produced, now))
-    }
-
-    /// One bounded sweep batch at the clock's now; call it off the request
-    /// path. Returns the rows deleted.
-    pub fn sweep(&mut self) -> Result<u64, Error> {
-        let now = self.clock.now_ms();
-        self.sweep_at(now).map(|r| r.deleted)
-    }
-
-    /// Sweep batches until one is not full (`more` false). Returns the rows deleted.
+    /// Sweep batches until one is not full. Returns the rows deleted.
     pub fn sweep_all(&mut self) -> Result<u64, Error> {
         let mut deleted = 0;
         loop {
-            let now = self.clock.now_ms();
-            let result = self.sweep_at(now)?;
-            deleted += result.deleted;
-            if !result.more {
+            let report = self.sweep()?;
+            deleted += report.deleted;
+            if !report.more {
                 return Ok(deleted);
             }
         }
     }
 
-    pub fn sweep_at(&mut self, now: i64) -> Result<wit::SweepResult, Error> {
-        self.call(|s, store, session| s.call_run_sweep(store, session, now))
-    }
-
-    /// How the core classifies a request (pass-through, 400/401/413, protected).
-    pub fn admit<'p>(&mut self, principal: impl Into<Option<&'p str>>, request: &Request) -> Result<wit::Admission, Error> {
-        let (principal, head) = (principal.into(), request.head());
-        self.call(|s, store, session| s.call_admit(store, session, &head, principal))
-    }
-
-    /// What the host checks itself before calling the core.
-    pub fn policy(&self) -> &wit::RequestPolicy {
-        &self.policy
-    }
-
-    /// The 413 for a body found over `request-body-cap-bytes` while reading it.
-    pub fn body_too_large(&mut self) -> Result<wit::Rejection, Error> {
-        self.call(|s, store, session| s.call_body_too_large(store, session))
-    }
-
-    /// The core's fingerprint prefix of a request head (hash it, then the body).
-    pub fn fingerprint_prefix(&mut self, request: &Request) -> Result<String, Error> {
-        let head = request.head();
-        self.call(|s, store, session| s.call_fingerprint_prefix(store, session, &head))
-    }
-
-    /// The fingerprint computed entirely inside the component.
-    pub fn fingerprint_in_component(&mut self, request: &Request) -> Result<String, Error> {
-        let head = request.head();
-        self.call(|s, store, session| s.call_fingerprint(store, session, &head, &request.body))
-    }
-
-    /// The fingerprint from the component's prefix and a native SHA-256
-    /// (what `handle` uses): equal to [`Ledger::fingerprint_in_component`].
-    pub fn fingerprint(&mut self, request: &Request) -> Result<String, Error> {
-        let prefix = self.fingerprint_prefix(request)?;
-        Ok(sha256_hex(prefix.as_bytes(), &request.body))
-    }
-
-    /// The answer for a call that failed before anything ran.
-    pub fn error_response(&mut self, error: &Error) -> Response {
-        let protocol_error = error.protocol_error();
-        match self.call(|s, store, session| s.call_error_response(store, session, &protocol_error)) {
-            Ok(response) => Response::from_wit(response),
-            Err(_) => fallback_error_response(&self.config, error),
+    /// One sweep batch at `now`; its failure line (if any) is logged.
+    pub fn sweep_at(&mut self, now: i64) -> Result<wit::SweepReport, Error> {
+        let report = self.with_instance(|instance| instance.run_sweep(now))?;
+        if let Some(line) = &report.log {
+            crate::convert::log_line(line);
         }
-    }
-
-    /// Logs a host-side event as the core words it.
-    pub fn log(&mut self, event: &wit::LogEvent) {
-        match self.call(|s, store, session| s.call_log_line(store, session, event)) {
-            Ok(line) => log_line(&line),
-            Err(e) => log::error!(target: "idempotency_ledger", "[idempotency] {event:?} (the core could not word it: {e})"),
-        }
+        Ok(report)
     }
 
     /// The raw component, store and session, for callers that drive the WIT
-    /// API themselves.
+    /// API themselves (conformance runners).
     pub fn with_component<R>(&mut self, f: impl FnOnce(&bindings::Core, &mut Store<HostState>, ResourceAny) -> R) -> Result<R, Error> {
         let (core, store, session) = self.instance()?.raw();
         Ok(f(core, store, session))
     }
 
-    fn unavailable(&mut self, error: Error, who: Option<(&str, &str)>) -> Handled {
-        if let Some((principal, key)) = who {
-            self.log(&wit::LogEvent::DecisionFailed(wit::RequestFailure {
-                principal: principal.to_string(),
-                key: key.to_string(),
-                error: error.protocol_error(),
-            }));
-        } else {
-            log::error!(target: "idempotency_ledger", "[idempotency] request not executed: {error}");
-        }
-        let response = self.error_response(&error);
-        Handled { response, outcome: Outcome::Unavailable(error), sweep_due: false }
+    /// The backend, for callers that need its connection.
+    pub fn with_backend<R>(&mut self, f: impl FnOnce(&mut dyn SqlBackend) -> R) -> Result<R, Error> {
+        Ok(f(self.instance()?.store.data_mut().backend.as_mut()))
     }
 
     fn instance(&mut self) -> Result<&mut Instance, Error> {
         if self.instance.is_none() {
             // A trap poisoned the previous instance: a fresh store on the same backend.
             let backend = self.parked.take().unwrap_or_else(|| Box::new(NoBackend));
-            self.instance = Some(self.runtime.instantiate(&self.config, backend)?);
+            self.instance = Some(self.runtime.instantiate(&self.settings, self.dialect, backend)?);
+            self.epoch += 1;
         }
         Ok(self.instance.as_mut().expect("built above"))
     }
 
-    /// Calls a session method; a trap discards the instance (keeping the backend).
-    fn call<T: IntoProtocolResult>(
-        &mut self,
-        f: impl FnOnce(&Methods, &mut Store<HostState>, ResourceAny) -> wasmtime::Result<T>,
-    ) -> Result<T::Ok, Error> {
-        let result = self.instance()?.call(f);
-        if matches!(result, Err(Error::Trap(_))) {
+    /// Runs `f` on the instance; a trap discards it (keeping the backend).
+    fn with_instance<T>(&mut self, f: impl FnOnce(&mut Instance) -> Result<T, Error>) -> Result<T, Error> {
+        let result = f(self.instance()?);
+        if let Err(Error::Trap(trap)) = &result {
+            log::error!(target: "idempotency_ledger", "{trap:#}");
             if let Some(mut instance) = self.instance.take() {
                 let placeholder: Box<dyn SqlBackend> = Box::new(NoBackend);
                 self.parked = Some(std::mem::replace(&mut instance.store.data_mut().backend, placeholder));
@@ -353,8 +322,4 @@ impl Ledger {
         }
         result
     }
-}
-
-fn rejected(rejection: wit::Rejection) -> Handled {
-    Handled { response: Response::from_wit(rejection.response), outcome: Outcome::Rejected(rejection.reason), sweep_due: false }
 }

@@ -1,9 +1,10 @@
-//! The crate's request and response types, and every conversion between
-//! them, the core's native types and the WIT types, in one place.
+//! The crate's request, response and settings types, and every conversion
+//! between them and the WIT types, in one place. (No native core: every
+//! default, answer and wording comes from the component at run time.)
 
-use idempotency_ledger_core as core;
+use std::sync::Arc;
 
-use crate::{wit, Config, Dialect, OnServerError, Profile};
+use crate::{wit, Error, OnServerError, Profile};
 
 /// An HTTP request as the ledger sees it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -48,7 +49,12 @@ pub(crate) fn head<'a>(
     }
 }
 
-/// A response body as the mutation produced it.
+/// Header bytes as ISO-8859-1 code points (what Fetch, WSGI and ASGI do).
+pub fn latin1(bytes: &[u8]) -> String {
+    bytes.iter().map(|&b| b as char).collect()
+}
+
+/// A response body as the handler produced it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Body {
     Text(String),
@@ -64,7 +70,7 @@ impl Body {
         }
     }
 
-    fn into_bytes(self) -> Vec<u8> {
+    pub fn into_bytes(self) -> Vec<u8> {
         match self {
             Body::Text(t) => t.into_bytes(),
             Body::Bytes(b) => b,
@@ -72,27 +78,43 @@ impl Body {
     }
 }
 
-/// What a mutation returns.
+/// Why a handler's response is sent without being stored: the core
+/// releases the reservation, so a retry with the same key runs again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unstored {
+    /// The handler changed nothing (docs/SPEC.md 9.3).
+    NothingChanged,
+    /// The framework refused the request before the handler ran (its
+    /// request parsing or validation).
+    Declined,
+}
+
+/// What a handler returns.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MutationResponse {
     pub status: u16,
     pub headers: Vec<(String, String)>,
     pub body: Body,
-    /// The mutation changed nothing (a validation failure, say): the
-    /// reservation is released instead of storing this response, so a
-    /// corrected retry with the same key runs. See [`MutationResponse::nothing_changed`].
-    pub nothing_changed: bool,
+    /// Set when the response must not be stored (see [`Unstored`]).
+    pub unstored: Option<Unstored>,
 }
 
 impl MutationResponse {
     pub fn new(status: u16, body: Body) -> MutationResponse {
-        MutationResponse { status, headers: Vec::new(), body, nothing_changed: false }
+        MutationResponse { status, headers: Vec::new(), body, unstored: None }
     }
 
-    /// Marks a response of a mutation that changed nothing: it is sent as
-    /// it is, not stored, and the key is released (docs/SPEC.md 9.3).
+    /// Marks a response of a handler that changed nothing: it is sent as it
+    /// is, not stored, and the key is released (docs/SPEC.md 9.3).
     pub fn nothing_changed(mut self) -> MutationResponse {
-        self.nothing_changed = true;
+        self.unstored = Some(Unstored::NothingChanged);
+        self
+    }
+
+    /// Marks a response the framework made when it refused the request
+    /// before the handler ran: sent as it is, not stored, the key released.
+    pub fn declined(mut self) -> MutationResponse {
+        self.unstored = Some(Unstored::Declined);
         self
     }
 
@@ -114,23 +136,25 @@ impl MutationResponse {
         self
     }
 
-    pub(crate) fn to_wit(&self) -> wit::MutationResponse {
-        wit::MutationResponse {
-            status: self.status,
-            headers: self.headers.iter().map(|(n, v)| wit::Header { name: n.clone(), value: v.clone() }).collect(),
-            body: match &self.body {
-                Body::Text(t) => wit::ResponseBody::Text(t.clone()),
-                Body::Bytes(b) => wit::ResponseBody::Bytes(b.clone()),
-            },
+    /// What the exchange is told the handler did.
+    pub(crate) fn handler_result(&self) -> wit::HandlerResult {
+        match self.unstored {
+            Some(Unstored::NothingChanged) => wit::HandlerResult::NothingChanged,
+            Some(Unstored::Declined) => wit::HandlerResult::Declined,
+            None => wit::HandlerResult::Answered(wit::MutationResponse {
+                status: self.status,
+                headers: self.headers.iter().map(|(n, v)| wit::Header { name: n.clone(), value: v.clone() }).collect(),
+                body: match &self.body {
+                    Body::Text(t) => wit::ResponseBody::Text(t.clone()),
+                    Body::Bytes(b) => wit::ResponseBody::Bytes(b.clone()),
+                },
+            }),
         }
     }
 
-    /// A pass-through answer as it is sent: the null-body statuses the core
-    /// lists (`policy.null-body-statuses`) carry no body.
-    pub(crate) fn into_pass_through(self, null_body_statuses: &[u16]) -> Response {
-        let status = self.status;
-        let body = if null_body_statuses.contains(&status) { Vec::new() } else { self.body.into_bytes() };
-        Response { status, headers: self.headers, body }
+    /// The handler's own response, sent as it is.
+    pub fn into_response(self) -> Response {
+        Response { status: self.status, headers: self.headers, body: self.body.into_bytes() }
     }
 }
 
@@ -159,111 +183,168 @@ impl Response {
             body: response.body.map(String::into_bytes).unwrap_or_default(),
         }
     }
+}
 
-    /// What the completion said to send: its response, with the mutation's
-    /// own body when the core could not store it (`send-mutation-body`).
-    pub(crate) fn from_completion(response: wit::Response, send_mutation_body: bool, mutation_body: &[u8]) -> Response {
-        let mut response = Response::from_wit(response);
-        if send_mutation_body {
-            response.body = mutation_body.to_vec();
+/// Settings: each `None` keeps the component's default for the profile
+/// (`default-config`; docs/SPEC.md "Settings"). The dialect is the
+/// backend's. The component validates the result when a ledger opens.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Settings {
+    /// `recipe` (the default) or `ietf`.
+    pub profile: Option<Profile>,
+    pub protected_methods: Option<Vec<String>>,
+    pub fingerprint_headers: Option<Vec<String>>,
+    pub replay_headers: Option<Vec<String>>,
+    pub pending_ttl_ms: Option<u64>,
+    pub retention_ms: Option<u64>,
+    pub body_cap_bytes: Option<u32>,
+    pub request_body_cap_bytes: Option<u64>,
+    pub sweep_batch: Option<u32>,
+    pub sweep_every: Option<u32>,
+    pub key_required: Option<bool>,
+    /// `Some(None)` turns the replay marker off.
+    pub replay_header: Option<Option<String>>,
+    /// `Some(None)`: suggest the time left until takeover.
+    pub in_progress_retry_ms: Option<Option<u64>>,
+    pub wait_ms: Option<u64>,
+    pub on_server_error: Option<OnServerError>,
+}
+
+impl Settings {
+    /// The defaults of `profile`.
+    pub fn profile(profile: Profile) -> Settings {
+        Settings { profile: Some(profile), ..Settings::default() }
+    }
+
+    /// `defaults` (the component's, for this profile) with these settings over them.
+    pub(crate) fn apply(&self, mut c: wit::Config) -> wit::Config {
+        fn set<T: Clone>(field: &mut T, value: &Option<T>) {
+            if let Some(v) = value {
+                *field = v.clone();
+            }
         }
-        response
+        set(&mut c.protected_methods, &self.protected_methods);
+        set(&mut c.fingerprint_headers, &self.fingerprint_headers);
+        set(&mut c.replay_headers, &self.replay_headers);
+        set(&mut c.pending_ttl_ms, &self.pending_ttl_ms);
+        set(&mut c.retention_ms, &self.retention_ms);
+        set(&mut c.body_cap_bytes, &self.body_cap_bytes);
+        set(&mut c.request_body_cap_bytes, &self.request_body_cap_bytes);
+        set(&mut c.sweep_batch, &self.sweep_batch);
+        set(&mut c.sweep_every, &self.sweep_every);
+        set(&mut c.key_required, &self.key_required);
+        set(&mut c.replay_header, &self.replay_header);
+        set(&mut c.in_progress_retry_ms, &self.in_progress_retry_ms);
+        set(&mut c.wait_ms, &self.wait_ms);
+        set(&mut c.on_server_error, &self.on_server_error);
+        c
     }
-}
 
-impl From<&Config> for wit::Config {
-    fn from(c: &Config) -> wit::Config {
-        config_to_wit(c)
-    }
-}
-
-/// A config the component returned (`default-config`, `session.config`).
-impl From<wit::Config> for Config {
-    fn from(w: wit::Config) -> Config {
-        Config {
-            protected_methods: w.protected_methods,
-            fingerprint_headers: w.fingerprint_headers,
-            replay_headers: w.replay_headers,
-            pending_ttl_ms: w.pending_ttl_ms,
-            retention_ms: w.retention_ms,
-            body_cap_bytes: w.body_cap_bytes,
-            request_body_cap_bytes: w.request_body_cap_bytes,
-            sweep_batch: w.sweep_batch,
-            sweep_every: w.sweep_every,
-            dialect: match w.dialect {
-                wit::Dialect::Sqlite => Dialect::Sqlite,
-                wit::Dialect::Postgres => Dialect::Postgres,
-            },
-            profile: match w.profile {
-                wit::Profile::Recipe => Profile::Recipe,
-                wit::Profile::Ietf => Profile::Ietf,
-            },
-            key_required: w.key_required,
-            replay_header: w.replay_header,
-            in_progress_retry_ms: w.in_progress_retry_ms,
-            wait_ms: w.wait_ms,
-            on_server_error: match w.on_server_error {
-                wit::OnServerError::Store => OnServerError::Store,
-                wit::OnServerError::Release => OnServerError::Release,
-            },
+    /// Every field of a resolved config as settings (to open another ledger alike).
+    pub fn from_config(c: &wit::Config) -> Settings {
+        Settings {
+            profile: Some(c.profile),
+            protected_methods: Some(c.protected_methods.clone()),
+            fingerprint_headers: Some(c.fingerprint_headers.clone()),
+            replay_headers: Some(c.replay_headers.clone()),
+            pending_ttl_ms: Some(c.pending_ttl_ms),
+            retention_ms: Some(c.retention_ms),
+            body_cap_bytes: Some(c.body_cap_bytes),
+            request_body_cap_bytes: Some(c.request_body_cap_bytes),
+            sweep_batch: Some(c.sweep_batch),
+            sweep_every: Some(c.sweep_every),
+            key_required: Some(c.key_required),
+            replay_header: Some(c.replay_header.clone()),
+            in_progress_retry_ms: Some(c.in_progress_retry_ms),
+            wait_ms: Some(c.wait_ms),
+            on_server_error: Some(c.on_server_error),
         }
     }
 }
 
-pub(crate) fn config_to_wit(c: &Config) -> wit::Config {
-    wit::Config {
-        protected_methods: c.protected_methods.clone(),
-        fingerprint_headers: c.fingerprint_headers.clone(),
-        replay_headers: c.replay_headers.clone(),
-        pending_ttl_ms: c.pending_ttl_ms,
-        retention_ms: c.retention_ms,
-        body_cap_bytes: c.body_cap_bytes,
-        request_body_cap_bytes: c.request_body_cap_bytes,
-        sweep_batch: c.sweep_batch,
-        sweep_every: c.sweep_every,
-        dialect: match c.dialect {
-            Dialect::Sqlite => wit::Dialect::Sqlite,
-            Dialect::Postgres => wit::Dialect::Postgres,
-        },
-        profile: match c.profile {
-            Profile::Recipe => wit::Profile::Recipe,
-            Profile::Ietf => wit::Profile::Ietf,
-        },
-        key_required: c.key_required,
-        replay_header: c.replay_header.clone(),
-        in_progress_retry_ms: c.in_progress_retry_ms,
-        wait_ms: c.wait_ms,
-        on_server_error: match c.on_server_error {
-            OnServerError::Store => wit::OnServerError::Store,
-            OnServerError::Release => wit::OnServerError::Release,
-        },
+/// One statement of a batch as a backend runs it: its SQL (from the
+/// component's `queries`, read once) and its parameters.
+#[derive(Clone, Debug)]
+pub struct SqlStatement {
+    pub sql: Arc<str>,
+    pub params: Vec<wit::Value>,
+}
+
+/// The SQL of every query of one dialect, in the WIT `query` enum's order.
+#[derive(Debug)]
+pub struct Queries {
+    sql: Vec<Arc<str>>,
+}
+
+impl Queries {
+    pub(crate) fn empty() -> Queries {
+        Queries { sql: Vec::new() }
+    }
+
+    /// From the component's `queries(dialect)`: one per query, in order.
+    pub(crate) fn new(list: Vec<wit::QuerySql>) -> Result<Queries, Error> {
+        let mut sql = Vec::with_capacity(list.len());
+        for (i, q) in list.into_iter().enumerate() {
+            if query_index(q.query) != i {
+                return Err(Error::Setup(format!("the component listed query {:?} out of order", q.query)));
+            }
+            sql.push(Arc::from(q.sql));
+        }
+        Ok(Queries { sql })
+    }
+
+    /// The SQL of `query`.
+    pub fn sql(&self, query: wit::Query) -> &Arc<str> {
+        &self.sql[query_index(query)]
+    }
+
+    pub(crate) fn statement(&self, statement: wit::Statement) -> SqlStatement {
+        SqlStatement { sql: self.sql(statement.query).clone(), params: statement.params }
     }
 }
 
-/// The core's view of a WIT protocol error (for the native fallbacks below).
-pub(crate) fn core_error(error: &wit::ProtocolError) -> core::ProtocolError {
-    use core::{LedgerError as L, ProtocolError as P};
-    match error.clone() {
-        wit::ProtocolError::Ledger(l) => P::Ledger(match l {
-            wit::LedgerError::Busy => L::Busy,
-            wit::LedgerError::Constraint(m) => L::Constraint(m),
-            wit::LedgerError::Schema(m) => L::Schema(m),
-            wit::LedgerError::Io(m) => L::Io(m),
-            wit::LedgerError::OutcomeUnknown(m) => L::OutcomeUnknown(m),
-            wit::LedgerError::Other(m) => L::Other(m),
-        }),
-        wit::ProtocolError::MalformedResult(m) => P::MalformedResult(m),
-        wit::ProtocolError::InvalidConfig(m) => P::InvalidConfig(m),
-        wit::ProtocolError::InvalidArgument(m) => P::InvalidArgument(m),
+fn query_index(query: wit::Query) -> usize {
+    match query {
+        wit::Query::CreateTable => 0,
+        wit::Query::CreateIndex => 1,
+        wit::Query::Claim => 2,
+        wit::Query::Takeover => 3,
+        wit::Query::Lookup => 4,
+        wit::Query::Complete => 5,
+        wit::Query::Release => 6,
+        wit::Query::Sweep => 7,
     }
 }
 
-/// The native core's `Response` as the crate's.
-pub(crate) fn response_from_core(response: core::Response) -> Response {
-    Response {
-        status: response.status,
-        headers: response.headers.into_iter().map(|h| (h.name, h.value)).collect(),
-        body: response.body.map(String::into_bytes).unwrap_or_default(),
+/// An outcome's name as the WIT spells it (`taken-over`).
+pub fn outcome_name(outcome: wit::Outcome) -> &'static str {
+    use wit::Outcome as O;
+    match outcome {
+        O::PassedThrough => "passed-through",
+        O::Executed => "executed",
+        O::TakenOver => "taken-over",
+        O::Replayed => "replayed",
+        O::ReplayedAfterWait => "replayed-after-wait",
+        O::KeyReused => "key-reused",
+        O::InProgress => "in-progress",
+        O::Retry => "retry",
+        O::RecordCorrupt => "record-corrupt",
+        O::PrincipalRequired => "principal-required",
+        O::PrincipalInvalid => "principal-invalid",
+        O::KeyRequired => "key-required",
+        O::KeyInvalid => "key-invalid",
+        O::BodyTooLarge => "body-too-large",
+        O::LengthRequired => "length-required",
+        O::BodyIncomplete => "body-incomplete",
+        O::BodyUnavailable => "body-unavailable",
+        O::Released => "released",
+        O::Abandoned => "abandoned",
+        O::FencedOut => "fenced-out",
+        O::CompletionFailed => "completion-failed",
+        O::LedgerBusy => "ledger-busy",
+        O::LedgerFailed => "ledger-failed",
+        O::LedgerOutcomeUnknown => "ledger-outcome-unknown",
+        O::InternalError => "internal-error",
     }
 }
 

@@ -1,16 +1,18 @@
-//! A tower `Layer` (axum, hyper, tonic, anything tower): protected requests
-//! go through the ledger; everything else reaches the inner service untouched.
+//! A tower `Layer` (axum, hyper, tonic, anything tower): a loop over the
+//! core's exchange. It reads the body when the exchange asks, calls the inner
+//! service when it says so, and sends what it says; protected requests go
+//! through the ledger, everything else reaches the inner service untouched.
 //!
 //! ```no_run
-//! # async fn doc(app: axum::Router) -> Result<(), idempotency_ledger::Error> {
+//! # async fn doc(create_order: axum::routing::MethodRouter) -> Result<(), idempotency_ledger::Error> {
+//! use axum::Router;
 //! use idempotency_ledger::{AsyncLedger, AsyncSqlite, IdempotencyLayer};
 //!
 //! let ledger = AsyncLedger::open(AsyncSqlite::open("ledger.sqlite")?).await?;
 //! // The principal comes from your auth layer (an extension it inserted), never a client header.
-//! let layer = IdempotencyLayer::new(ledger, |parts: &http::request::Parts| {
-//!     parts.extensions.get::<String>().cloned()
-//! });
-//! let app = app.layer(layer); // add your auth layer after this one, so it runs first
+//! let idempotency = IdempotencyLayer::new(ledger, |parts: &http::request::Parts| parts.extensions.get::<String>().cloned());
+//! // Protect the routes that need it (your auth layer goes outside, so it runs first).
+//! let app: Router = Router::new().route("/orders", create_order.layer(idempotency));
 //! # Ok(()) }
 //! ```
 
@@ -26,22 +28,29 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::convert::head;
+use crate::convert::{head, latin1};
 use crate::nonblocking::{AsyncLedger, BoxFuture};
-use crate::Begun;
-use crate::{wit, Body, Handled, MutationResponse, Response};
+use crate::{wit, Answer, Feed, Next, Response};
 
 type Principal = dyn Fn(&Parts) -> Option<String> + Send + Sync;
 type RouteFilter = dyn Fn(&Parts) -> bool + Send + Sync;
 
 /// Insert this into a response's extensions when the handler changed
-/// nothing (a validation failure, say): the reservation is released instead
-/// of storing the response, so a corrected retry with the same key runs.
+/// nothing: the reservation is released instead of storing the response,
+/// so a corrected retry with the same key runs.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct NothingChanged;
 
-/// Wraps a service so that protected requests (the core's methods, and the
-/// routes you select) run at most once per (principal, Idempotency-Key).
+/// Insert this into a response's extensions when the framework refused the
+/// request before the handler ran (an extractor rejection, for example in
+/// axum's `WithRejection` or your rejection type's `IntoResponse`): the
+/// reservation is released and the response sent unstored.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Declined;
+
+/// Wraps a service so that protected requests (the core's methods, on the
+/// routes the layer is applied to) run at most once per (principal,
+/// Idempotency-Key).
 #[derive(Clone)]
 pub struct IdempotencyLayer {
     ledger: AsyncLedger,
@@ -58,7 +67,9 @@ impl IdempotencyLayer {
     }
 
     /// Protect only the requests `filter` accepts (for example by path);
-    /// the others reach the inner service with no ledger access.
+    /// the others reach the inner service with no ledger access. Applying
+    /// the layer to the routes that need it (`MethodRouter::layer`) is
+    /// usually simpler.
     pub fn routes(mut self, filter: impl Fn(&Parts) -> bool + Send + Sync + 'static) -> IdempotencyLayer {
         self.routes = Some(Arc::new(filter));
         self
@@ -115,84 +126,108 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let layer = self.layer.clone();
-        let ledger = &layer.ledger;
         let (parts, body) = request.into_parts();
-        let protected_method = ledger.policy().protected_methods.iter().any(|m| m.eq_ignore_ascii_case(parts.method.as_str()));
-        if !protected_method || layer.routes.as_ref().is_some_and(|accepts| !accepts(&parts)) {
+        if !layer.ledger.protects(parts.method.as_str()) || layer.routes.as_ref().is_some_and(|accepts| !accepts(&parts)) {
             return Box::pin(inner.call(http::Request::from_parts(parts, body)));
         }
         Box::pin(async move {
-            let ledger = &layer.ledger;
             let principal = (layer.principal)(&parts);
             let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-            let decoded: Vec<(String, String)> = parts.headers.iter().map(|(n, v)| (n.as_str().to_string(), latin1(v.as_bytes()))).collect();
-            let head = head(parts.method.as_str(), path, decoded.iter().map(|(n, v)| (n.as_str(), v.as_str())));
-            match ledger.admit(&head, principal.as_deref()) {
-                Ok(wit::Admission::PassThrough) => return inner.call(http::Request::from_parts(parts, body)).await,
-                Ok(wit::Admission::Reject(rejection)) => return Ok(http_response(Response::from_wit(rejection.response))),
-                Ok(wit::Admission::Protected(_)) => {}
-                Err(error) => return Ok(http_response(ledger.error_response(&error))),
+            let decoded: Vec<(&str, String)> = parts.headers.iter().map(|(n, v)| (n.as_str(), latin1(v.as_bytes()))).collect();
+            let head = head(parts.method.as_str(), path, decoded.iter().map(|(n, v)| (*n, v.as_str())));
+            let (mut next, mut exchange) = layer.ledger.start(principal.as_deref(), head);
+            let mut parts = Some(parts);
+            let mut body = Some(body);
+            let mut bytes = Bytes::new();
+            let mut produced: Option<http::Response<Bytes>> = None;
+            loop {
+                next = match next {
+                    Next::ReadBody { cap } => {
+                        // Never past the core's cap: a chunked body has no Content-Length to refuse early.
+                        let cap = usize::try_from(cap).unwrap_or(usize::MAX);
+                        let limited = Limited::new(body.take().expect("the body is read once"), cap);
+                        match limited.collect().await {
+                            Ok(collected) => {
+                                bytes = collected.to_bytes();
+                                exchange.feed(Feed::Body(&bytes)).await
+                            }
+                            Err(error) if error.is::<LengthLimitError>() => exchange.feed(Feed::BodyTooLarge).await,
+                            Err(_) => exchange.feed(Feed::BodyUnreadable(wit::BodyProblem::Incomplete)).await,
+                        }
+                    }
+                    Next::PassThrough => {
+                        let parts = parts.take().expect("one request");
+                        let body = body.take().unwrap_or_else(|| B::from(bytes.clone()));
+                        return inner.call(http::Request::from_parts(parts, body)).await;
+                    }
+                    Next::RunHandler(_) => {
+                        let request = http::Request::from_parts(parts.take().expect("one request"), B::from(bytes.clone()));
+                        let response = match inner.call(request).await {
+                            Ok(response) => response,
+                            Err(error) => {
+                                let next = exchange.feed(Feed::Handler(wit::HandlerResult::Raised(error.to_string()))).await;
+                                debug_assert!(matches!(next, Next::Propagate { .. } | Next::Respond(_)));
+                                return Err(error);
+                            }
+                        };
+                        let (response_parts, response_body) = response.into_parts();
+                        let collected = response_body.collect().await.map_err(|e| format!("the response body failed: {e}"));
+                        match collected {
+                            Ok(collected) => {
+                                let (result, held) = handler_result(&response_parts, collected.to_bytes());
+                                produced = Some(held);
+                                exchange.feed(Feed::Handler(result)).await
+                            }
+                            Err(detail) => exchange.feed(Feed::Handler(wit::HandlerResult::Raised(detail))).await,
+                        }
+                    }
+                    Next::Respond(answer) => return Ok(respond(&layer.ledger, answer, produced)),
+                    // The handler's response body broke: its failure cannot be re-raised here.
+                    Next::Propagate { response, .. } => return Ok(http_response(&layer.ledger, response, false)),
+                };
             }
-            // Read the body, never past the core's cap (a chunked body has no
-            // Content-Length for admission to check).
-            let cap = usize::try_from(ledger.policy().request_body_cap_bytes).unwrap_or(usize::MAX);
-            let bytes = match Limited::new(body, cap).collect().await {
-                Ok(collected) => collected.to_bytes(),
-                Err(error) if error.is::<LengthLimitError>() => {
-                    return Ok(http_response(Response::from_wit(ledger.body_too_large().response)))
-                }
-                // The client's body stream broke: nothing ran, and the client is
-                // most likely gone; a bare 400 closes the exchange.
-                Err(_) => return Ok(empty(StatusCode::BAD_REQUEST)),
-            };
-            let ticket = match ledger.begin(principal.as_deref(), &head, &bytes).await {
-                Begun::Answer(handled) => return Ok(http_response(handled.response)),
-                Begun::PassThrough => return inner.call(http::Request::from_parts(parts, B::from(bytes))).await,
-                Begun::Execute(ticket) => ticket,
-            };
-            let response = match inner.call(http::Request::from_parts(parts, B::from(bytes))).await {
-                Ok(response) => response,
-                Err(error) => {
-                    ledger.abandon(&ticket, wit::AbandonReason::Raised, &error.to_string()).await;
-                    return Err(error);
-                }
-            };
-            let (parts, body) = response.into_parts();
-            let collected = body.collect().await.map_err(|e| format!("the response body failed: {e}"));
-            let body = match collected {
-                Ok(collected) => collected.to_bytes(),
-                Err(detail) => {
-                    ledger.abandon(&ticket, wit::AbandonReason::Raised, &detail).await;
-                    return Ok(empty(StatusCode::INTERNAL_SERVER_ERROR));
-                }
-            };
-            if parts.extensions.get::<NothingChanged>().is_some() {
-                ledger.abandon(&ticket, wit::AbandonReason::NothingChanged, "").await;
-                return Ok(http::Response::from_parts(parts, R::from(body)));
-            }
-            let produced = MutationResponse {
-                status: parts.status.as_u16(),
-                headers: parts.headers.iter().map(|(n, v)| (n.as_str().to_string(), latin1(v.as_bytes()))).collect(),
-                body: Body::Bytes(body.to_vec()),
-                nothing_changed: false,
-            };
-            let handled: Handled = ledger.finish(ticket, &produced).await;
-            if handled.sweep_due {
-                ledger.sweep_in_background();
-            }
-            Ok(http_response(handled.response))
         })
     }
 }
 
-/// Header bytes as ISO-8859-1 code points (what Fetch, WSGI and ASGI do).
-fn latin1(bytes: &[u8]) -> String {
-    bytes.iter().map(|&b| b as char).collect()
+/// What the exchange is told the inner service answered, and the response
+/// held to send as it is.
+fn handler_result(parts: &http::response::Parts, body: Bytes) -> (wit::HandlerResult, http::Response<Bytes>) {
+    let result = if parts.extensions.get::<NothingChanged>().is_some() {
+        wit::HandlerResult::NothingChanged
+    } else if parts.extensions.get::<Declined>().is_some() {
+        wit::HandlerResult::Declined
+    } else {
+        wit::HandlerResult::Answered(wit::MutationResponse {
+            status: parts.status.as_u16(),
+            headers: parts.headers.iter().map(|(n, v)| wit::Header { name: n.as_str().to_string(), value: latin1(v.as_bytes()) }).collect(),
+            body: wit::ResponseBody::Bytes(body.to_vec()),
+        })
+    };
+    let mut held = http::Response::new(body);
+    *held.status_mut() = parts.status;
+    *held.headers_mut() = parts.headers.clone();
+    *held.version_mut() = parts.version;
+    (result, held)
 }
 
-fn http_response<R: From<Bytes>>(response: Response) -> http::Response<R> {
+/// The exchange's answer: the core's response, or the inner service's own.
+fn respond<R: From<Bytes>>(ledger: &AsyncLedger, answer: Answer, produced: Option<http::Response<Bytes>>) -> http::Response<R> {
+    match (answer.response, produced) {
+        (Some(response), _) => http_response(ledger, response, answer.close),
+        (None, Some(held)) => held.map(R::from),
+        // "The handler's response" before there was one: a core bug, answered as a fault.
+        (None, None) => http_response(ledger, ledger.fault_response(), false),
+    }
+}
+
+fn http_response<R: From<Bytes>>(ledger: &AsyncLedger, response: Response, close: bool) -> http::Response<R> {
+    let Ok(status) = StatusCode::from_u16(response.status) else {
+        // The core answers only final statuses; anything else is a core bug.
+        return http_response(ledger, ledger.fault_response(), close);
+    };
     let mut out = http::Response::new(R::from(Bytes::from(response.body)));
-    *out.status_mut() = StatusCode::from_u16(response.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    *out.status_mut() = status;
     for (name, value) in response.headers {
         // The core only hands out token names and ISO-8859-1 values without CR/LF.
         let bytes: Vec<u8> = value.chars().map(|c| c as u32 as u8).collect();
@@ -200,11 +235,9 @@ fn http_response<R: From<Bytes>>(response: Response) -> http::Response<R> {
             out.headers_mut().append(name, value);
         }
     }
-    out
-}
-
-fn empty<R: From<Bytes>>(status: StatusCode) -> http::Response<R> {
-    let mut out = http::Response::new(R::from(Bytes::new()));
-    *out.status_mut() = status;
+    if close {
+        // How hyper is told to close the connection after this response.
+        out.headers_mut().insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+    }
     out
 }

@@ -1,15 +1,19 @@
 //! Idempotency-Key ledger for Rust services.
 //!
-//! Every protocol rule (docs/SPEC.md: admission, claim before mutate,
-//! fingerprint, fenced takeover, response lifecycle, sweep, failure
-//! classification) runs inside the idempotency core WebAssembly component
-//! under wasmtime; this crate moves bytes, runs SQL and applies the core's
-//! answers. Three ways in:
+//! Every protocol rule and the whole sequence of a request (docs/SPEC.md:
+//! admission, claim before mutate, fingerprint, fenced takeover, waits,
+//! response lifecycle, sweep, failure classification, every answer and log
+//! line) run inside the idempotency core WebAssembly component under
+//! wasmtime, as one `exchange` per request; this crate performs the
+//! exchange's actions (reads the body, runs batches and the handler, sleeps,
+//! sends the answer it is given). Three ways in:
 //!
 //! - [`Ledger`]: blocking, one connection and one component instance (one per
-//!   thread, or a [`LedgerPool`]); SQLite or PostgreSQL.
+//!   thread, or a [`LedgerPool`]); SQLite or PostgreSQL. The component runs
+//!   the batches itself through its `ledger` import (`driven` exchanges).
 //! - [`AsyncLedger`] (feature `tokio`): for tokio servers, over async
-//!   backends ([`AsyncSqlite`] on a dedicated thread, [`AsyncPostgres`]).
+//!   backends ([`AsyncSqlite`], [`AsyncPostgres`]); the host runs each batch
+//!   (`stepped` exchanges).
 //! - [`IdempotencyLayer`] (feature `tower`): a tower `Layer` for axum, hyper
 //!   and anything tower.
 //!
@@ -26,8 +30,8 @@
 //!     Ok::<_, std::io::Error>(MutationResponse::json(201, r#"{"order":"o_1"}"#).header("Location", "/orders/o_1"))
 //! });
 //! match handled {
-//!     Ok(h) => println!("{} {:?}", h.response.status, h.outcome),
-//!     Err(e) => eprintln!("not executed or not stored: {e}"),
+//!     Ok(h) => println!("{} {}", h.response.status, idempotency_ledger::outcome_name(h.outcome)),
+//!     Err(e) => eprintln!("the handler failed: {e}"),
 //! }
 //! # Ok::<(), idempotency_ledger::Error>(())
 //! ```
@@ -52,47 +56,51 @@ mod tls;
 #[cfg(feature = "tower")]
 mod layer;
 
-pub use blocking::Ledger;
+pub use blocking::{Exchange, Ledger};
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use convert::{Body, MutationResponse, Request, Response};
-pub use idempotency_ledger_core::{Config, Dialect, OnServerError, Profile};
+pub use convert::{latin1, outcome_name, Body, MutationResponse, Queries, Request, Response, Settings, SqlStatement, Unstored};
 pub use pool::LedgerPool;
-pub use runtime::{engine_config, HostState, IntoProtocolResult, Runtime, COMPONENT};
+pub use runtime::{engine_config, HostState, Runtime, COMPONENT};
 pub use sqlite::{SqliteBackend, DEFAULT_BUSY_TIMEOUT};
 
 #[cfg(feature = "tokio")]
-pub use nonblocking::{AsyncBackend, AsyncLedger, AsyncSqlite, BoxFuture};
+pub use nonblocking::{AsyncBackend, AsyncExchange, AsyncLedger, AsyncSqlite, BoxFuture};
 #[cfg(feature = "postgres")]
 pub use postgres::{url_with_options, AsyncPostgres, PoolSettings, PostgresBackend, PostgresPool};
 #[cfg(feature = "tower")]
-pub use layer::{IdempotencyLayer, IdempotencyService, NothingChanged};
+pub use layer::{Declined, IdempotencyLayer, IdempotencyService, NothingChanged};
 
-/// The WIT types, as wasmtime generated them.
+/// The WIT types, as wasmtime generated them: the one place types cross
+/// between this crate and the component.
 pub mod wit {
+    pub use crate::runtime::bindings::exports::idempotency::ledger::exchange::{
+        Action, Answer, BodyProblem, Event, Failure, HandlerResult, IoMode, ReadBody, Reply, RequestStart,
+    };
+    pub use crate::runtime::bindings::exports::idempotency::ledger::session::{QuerySql, Started};
     pub use crate::runtime::bindings::exports::idempotency::ledger::types::*;
-    pub use crate::runtime::bindings::idempotency::ledger::ledger::{BatchError, DatabaseError, Statement, StatementResult, Value};
-    pub use crate::runtime::bindings::exports::idempotency::ledger::session::GuestSession as SessionMethods;
+    pub use crate::runtime::bindings::idempotency::ledger::ledger::{
+        BatchError, DatabaseError, Query, Statement, StatementResult, Value,
+    };
     pub use crate::runtime::bindings::Core;
 }
 
-pub use wit::{ProtocolError, RejectionReason, Ticket};
+pub use wit::{BodyProblem, Config, Dialect, LogLevel, LogLine, OnServerError, Outcome, Profile, ProtocolError, Ticket};
 
 /// Executes ledger batches: SQLite here, anything that can run a batch of
 /// statements atomically elsewhere. Report failures as the driver saw them;
 /// the core classifies them.
 pub trait SqlBackend: Send {
     /// Runs every statement in one atomic unit; one result per statement.
-    fn execute_batch(&mut self, statements: &[wit::Statement]) -> Result<Vec<wit::StatementResult>, wit::BatchError>;
+    fn execute_batch(&mut self, statements: &[SqlStatement]) -> Result<Vec<wit::StatementResult>, wit::BatchError>;
 
-    /// The SQL this database speaks; a [`Ledger`] plans its statements in it,
-    /// whatever `Config::dialect` says.
+    /// The SQL this database speaks; a [`Ledger`] plans its statements in it.
     fn dialect(&self) -> Dialect {
         Dialect::Sqlite
     }
 }
 
 impl<B: SqlBackend + ?Sized> SqlBackend for Box<B> {
-    fn execute_batch(&mut self, statements: &[wit::Statement]) -> Result<Vec<wit::StatementResult>, wit::BatchError> {
+    fn execute_batch(&mut self, statements: &[SqlStatement]) -> Result<Vec<wit::StatementResult>, wit::BatchError> {
         (**self).execute_batch(statements)
     }
 
@@ -101,71 +109,81 @@ impl<B: SqlBackend + ?Sized> SqlBackend for Box<B> {
     }
 }
 
-/// What `handle` did.
+/// What an adapter does next. The ledger performs the exchange's batches,
+/// waits, log lines and sweeps itself; these are the actions that need the
+/// framework: its body, its handler, its response.
 #[derive(Debug)]
-pub enum Outcome {
-    /// No ledger access: an unprotected method, or no key where keys are optional.
+pub enum Next {
+    /// Read the request body, at most `cap` bytes, then feed [`Feed::Body`]
+    /// (or [`Feed::BodyTooLarge`] once it passes `cap`, or
+    /// [`Feed::BodyUnreadable`]).
+    ReadBody { cap: u64 },
+    /// Run the handler once, under this ticket, then feed [`Feed::Handler`].
+    RunHandler(Ticket),
+    /// Final: run the handler with no ledger access; send its response as it is.
     PassThrough,
-    /// A 400, 401, 409, 413 or 422 (or a 500 for an unreplayable stored row): nothing ran.
-    Rejected(RejectionReason),
-    /// The stored response of the first request: nothing ran.
-    Replayed,
-    /// The mutation ran under `ticket`.
-    Executed { ticket: Ticket, stored: Stored },
-    /// The decision could not be made: nothing ran, and the response is the
-    /// core's 5xx (503 when busy or when the outcome is unknown, else 500).
-    Unavailable(Error),
+    /// Final: send this answer.
+    Respond(Answer),
+    /// Final: the handler raised; re-raise its failure (or, if the framework
+    /// cannot take it, send `response`, the core's 500).
+    Propagate { outcome: Outcome, response: Response },
 }
 
-/// What became of an executed request's response.
+impl Next {
+    pub fn is_final(&self) -> bool {
+        matches!(self, Next::PassThrough | Next::Respond(_) | Next::Propagate { .. })
+    }
+}
+
+/// The final answer of an exchange.
 #[derive(Debug)]
-pub enum Stored {
-    /// Stored: every retry replays it.
-    Completed,
-    /// Not stored and the reservation released (`on-server-error: release`
-    /// and a 5xx): a retry runs the mutation again.
-    Released,
-    /// A takeover superseded this ticket: another owner's response is the
-    /// stored one and this mutation may have run twice. Logged at error level.
-    FencedOut,
-    /// The completion write failed (or its outcome is unknown): the row stays
-    /// pending and a retry after the TTL takes it over. Logged at error level.
-    Failed(Error),
+pub struct Answer {
+    /// The core's response; `None`: send the handler's own response, exactly
+    /// as the application made it.
+    pub response: Option<Response>,
+    /// Close the connection after sending (the body was not read to its end).
+    pub close: bool,
+    pub outcome: Outcome,
+    /// The core asks for a sweep off the request path (an [`AsyncLedger`]
+    /// and a [`LedgerPool`] start it themselves).
+    pub sweep_due: bool,
 }
 
-/// A handled request: the response to send and how it came about.
+/// What an adapter feeds the exchange.
+#[derive(Debug)]
+pub enum Feed<'a> {
+    /// The whole body (at most the `ReadBody` cap); hashed natively.
+    Body(&'a [u8]),
+    BodyTooLarge,
+    BodyUnreadable(BodyProblem),
+    /// How the handler ended.
+    Handler(wit::HandlerResult),
+}
+
+/// A handled request: the response to send and how the exchange ended.
 #[derive(Debug)]
 pub struct Handled {
     pub response: Response,
     pub outcome: Outcome,
+    /// The ticket the handler ran under (none when it did not run under one).
+    pub ticket: Option<Ticket>,
+    /// Close the connection after sending.
+    pub close: bool,
     /// The core asks for a sweep off the request path (one execution in
-    /// `sweep-every`). [`LedgerPool`], [`AsyncLedger`] and the layer run it
-    /// in the background; with a bare [`Ledger`], call [`Ledger::sweep`]
-    /// after answering.
+    /// `sweep-every`). [`LedgerPool`] and [`AsyncLedger`] run it in the
+    /// background; with a bare [`Ledger`], call [`Ledger::sweep`] after
+    /// answering.
     pub sweep_due: bool,
-}
-
-/// The first half of a request: what to do before the mutation runs
-/// ([`Ledger::begin`], [`AsyncLedger::begin`]).
-#[derive(Debug)]
-pub enum Begun {
-    /// Send this; nothing runs (a rejection, a replay, or a failure to decide:
-    /// `Outcome::Unavailable`).
-    Answer(Handled),
-    /// Run the handler with no ledger access.
-    PassThrough,
-    /// Run the mutation once, then `finish` (or `abandon` if it fails).
-    Execute(Ticket),
 }
 
 /// Why a ledger call failed.
 #[derive(Debug)]
 pub enum Error {
-    /// The protocol failed closed (ledger error, malformed result, bad config
-    /// or argument); nothing was executed on its account.
+    /// The protocol failed closed (ledger error, malformed result, bad
+    /// config); nothing was executed on its account.
     Protocol(ProtocolError),
-    /// The component trapped (a host bug); the instance is rebuilt before
-    /// the next call.
+    /// The component trapped (a bug); the instance is rebuilt before the
+    /// next call.
     Trap(wasmtime::Error),
     /// Opening the database or compiling the component failed.
     Setup(String),
@@ -174,7 +192,7 @@ pub enum Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::Protocol(e) => write!(f, "{}", convert::core_error(e)),
+            Error::Protocol(e) => write!(f, "idempotency ledger: {e:?}"),
             Error::Trap(e) => write!(f, "idempotency component trapped: {e:#}"),
             Error::Setup(e) => write!(f, "idempotency ledger setup failed: {e}"),
         }
@@ -183,44 +201,25 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
-impl Error {
-    /// The error as the WIT `protocol-error` the core words answers and logs
-    /// from (a trap or a setup failure is a ledger `other` / `io`).
-    pub fn protocol_error(&self) -> ProtocolError {
-        match self {
-            Error::Protocol(e) => e.clone(),
-            Error::Trap(e) => ProtocolError::Ledger(wit::LedgerError::Other(format!("idempotency component trapped: {e}"))),
-            Error::Setup(e) => ProtocolError::Ledger(wit::LedgerError::Io(e.clone())),
-        }
-    }
-}
-
-/// Why `handle` returned no response of the protocol's own.
+/// The handler failed (it returned an error, or its response body broke).
 #[derive(Debug)]
-pub enum HandleError<E> {
-    /// The decision could not be made: the mutation did not run (fail
-    /// closed). Send `response` (503 when busy or when the outcome is
-    /// unknown, else 500).
-    Unavailable { error: Error, response: Response },
-    /// The mutation failed. `ticket` is `None` when nothing was reserved;
-    /// `released` says whether the core released the reservation
-    /// (`on-server-error: release`); otherwise the row stays pending and a
-    /// retry after the TTL takes it over.
-    Mutation { error: E, ticket: Option<Ticket>, released: bool },
+pub struct HandleError<E> {
+    pub error: E,
+    /// The ticket it ran under (`None` for a pass-through request).
+    pub ticket: Option<Ticket>,
+    /// `abandoned` (the row stays pending until the TTL), `released`
+    /// (`on-server-error: release`), `fenced-out`, or `passed-through`.
+    pub outcome: Outcome,
+    /// The core's 500, for a caller that cannot re-raise `error` (`None`
+    /// for a pass-through request: nothing of the ledger's is involved).
+    pub response: Option<Response>,
 }
 
 impl<E: fmt::Display> fmt::Display for HandleError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            HandleError::Unavailable { error, .. } => write!(f, "request not executed: {error}"),
-            HandleError::Mutation { error, ticket: Some(t), released } => write!(
-                f,
-                "mutation failed for key {:?} (generation {}); the reservation was {}: {error}",
-                t.key,
-                t.generation,
-                if *released { "released" } else { "kept pending until the TTL" }
-            ),
-            HandleError::Mutation { error, ticket: None, .. } => write!(f, "handler failed: {error}"),
+        match &self.ticket {
+            Some(t) => write!(f, "handler failed for key {:?} (generation {}; {}): {}", t.key, t.generation, outcome_name(self.outcome), self.error),
+            None => write!(f, "handler failed: {}", self.error),
         }
     }
 }
@@ -236,15 +235,59 @@ pub fn sha256_hex(prefix: &[u8], body: &[u8]) -> String {
     hex::encode(hasher.finalize())
 }
 
-/// The migration for `dialect`, one statement per item (idempotent).
-pub fn schema(dialect: Dialect) -> Vec<String> {
-    dialect.statements().schema.iter().map(|sql| sql.to_string()).collect()
+/// The migration for `dialect`, one statement per item (idempotent), as the
+/// component states it.
+pub fn schema(dialect: Dialect) -> Result<Vec<String>, Error> {
+    let runtime = Runtime::shared()?;
+    let queries = runtime.queries(dialect);
+    Ok([wit::Query::CreateTable, wit::Query::CreateIndex].into_iter().map(|q| queries.sql(q).to_string()).collect())
 }
 
-/// The answer when a call failed before anything ran and the component
-/// cannot be asked (it trapped): the core's `error-response`, compiled
-/// natively from the same source.
-pub fn fallback_error_response(config: &Config, error: &Error) -> Response {
-    let error = convert::core_error(&error.protocol_error());
-    convert::response_from_core(idempotency_ledger_core::responses::error_response(config, &error))
+/// Writes the log lines of a final action, then turns it into a [`Next`].
+/// `prefix` keeps the last `read-body` prefix (hashed with the body).
+pub(crate) fn next_of(action: wit::Action, prefix: &mut Option<String>, ticket: &mut Option<Ticket>) -> Result<Next, wit::Action> {
+    Ok(match action {
+        wit::Action::ReadBody(read) => {
+            let cap = read.cap;
+            *prefix = Some(read.prefix);
+            Next::ReadBody { cap }
+        }
+        wit::Action::RunHandler(t) => {
+            *ticket = Some(t.clone());
+            Next::RunHandler(t)
+        }
+        wit::Action::PassThrough => Next::PassThrough,
+        wit::Action::Respond(reply) => {
+            reply.log.iter().for_each(convert::log_line);
+            Next::Respond(Answer {
+                response: match reply.send {
+                    wit::Answer::Core(response) => Some(Response::from_wit(response)),
+                    wit::Answer::Handler => None,
+                },
+                close: reply.close,
+                outcome: reply.outcome,
+                sweep_due: reply.sweep,
+            })
+        }
+        wit::Action::Propagate(failure) => {
+            failure.log.iter().for_each(convert::log_line);
+            Next::Propagate { outcome: failure.outcome, response: Response::from_wit(failure.response) }
+        }
+        // The ledger's own actions: run-batch and sleep.
+        other => return Err(other),
+    })
+}
+
+/// The event an adapter's feed becomes (the body hashed natively with the
+/// exchange's prefix).
+pub(crate) fn event_of(feed: Feed<'_>, prefix: &mut Option<String>) -> wit::Event {
+    match feed {
+        Feed::Body(body) => match prefix.take() {
+            Some(prefix) => wit::Event::BodyHashed(sha256_hex(prefix.as_bytes(), body)),
+            None => wit::Event::Body(body.to_vec()),
+        },
+        Feed::BodyTooLarge => wit::Event::BodyTooLarge,
+        Feed::BodyUnreadable(problem) => wit::Event::BodyUnreadable(problem),
+        Feed::Handler(result) => wit::Event::HandlerDone(result),
+    }
 }

@@ -1,24 +1,25 @@
-//! The async ledger for tokio servers: the core's step API (each `plan-*` /
-//! `decide` / `finish-*` a short synchronous component call) around async
-//! database batches. A component instance is lent for one call at a time and
-//! never held across an `.await`.
+//! The async ledger for tokio servers. Its exchanges are `stepped`: each
+//! batch comes back as an action, which this ledger runs on its async
+//! backend, so no component instance is ever held across an `.await`. An
+//! exchange lives in one of a few instances (one request sticks to the one
+//! it started on), each lent for one short call at a time.
 
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::sync::mpsc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::{oneshot, Notify};
+use wasmtime::component::ResourceAny;
 
-use crate::convert::{log_line, Response};
-use crate::runtime::Instances;
+use crate::convert::Queries;
+use crate::runtime::{Fault, Instance, NoBackend};
 use crate::{
-    fallback_error_response, sha256_hex, wit, Begun, Clock, Config, Dialect, Error, HandleError, Handled, MutationResponse,
-    Outcome, Request, Runtime, SqlBackend, SqliteBackend, Stored, SystemClock, Ticket,
+    event_of, next_of, wit, Clock, Config, Dialect, Error, Feed, HandleError, Handled, MutationResponse, Next, Request, Runtime,
+    Settings, SqlBackend, SqlStatement, SqliteBackend, SystemClock, Ticket,
 };
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -27,7 +28,7 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// driver saw them (`batch-error`); the core classifies them.
 pub trait AsyncBackend: Send + Sync + 'static {
     /// Runs every statement in one atomic unit; one result per statement.
-    fn execute_batch(&self, statements: Vec<wit::Statement>) -> BoxFuture<'_, Result<Vec<wit::StatementResult>, wit::BatchError>>;
+    fn execute_batch(&self, statements: Vec<SqlStatement>) -> BoxFuture<'_, Result<Vec<wit::StatementResult>, wit::BatchError>>;
 
     fn dialect(&self) -> Dialect;
 }
@@ -39,15 +40,29 @@ pub struct AsyncLedger {
 }
 
 struct Inner {
-    instances: Instances,
+    runtime: Runtime,
+    settings: Settings,
+    dialect: Dialect,
+    /// Instances; an exchange stays in the one it started in.
+    slots: Vec<Mutex<Slot>>,
+    next_slot: AtomicUsize,
     backend: Arc<dyn AsyncBackend>,
+    queries: Arc<Queries>,
     config: Config,
-    policy: wit::RequestPolicy,
+    protected_methods: Vec<String>,
+    fault: Fault,
     clock: Arc<dyn Clock>,
     /// Background sweeps spawned and not yet ended; `sweeps_idle` wakes
     /// [`AsyncLedger::sweeps_done`] when the count falls to 0.
     sweeps_in_flight: AtomicUsize,
     sweeps_idle: Notify,
+}
+
+/// One instance; `epoch` counts its rebuilds after traps (an exchange of an
+/// earlier epoch is gone).
+struct Slot {
+    instance: Option<Instance>,
+    epoch: u64,
 }
 
 /// Counts one background sweep until it ends (finished, failed, or dropped
@@ -69,29 +84,57 @@ impl Drop for SweepInFlight {
     }
 }
 
+/// One request's exchange on an [`AsyncLedger`] (see [`AsyncLedger::start`]).
+/// Dropped before its final action (a cancelled request), it frees its state
+/// in the component and nothing more runs.
+pub struct AsyncExchange {
+    ledger: AsyncLedger,
+    slot: usize,
+    epoch: u64,
+    resource: Option<ResourceAny>,
+    prefix: Option<String>,
+    ticket: Option<Ticket>,
+}
+
 impl AsyncLedger {
     /// A ledger over `backend` with the default settings and the system clock.
     pub async fn open(backend: impl AsyncBackend) -> Result<AsyncLedger, Error> {
-        AsyncLedger::new(Runtime::shared()?, backend, Config::default(), SystemClock).await
+        AsyncLedger::with_settings(backend, Settings::default()).await
     }
 
-    /// A ledger over `backend` with these settings (validated once, by the
-    /// core) and clock; migrates the database (idempotent).
-    pub async fn new(
-        runtime: Runtime,
-        backend: impl AsyncBackend,
-        mut config: Config,
-        clock: impl Clock + 'static,
-    ) -> Result<AsyncLedger, Error> {
-        config.dialect = backend.dialect();
-        let instances = Instances::new(runtime, config.clone())?;
-        let policy = instances.call(|s, store, session| s.call_policy(store, session))?;
+    /// A ledger over `backend` with these settings (for example
+    /// `Settings { profile: Some(Profile::Ietf), wait_ms: Some(2_000), ..Settings::default() }`)
+    /// and the system clock; migrates the database (idempotent).
+    pub async fn with_settings(backend: impl AsyncBackend, settings: Settings) -> Result<AsyncLedger, Error> {
+        AsyncLedger::new(Runtime::shared()?, backend, settings, SystemClock).await
+    }
+
+    /// A ledger over `backend` with these settings (resolved against the
+    /// component's defaults and validated once, by the component) and
+    /// clock; migrates the database (idempotent).
+    pub async fn new(runtime: Runtime, backend: impl AsyncBackend, settings: Settings, clock: impl Clock + 'static) -> Result<AsyncLedger, Error> {
+        let dialect = backend.dialect();
+        let first = runtime.instantiate(&settings, dialect, Box::new(NoBackend))?;
+        // A few instances: calls are microseconds, so contention is rare.
+        let count = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(2, 16);
+        let mut slots = Vec::with_capacity(count);
+        let (config, protected_methods, fault) = (first.config.clone(), first.protected_methods.clone(), first.fault.clone());
+        slots.push(Mutex::new(Slot { instance: Some(first), epoch: 0 }));
+        for _ in 1..count {
+            slots.push(Mutex::new(Slot { instance: None, epoch: 0 }));
+        }
         let ledger = AsyncLedger {
             inner: Arc::new(Inner {
-                instances,
+                queries: runtime.queries(dialect).clone(),
+                runtime,
+                settings,
+                dialect,
+                slots,
+                next_slot: AtomicUsize::new(0),
                 backend: Arc::new(backend),
                 config,
-                policy,
+                protected_methods,
+                fault,
                 clock: Arc::new(clock),
                 sweeps_in_flight: AtomicUsize::new(0),
                 sweeps_idle: Notify::new(),
@@ -105,242 +148,154 @@ impl AsyncLedger {
         &self.inner.config
     }
 
-    /// What the host checks itself before calling the core.
-    pub fn policy(&self) -> &wit::RequestPolicy {
-        &self.inner.policy
-    }
-
     pub fn now_ms(&self) -> i64 {
         self.inner.clock.now_ms()
     }
 
-    /// Creates the table and index if missing.
-    pub async fn migrate(&self) -> Result<(), Error> {
-        let schema = crate::schema(self.inner.config.dialect);
-        let statements = schema.into_iter().map(|sql| wit::Statement { sql, params: Vec::new() }).collect();
-        self.batch(statements).await.map(|_| ())
+    /// True when requests with this method go through the ledger.
+    pub fn protects(&self, method: &str) -> bool {
+        self.inner.protected_methods.iter().any(|m| m.eq_ignore_ascii_case(method))
     }
 
-    /// Runs `mutation` at most once per (principal, Idempotency-Key): the
-    /// whole contract. `principal` comes from your auth layer; `None` (or "")
-    /// answers 401. A sweep the core asks for is spawned on the runtime.
-    pub async fn handle<'p, E, F, Fut>(
-        &self,
-        principal: impl Into<Option<&'p str>>,
-        request: &Request,
-        mutation: F,
-    ) -> Result<Handled, HandleError<E>>
+    /// Creates the table and index if missing.
+    pub async fn migrate(&self) -> Result<(), Error> {
+        let statements = self.with_slot(0, |instance| instance.migration())?;
+        let statements = statements.into_iter().map(|s| self.inner.queries.statement(s)).collect();
+        self.inner.backend.execute_batch(statements).await.map(|_| ()).map_err(|e| Error::Setup(format!("migration failed: {e:?}")))
+    }
+
+    /// Runs `handler` at most once per (principal, Idempotency-Key): the
+    /// whole contract, as the core's exchange directs it. `principal` comes
+    /// from your auth layer; `None` (or "") answers 401. A sweep the core
+    /// asks for is spawned on the runtime. `Err` only when the handler
+    /// failed: re-raise it.
+    pub async fn handle<'p, E, F, Fut>(&self, principal: impl Into<Option<&'p str>>, request: &Request, handler: F) -> Result<Handled, HandleError<E>>
     where
         E: std::fmt::Display,
         F: FnOnce(&Request) -> Fut,
         Fut: Future<Output = Result<MutationResponse, E>>,
     {
-        let principal = principal.into();
-        let head = request.head();
-        let ticket = match self.begin(principal, &head, &request.body).await {
-            Begun::Answer(Handled { response, outcome: Outcome::Unavailable(error), .. }) => {
-                return Err(HandleError::Unavailable { error, response })
-            }
-            Begun::Answer(handled) => return Ok(handled),
-            Begun::PassThrough => {
-                let response = mutation(request).await.map_err(|error| HandleError::Mutation { error, ticket: None, released: false })?;
-                let response = response.into_pass_through(&self.inner.policy.null_body_statuses);
-                return Ok(Handled { response, outcome: Outcome::PassThrough, sweep_due: false });
-            }
-            Begun::Execute(ticket) => ticket,
-        };
-        match mutation(request).await {
-            Ok(produced) if produced.nothing_changed => {
-                let released = self.abandon(&ticket, wit::AbandonReason::NothingChanged, "").await;
-                let stored = if released { Stored::Released } else { Stored::FencedOut };
-                let response = produced.into_pass_through(&self.inner.policy.null_body_statuses);
-                Ok(Handled { response, outcome: Outcome::Executed { ticket, stored }, sweep_due: false })
-            }
-            Ok(produced) => {
-                let handled = self.finish(ticket, &produced).await;
-                if handled.sweep_due {
-                    self.sweep_in_background();
-                }
-                Ok(handled)
-            }
-            Err(error) => {
-                let released = self.abandon(&ticket, wit::AbandonReason::Raised, &error.to_string()).await;
-                Err(HandleError::Mutation { error, ticket: Some(ticket), released })
-            }
-        }
-    }
-
-    /// Admission, fingerprint and decision (waiting while the core says so):
-    /// one ledger round trip per poll for a protected request, none otherwise.
-    /// Never fails: a failure to decide is an `Answer` with the core's 5xx.
-    pub async fn begin(&self, principal: Option<&str>, head: &wit::RequestHead, body: &[u8]) -> Begun {
-        let protected = match self.admit(head, principal) {
-            Ok(wit::Admission::PassThrough) => return Begun::PassThrough,
-            Ok(wit::Admission::Reject(rejection)) => return Begun::Answer(rejected(rejection)),
-            Ok(wit::Admission::Protected(protected)) => protected,
-            Err(error) => return Begun::Answer(self.unavailable(error, None)),
-        };
-        if body.len() as u64 > self.inner.policy.request_body_cap_bytes {
-            return Begun::Answer(rejected(self.body_too_large()));
-        }
-        let principal = principal.unwrap_or_default();
-        let fingerprint = sha256_hex(protected.fingerprint_prefix.as_bytes(), body);
-        match self.decide_waiting(principal, &protected.key, &fingerprint).await {
-            Ok(wit::Decision::Execute(ticket)) => Begun::Execute(ticket),
-            Ok(wit::Decision::Replay(response)) => {
-                Begun::Answer(Handled { response: Response::from_wit(response), outcome: Outcome::Replayed, sweep_due: false })
-            }
-            Ok(wit::Decision::Reject(rejection)) => Begun::Answer(rejected(rejection)),
-            Ok(wit::Decision::Wait(_)) => unreachable!("decide_waiting waits"),
-            Err(error) => Begun::Answer(self.unavailable(error, Some((principal, &protected.key)))),
-        }
-    }
-
-    /// How the core classifies a request (no ledger access). A method the
-    /// policy does not protect passes through without a component call.
-    pub fn admit(&self, head: &wit::RequestHead, principal: Option<&str>) -> Result<wit::Admission, Error> {
-        if !self.inner.policy.protected_methods.iter().any(|m| m.eq_ignore_ascii_case(&head.method)) {
-            return Ok(wit::Admission::PassThrough);
-        }
-        self.inner.instances.call(|s, store, session| s.call_admit(store, session, head, principal))
-    }
-
-    /// The 413 for a body found over the cap while reading it.
-    pub fn body_too_large(&self) -> wit::Rejection {
-        self.inner.instances.call(|s, store, session| s.call_body_too_large(store, session)).unwrap_or_else(|error| {
-            // Only a trap gets here; the native core words the same answer.
-            log::error!(target: "idempotency_ledger", "[idempotency] {error}");
-            let session = idempotency_ledger_core::Session::open(self.inner.config.clone()).expect("validated at open");
-            let rejection = session.body_too_large();
-            wit::Rejection {
-                reason: wit::RejectionReason::BodyTooLarge,
-                response: wit::Response {
-                    status: rejection.response.status,
-                    headers: rejection.response.headers.into_iter().map(|h| wit::Header { name: h.name, value: h.value }).collect(),
-                    body: rejection.response.body,
-                },
-            }
-        })
-    }
-
-    /// The decision (one batch per poll), sleeping while the core says to
-    /// wait (`wait-ms`); never returns `Decision::Wait`.
-    pub async fn decide_waiting(&self, principal: &str, key: &str, fingerprint: &str) -> Result<wit::Decision, Error> {
-        let since = self.now_ms();
-        let mut now = since;
+        let (mut next, mut exchange) = self.start(principal.into(), request.head());
+        let mut handler = Some(handler);
+        let mut produced: Option<MutationResponse> = None;
+        let mut failed: Option<E> = None;
         loop {
-            match self.decide(principal, key, fingerprint, now, since).await? {
-                wit::Decision::Wait(ms) => {
-                    tokio::time::sleep(Duration::from_millis(u64::from(ms))).await;
-                    now = self.now_ms();
+            next = match next {
+                Next::ReadBody { cap } => {
+                    let feed = if request.body.len() as u64 > cap { Feed::BodyTooLarge } else { Feed::Body(&request.body) };
+                    exchange.feed(feed).await
                 }
-                decision => return Ok(decision),
-            }
-        }
-    }
-
-    /// One decision batch: plan, run, decide.
-    pub async fn decide(&self, principal: &str, key: &str, fingerprint: &str, now: i64, since: i64) -> Result<wit::Decision, Error> {
-        let instances = &self.inner.instances;
-        let plan = instances.call(|s, store, session| s.call_plan_decision(store, session, principal, key, fingerprint, now))?;
-        let results = self.batch(plan).await?;
-        instances.call(|s, store, session| s.call_decide(store, session, principal, key, fingerprint, now, since, &results))
-    }
-
-    /// Stores the mutation's response under `ticket` (the fenced completion
-    /// write) and returns what the caller gets; logs what the core says to.
-    pub async fn finish(&self, ticket: Ticket, produced: &MutationResponse) -> Handled {
-        let instances = &self.inner.instances;
-        let now = self.now_ms();
-        let wit_response = produced.to_wit();
-        let plan = match instances.call(|s, store, session| s.call_plan_completion(store, session, &ticket, &wit_response, now)) {
-            Ok(plan) => plan,
-            Err(error) => {
-                self.log(&wit::LogEvent::CompletionFailed(wit::TicketFailure { ticket: ticket.clone(), error: error.protocol_error() }));
-                let response = fallback_error_response(&self.inner.config, &error);
-                return Handled { response, outcome: Outcome::Executed { ticket, stored: Stored::Failed(error) }, sweep_due: false };
-            }
-        };
-        if let Some(line) = &plan.log {
-            log_line(line);
-        }
-        let response = Response::from_completion(plan.response, plan.send_mutation_body, produced.body.as_bytes());
-        let outcome = match self.batch(plan.statements).await {
-            Ok(results) => instances.call(|s, store, session| s.call_finish_completion(store, session, plan.action, &results)),
-            Err(error) => Err(error),
-        };
-        let stored = match outcome {
-            Ok(wit::CompletionOutcome::Stored) => Stored::Completed,
-            Ok(wit::CompletionOutcome::Released) => Stored::Released,
-            Ok(wit::CompletionOutcome::FencedOut) => {
-                self.log(&wit::LogEvent::FencedOut(ticket.clone()));
-                Stored::FencedOut
-            }
-            Err(error) => {
-                self.log(&wit::LogEvent::CompletionFailed(wit::TicketFailure { ticket: ticket.clone(), error: error.protocol_error() }));
-                Stored::Failed(error)
-            }
-        };
-        let sweep_due = plan.sweep_due && !matches!(stored, Stored::Failed(_));
-        Handled { response, outcome: Outcome::Executed { ticket, stored }, sweep_due }
-    }
-
-    /// What a mutation without a response leaves (SPEC 9.3), logged as the
-    /// core words it; true when the reservation was released.
-    pub async fn abandon(&self, ticket: &Ticket, reason: wit::AbandonReason, detail: &str) -> bool {
-        let instances = &self.inner.instances;
-        let released = async {
-            match instances.call(|s, store, session| s.call_plan_abandon(store, session, ticket, reason))? {
-                None => Ok(false),
-                Some(plan) => {
-                    let results = self.batch(plan).await?;
-                    instances.call(|s, store, session| s.call_finish_release(store, session, &results))
+                Next::RunHandler(_) => {
+                    let run = handler.take().expect("the exchange runs the handler once");
+                    match run(request).await {
+                        Ok(response) => {
+                            let result = response.handler_result();
+                            produced = Some(response);
+                            exchange.feed(Feed::Handler(result)).await
+                        }
+                        Err(error) => {
+                            let detail = error.to_string();
+                            failed = Some(error);
+                            exchange.feed(Feed::Handler(wit::HandlerResult::Raised(detail))).await
+                        }
+                    }
                 }
-            }
-        }
-        .await;
-        match released {
-            Ok(released) => {
-                let detail = detail.to_string();
-                self.log(&wit::LogEvent::Abandoned(wit::Abandonment { ticket: ticket.clone(), reason, released, detail }));
-                released
-            }
-            Err(error) => {
-                self.log(&wit::LogEvent::ReleaseFailed(wit::TicketFailure { ticket: ticket.clone(), error: error.protocol_error() }));
-                false
-            }
+                Next::PassThrough => {
+                    let run = handler.take().expect("pass-through runs the handler once");
+                    return match run(request).await {
+                        Ok(response) => Ok(Handled {
+                            response: response.into_response(),
+                            outcome: wit::Outcome::PassedThrough,
+                            ticket: None,
+                            close: false,
+                            sweep_due: false,
+                        }),
+                        Err(error) => Err(HandleError { error, ticket: None, outcome: wit::Outcome::PassedThrough, response: None }),
+                    };
+                }
+                Next::Respond(answer) => {
+                    let ticket = exchange.ticket().cloned();
+                    let response = match (answer.response, produced) {
+                        (Some(response), _) => response,
+                        (None, Some(produced)) => produced.into_response(),
+                        (None, None) => return Ok(self.fault_handled(ticket)),
+                    };
+                    return Ok(Handled { response, outcome: answer.outcome, ticket, close: answer.close, sweep_due: answer.sweep_due });
+                }
+                Next::Propagate { outcome, response } => {
+                    let ticket = exchange.ticket().cloned();
+                    return match failed {
+                        Some(error) => Err(HandleError { error, ticket, outcome, response: Some(response) }),
+                        None => Ok(self.fault_handled(ticket)),
+                    };
+                }
+            };
         }
     }
 
-    /// Frees a reservation whose mutation changed nothing. Ok(false) when
-    /// the ticket no longer owns the row.
-    pub async fn release(&self, ticket: &Ticket) -> Result<bool, Error> {
-        let instances = &self.inner.instances;
-        match instances.call(|s, store, session| s.call_plan_abandon(store, session, ticket, wit::AbandonReason::NothingChanged))? {
-            None => Ok(false),
-            Some(plan) => {
-                let results = self.batch(plan).await?;
-                instances.call(|s, store, session| s.call_finish_release(store, session, &results))
+    /// Starts a request's exchange (no call for a method the core does not
+    /// protect). Perform the returned [`Next`], then [`AsyncExchange::feed`]
+    /// what happened, until a final one. A sweep the core asks for is
+    /// spawned by the exchange itself.
+    pub fn start(&self, principal: Option<&str>, head: wit::RequestHead) -> (Next, AsyncExchange) {
+        let slot = self.inner.next_slot.fetch_add(1, Ordering::Relaxed) % self.inner.slots.len();
+        let mut exchange = AsyncExchange { ledger: self.clone(), slot, epoch: 0, resource: None, prefix: None, ticket: None };
+        if !self.protects(&head.method) {
+            return (Next::PassThrough, exchange);
+        }
+        let start = wit::RequestStart { head, principal: principal.map(str::to_string), now: self.now_ms(), mode: wit::IoMode::Stepped };
+        let started = self.with_slot_epoch(slot, |instance| instance.start(&start));
+        match started {
+            Ok((started, epoch)) => {
+                exchange.epoch = epoch;
+                exchange.resource = started.exchange;
+                // The first action is never a batch or a wait.
+                let next = next_of(started.action, &mut exchange.prefix, &mut exchange.ticket).unwrap_or_else(|_| self.inner.fault.next());
+                if next.is_final() {
+                    exchange.release();
+                }
+                (next, exchange)
             }
+            Err(_) => (self.inner.fault.next(), exchange),
         }
     }
 
-    /// One bounded sweep batch at the clock's now.
-    pub async fn sweep(&self) -> Result<wit::SweepResult, Error> {
-        let instances = &self.inner.instances;
+    /// The core's fault response (logging its line): for an exchange that
+    /// cannot continue.
+    pub(crate) fn fault_response(&self) -> crate::Response {
+        let fault = &self.inner.fault;
+        fault.log.iter().for_each(crate::convert::log_line);
+        fault.response.clone()
+    }
+
+    fn fault_handled(&self, ticket: Option<Ticket>) -> Handled {
+        let fault = &self.inner.fault;
+        fault.log.iter().for_each(crate::convert::log_line);
+        Handled { response: fault.response.clone(), outcome: fault.outcome, ticket, close: false, sweep_due: false }
+    }
+
+    /// One bounded sweep batch at the clock's now; a failure is logged as
+    /// the core words it (the report says 0 rows deleted).
+    pub async fn sweep(&self) -> Result<wit::SweepReport, Error> {
         let now = self.now_ms();
-        let plan = instances.call(|s, store, session| s.call_plan_sweep(store, session, now))?;
-        let results = self.batch(plan).await?;
-        instances.call(|s, store, session| s.call_finish_sweep(store, session, &results))
+        let slot = self.inner.next_slot.fetch_add(1, Ordering::Relaxed) % self.inner.slots.len();
+        let statements = self.with_slot(slot, |instance| instance.sweep(now))?;
+        let statements = statements.into_iter().map(|s| self.inner.queries.statement(s)).collect();
+        let batch = self.inner.backend.execute_batch(statements).await;
+        let report = self.with_slot(slot, |instance| instance.swept(&batch))?;
+        if let Some(line) = &report.log {
+            crate::convert::log_line(line);
+        }
+        Ok(report)
     }
 
-    /// Sweep batches until one is not full. Returns the rows deleted.
+    /// Sweep batches until one is not full (or fails). Returns the rows deleted.
     pub async fn sweep_all(&self) -> Result<u64, Error> {
         let mut deleted = 0;
         loop {
-            let result = self.sweep().await?;
-            deleted += result.deleted;
-            if !result.more {
+            let report = self.sweep().await?;
+            deleted += report.deleted;
+            if !report.more {
                 return Ok(deleted);
             }
         }
@@ -352,9 +307,8 @@ impl AsyncLedger {
         let in_flight = SweepInFlight::start(&self.inner);
         tokio::spawn(async move {
             let _in_flight = in_flight;
-            if let Err(error) = ledger.sweep_all().await {
-                ledger.log(&wit::LogEvent::SweepFailed(error.protocol_error()));
-            }
+            // Failures are logged by `sweep` (the core's line) or by the trap handling.
+            let _ = ledger.sweep_all().await;
         });
     }
 
@@ -374,57 +328,104 @@ impl AsyncLedger {
         }
     }
 
-    /// The answer for a call that failed before anything ran.
-    pub fn error_response(&self, error: &Error) -> Response {
-        let protocol_error = error.protocol_error();
-        match self.inner.instances.call(|s, store, session| s.call_error_response(store, session, &protocol_error)) {
-            Ok(response) => Response::from_wit(response),
-            Err(_) => fallback_error_response(&self.inner.config, error),
-        }
+    fn lock(&self, slot: usize) -> MutexGuard<'_, Slot> {
+        self.inner.slots[slot].lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Logs a host-side event as the core words it.
-    pub fn log(&self, event: &wit::LogEvent) {
-        match self.inner.instances.call(|s, store, session| s.call_log_line(store, session, event)) {
-            Ok(line) => log_line(&line),
-            Err(e) => log::error!(target: "idempotency_ledger", "[idempotency] {event:?} (the core could not word it: {e})"),
-        }
+    /// Runs `f` on a slot's instance (built if missing); a trap discards it.
+    fn with_slot<T>(&self, slot: usize, f: impl FnOnce(&mut Instance) -> Result<T, Error>) -> Result<T, Error> {
+        self.with_slot_epoch(slot, f).map(|(value, _)| value)
     }
 
-    /// The fingerprint from the core's prefix and a native SHA-256.
-    pub fn fingerprint(&self, request: &Request) -> Result<String, Error> {
-        let head = request.head();
-        let prefix = self.inner.instances.call(|s, store, session| s.call_fingerprint_prefix(store, session, &head))?;
-        Ok(sha256_hex(prefix.as_bytes(), &request.body))
-    }
-
-    /// Runs one batch on the backend; its failure classified by the core.
-    async fn batch(&self, statements: Vec<wit::Statement>) -> Result<Vec<wit::StatementResult>, Error> {
-        match self.inner.backend.execute_batch(statements).await {
-            Ok(results) => Ok(results),
-            Err(failure) => {
-                let classified = self.inner.instances.call(|s, store, session| s.call_classify(store, session, &failure))?;
-                Err(Error::Protocol(wit::ProtocolError::Ledger(classified)))
-            }
+    fn with_slot_epoch<T>(&self, slot: usize, f: impl FnOnce(&mut Instance) -> Result<T, Error>) -> Result<(T, u64), Error> {
+        let mut guard = self.lock(slot);
+        if guard.instance.is_none() {
+            guard.instance = Some(self.inner.runtime.instantiate(&self.inner.settings, self.inner.dialect, Box::new(NoBackend))?);
+            guard.epoch += 1;
         }
-    }
-
-    fn unavailable(&self, error: Error, who: Option<(&str, &str)>) -> Handled {
-        match who {
-            Some((principal, key)) => self.log(&wit::LogEvent::DecisionFailed(wit::RequestFailure {
-                principal: principal.to_string(),
-                key: key.to_string(),
-                error: error.protocol_error(),
-            })),
-            None => log::error!(target: "idempotency_ledger", "[idempotency] request not executed: {error}"),
+        let epoch = guard.epoch;
+        let result = f(guard.instance.as_mut().expect("built above"));
+        if let Err(Error::Trap(trap)) = &result {
+            log::error!(target: "idempotency_ledger", "{trap:#}");
+            guard.instance = None;
         }
-        let response = self.error_response(&error);
-        Handled { response, outcome: Outcome::Unavailable(error), sweep_due: false }
+        result.map(|value| (value, epoch))
     }
 }
 
-fn rejected(rejection: wit::Rejection) -> Handled {
-    Handled { response: Response::from_wit(rejection.response), outcome: Outcome::Rejected(rejection.reason), sweep_due: false }
+impl AsyncExchange {
+    /// The ticket the handler runs (or ran) under.
+    pub fn ticket(&self) -> Option<&Ticket> {
+        self.ticket.as_ref()
+    }
+
+    /// Feeds what the adapter did; performs the ledger's own actions (its
+    /// batches, on the backend; its waits) and returns what the adapter does
+    /// next.
+    pub async fn feed(&mut self, feed: Feed<'_>) -> Next {
+        let event = event_of(feed, &mut self.prefix);
+        self.step(event).await
+    }
+
+    async fn step(&mut self, mut event: wit::Event) -> Next {
+        let inner = self.ledger.inner.clone();
+        loop {
+            let Some(resource) = self.resource else { return inner.fault.next() };
+            let now = self.ledger.now_ms();
+            let stepped = self.ledger.with_slot_epoch(self.slot, |instance| instance.step(resource, now, &event));
+            let action = match stepped {
+                Ok((action, epoch)) if epoch == self.epoch => action,
+                // The instance was rebuilt after a trap: this exchange is gone.
+                _ => {
+                    self.resource = None;
+                    return inner.fault.next();
+                }
+            };
+            event = match next_of(action, &mut self.prefix, &mut self.ticket) {
+                Ok(next) => {
+                    if next.is_final() {
+                        self.release();
+                        if let Next::Respond(answer) = &next {
+                            if answer.sweep_due {
+                                self.ledger.sweep_in_background();
+                            }
+                        }
+                    }
+                    return next;
+                }
+                Err(wit::Action::RunBatch(statements)) => {
+                    let statements = statements.into_iter().map(|s| inner.queries.statement(s)).collect();
+                    match inner.backend.execute_batch(statements).await {
+                        Ok(results) => wit::Event::BatchDone(results),
+                        Err(error) => wit::Event::BatchFailed(error),
+                    }
+                }
+                Err(wit::Action::Sleep(ms)) => {
+                    tokio::time::sleep(Duration::from_millis(u64::from(ms))).await;
+                    wit::Event::Slept
+                }
+                Err(_) => return inner.fault.next(),
+            };
+        }
+    }
+
+    /// Frees the exchange's state in its instance.
+    fn release(&mut self) {
+        if let Some(resource) = self.resource.take() {
+            let mut guard = self.ledger.lock(self.slot);
+            if guard.epoch == self.epoch {
+                if let Some(instance) = guard.instance.as_mut() {
+                    instance.drop_exchange(resource);
+                }
+            }
+        }
+    }
+}
+
+impl Drop for AsyncExchange {
+    fn drop(&mut self) {
+        self.release();
+    }
 }
 
 /// SQLite for async servers: one dedicated thread owns the connection and
@@ -435,7 +436,7 @@ pub struct AsyncSqlite {
     jobs: mpsc::Sender<Job>,
 }
 
-type Job = (Vec<wit::Statement>, oneshot::Sender<Result<Vec<wit::StatementResult>, wit::BatchError>>);
+type Job = (Vec<SqlStatement>, oneshot::Sender<Result<Vec<wit::StatementResult>, wit::BatchError>>);
 
 impl AsyncSqlite {
     /// Opens (creating if needed) the database file in WAL mode with a busy
@@ -464,7 +465,7 @@ impl AsyncSqlite {
 }
 
 impl AsyncBackend for AsyncSqlite {
-    fn execute_batch(&self, statements: Vec<wit::Statement>) -> BoxFuture<'_, Result<Vec<wit::StatementResult>, wit::BatchError>> {
+    fn execute_batch(&self, statements: Vec<SqlStatement>) -> BoxFuture<'_, Result<Vec<wit::StatementResult>, wit::BatchError>> {
         let (reply, answer) = oneshot::channel();
         let sent = self.jobs.send((statements, reply));
         Box::pin(async move {

@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 
-use crate::{wit, Clock, Config, Error, HandleError, Handled, Ledger, MutationResponse, Request, Runtime, SqlBackend, SqliteBackend, SystemClock};
+use crate::runtime::Fault;
+use crate::{wit, Clock, Error, HandleError, Handled, Ledger, MutationResponse, Request, Runtime, Settings, SqlBackend, SqlStatement, SqliteBackend, SystemClock};
 
 type BackendFactory = dyn Fn() -> Result<Box<dyn SqlBackend>, Error> + Send + Sync;
 
@@ -25,7 +26,9 @@ pub struct LedgerPool {
 struct PoolInner {
     new_backend: Box<BackendFactory>,
     runtime: Runtime,
-    config: Config,
+    settings: Settings,
+    /// The core's reply when no instance can be made for a request.
+    fault: Fault,
     clock: Arc<dyn Clock>,
     idle: Mutex<Vec<Ledger>>,
     sweeper: Mutex<Sweeper>,
@@ -55,33 +58,35 @@ impl LedgerPool {
     /// A pool on `path` with the default settings and the system clock;
     /// creates and migrates the database.
     pub fn open(path: impl AsRef<Path>) -> Result<LedgerPool, Error> {
-        LedgerPool::with_settings(path, Config::default(), SystemClock)
+        LedgerPool::with_settings(path, Settings::default(), SystemClock)
     }
 
-    pub fn with_settings(path: impl AsRef<Path>, config: Config, clock: impl Clock + 'static) -> Result<LedgerPool, Error> {
+    pub fn with_settings(path: impl AsRef<Path>, settings: Settings, clock: impl Clock + 'static) -> Result<LedgerPool, Error> {
         let path = path.as_ref().to_path_buf();
         let new_backend = move || -> Result<Box<dyn SqlBackend>, Error> {
             Ok(Box::new(SqliteBackend::open(&path).map_err(|e| Error::Setup(e.to_string()))?))
         };
-        LedgerPool::with_backends(new_backend, config, clock)
+        LedgerPool::with_backends(new_backend, settings, clock)
     }
 
     /// A pool on a PostgreSQL connection pool; migrates the database.
     #[cfg(feature = "postgres")]
-    pub fn postgres(pool: &crate::PostgresPool, config: Config, clock: impl Clock + 'static) -> Result<LedgerPool, Error> {
+    pub fn postgres(pool: &crate::PostgresPool, settings: Settings, clock: impl Clock + 'static) -> Result<LedgerPool, Error> {
         let pool = pool.clone();
-        LedgerPool::with_backends(move || Ok(Box::new(pool.backend())), config, clock)
+        LedgerPool::with_backends(move || Ok(Box::new(pool.backend())), settings, clock)
     }
 
     /// A pool whose ledgers get their backends from `new_backend`; migrates
     /// the database through the first one.
     pub fn with_backends(
         new_backend: impl Fn() -> Result<Box<dyn SqlBackend>, Error> + Send + Sync + 'static,
-        config: Config,
+        settings: Settings,
         clock: impl Clock + 'static,
     ) -> Result<LedgerPool, Error> {
-        let pool = LedgerPool::lazy(new_backend, config, clock)?;
-        pool.with(|ledger| ledger.migrate())??;
+        let pool = LedgerPool::lazy(new_backend, settings, clock)?;
+        let mut ledger = pool.connect()?;
+        ledger.migrate()?;
+        pool.inner.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(ledger);
         Ok(pool)
     }
 
@@ -89,14 +94,17 @@ impl LedgerPool {
     /// (run the migration once at deploy time, as on PostgreSQL).
     pub fn lazy(
         new_backend: impl Fn() -> Result<Box<dyn SqlBackend>, Error> + Send + Sync + 'static,
-        config: Config,
+        settings: Settings,
         clock: impl Clock + 'static,
     ) -> Result<LedgerPool, Error> {
+        let runtime = Runtime::shared()?;
+        let fault = runtime.instantiate(&settings, crate::Dialect::Sqlite, Box::new(crate::runtime::NoBackend))?.fault;
         Ok(LedgerPool {
             inner: Arc::new(PoolInner {
                 new_backend: Box::new(new_backend),
-                runtime: Runtime::shared()?,
-                config,
+                runtime,
+                fault,
+                settings,
                 clock: Arc::new(clock),
                 idle: Mutex::new(Vec::new()),
                 sweeper: Mutex::new(Sweeper::NotStarted),
@@ -106,15 +114,24 @@ impl LedgerPool {
     }
 
     /// Runs `f` with a ledger of the pool (for example `ledger.handle(...)`).
-    /// Errs only when a new connection or instance cannot be created.
+    /// When no connection can be made, the ledger it lends answers every
+    /// batch as unreachable, so the core answers the request (its 500, and
+    /// its log line) and nothing runs; that ledger is not kept. Errs only
+    /// when no component instance can be created.
     pub fn with<R>(&self, f: impl FnOnce(&mut Ledger) -> R) -> Result<R, Error> {
         let idle = self.inner.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).pop();
-        let mut ledger = match idle {
-            Some(ledger) => ledger,
-            None => self.connect()?,
+        let (mut ledger, keep) = match idle {
+            Some(ledger) => (ledger, true),
+            None => match self.connect() {
+                Ok(ledger) => (ledger, true),
+                Err(Error::Setup(why)) => (self.unreachable(why)?, false),
+                Err(other) => return Err(other),
+            },
         };
         let result = f(&mut ledger);
-        self.inner.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(ledger);
+        if keep {
+            self.inner.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(ledger);
+        }
         Ok(result)
     }
 
@@ -129,9 +146,12 @@ impl LedgerPool {
         let principal = principal.into();
         let handled = match self.with(|ledger| ledger.handle(principal, request, mutation)) {
             Ok(handled) => handled?,
+            // No component instance could be made: the core's fault reply, asked at start.
             Err(error) => {
-                let response = crate::fallback_error_response(&self.inner.config, &error);
-                return Err(HandleError::Unavailable { error, response });
+                log::error!(target: "idempotency_ledger", "{error}");
+                let fault = &self.inner.fault;
+                fault.log.iter().for_each(crate::convert::log_line);
+                return Ok(Handled { response: fault.response.clone(), outcome: fault.outcome, ticket: None, close: false, sweep_due: false });
             }
         };
         if handled.sweep_due {
@@ -179,7 +199,7 @@ impl LedgerPool {
         if let Sweeper::Running { wake, .. } = &*sweeper {
             match wake.try_send(()) {
                 Ok(()) | Err(TrySendError::Full(())) => {}
-                Err(TrySendError::Disconnected(())) => log::warn!(target: "idempotency_ledger", "[idempotency] the sweeper thread is gone"),
+                Err(TrySendError::Disconnected(())) => {}
             }
         }
     }
@@ -194,8 +214,8 @@ impl LedgerPool {
         let stopped = std::mem::replace(&mut *self.inner.sweeper.lock().unwrap_or_else(|poisoned| poisoned.into_inner()), Sweeper::Closed);
         if let Sweeper::Running { wake, thread } = stopped {
             drop(wake); // the thread ends after the sweep it is running
-            if thread.thread().id() != std::thread::current().id() && thread.join().is_err() {
-                log::error!(target: "idempotency_ledger", "[idempotency] the sweeper thread panicked");
+            if thread.thread().id() != std::thread::current().id() {
+                let _ = thread.join();
             }
         }
         self.inner.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clear();
@@ -207,14 +227,25 @@ impl LedgerPool {
     }
 
     fn connect(&self) -> Result<Ledger, Error> {
-        connect(&self.inner)
+        let backend = (self.inner.new_backend)()?;
+        Ledger::new(self.inner.runtime.clone(), backend, self.inner.settings.clone(), SharedClock(self.inner.clock.clone()))
+    }
+
+    /// A ledger whose every batch fails as unreachable with `why`.
+    fn unreachable(&self, why: String) -> Result<Ledger, Error> {
+        Ledger::new(self.inner.runtime.clone(), Unreachable(why), self.inner.settings.clone(), SharedClock(self.inner.clock.clone()))
     }
 }
 
-fn connect(inner: &PoolInner) -> Result<Ledger, Error> {
-    let backend = (inner.new_backend)()?;
-    Ledger::new(inner.runtime.clone(), backend, inner.config.clone(), SharedClock(inner.clock.clone()))
+/// The backend of a ledger lent while no connection could be made.
+struct Unreachable(String);
+
+impl SqlBackend for Unreachable {
+    fn execute_batch(&mut self, _: &[SqlStatement]) -> Result<Vec<wit::StatementResult>, wit::BatchError> {
+        Err(wit::BatchError::Unreachable(self.0.clone()))
+    }
 }
+
 
 /// One thread per pool, holding only a weak reference: it ends with the pool
 /// (or when [`LedgerPool::close`] drops the sender).
@@ -229,18 +260,14 @@ fn spawn_sweeper(pool: Weak<PoolInner>) -> Option<(SyncSender<()>, JoinHandle<()
     match spawned {
         Ok(thread) => Some((sender, thread)),
         Err(e) => {
-            log::error!(target: "idempotency_ledger", "[idempotency] cannot start the sweeper thread: {e}");
+            log::error!(target: "idempotency_ledger", "cannot start the sweeper thread: {e}");
             None
         }
     }
 }
 
+/// A failed sweep batch is logged by the ledger as the core words it; a
+/// trap, by the ledger too.
 fn sweep_logging_failure(pool: &LedgerPool) {
-    let swept = pool.with(|ledger| match ledger.sweep_all() {
-        Ok(_) => {}
-        Err(error) => ledger.log(&wit::LogEvent::SweepFailed(error.protocol_error())),
-    });
-    if let Err(error) = swept {
-        log::warn!(target: "idempotency_ledger", "[idempotency] sweep failed: {error}");
-    }
+    let _ = pool.with(|ledger| ledger.sweep_all());
 }

@@ -27,8 +27,8 @@ use tokio_postgres::types::{to_sql_checked, IsNull, ToSql, Type};
 use tokio_postgres::Row;
 
 use crate::nonblocking::{AsyncBackend, BoxFuture};
-use crate::wit::{BatchError, DatabaseError, Statement, StatementResult, Value};
-use crate::{Dialect, Error, SqlBackend};
+use crate::wit::{BatchError, DatabaseError, StatementResult, Value};
+use crate::{Dialect, Error, SqlBackend, SqlStatement};
 
 /// How a pool connects and how long things may wait.
 #[derive(Clone, Debug)]
@@ -147,7 +147,7 @@ impl AsyncPostgres {
 }
 
 impl AsyncBackend for AsyncPostgres {
-    fn execute_batch(&self, statements: Vec<Statement>) -> BoxFuture<'_, Result<Vec<StatementResult>, BatchError>> {
+    fn execute_batch(&self, statements: Vec<SqlStatement>) -> BoxFuture<'_, Result<Vec<StatementResult>, BatchError>> {
         Box::pin(async move { run_batch(&self.pool, &self.preamble, &statements).await })
     }
 
@@ -241,7 +241,7 @@ pub struct PostgresBackend {
 }
 
 impl SqlBackend for PostgresBackend {
-    fn execute_batch(&mut self, statements: &[Statement]) -> Result<Vec<StatementResult>, BatchError> {
+    fn execute_batch(&mut self, statements: &[SqlStatement]) -> Result<Vec<StatementResult>, BatchError> {
         if tokio::runtime::Handle::try_current().is_ok() {
             // Waiting here would stall a runtime thread (and all its tasks).
             return Err(BatchError::Host(
@@ -298,7 +298,7 @@ async fn open_client(pool: &Pool) -> Result<Object, BatchError> {
     Err(BatchError::Unreachable("postgres: every pooled connection was closed".into()))
 }
 
-async fn run_batch(pool: &Pool, preamble: &Preamble, statements: &[Statement]) -> Result<Vec<StatementResult>, BatchError> {
+async fn run_batch(pool: &Pool, preamble: &Preamble, statements: &[SqlStatement]) -> Result<Vec<StatementResult>, BatchError> {
     let client = open_client(pool).await?;
     // Prepared once per connection (cached: no round trip afterwards), one
     // after another so a lock timeout stops at the first; before anything of
@@ -346,7 +346,7 @@ async fn run_batch(pool: &Pool, preamble: &Preamble, statements: &[Statement]) -
 
 /// `changes` counts rows written (as SQLite's does): the command tag's count
 /// for INSERT/UPDATE/DELETE, 0 for a SELECT.
-fn statement_result(statement: &Statement, rows: Vec<Row>, affected: u64) -> Result<StatementResult, BatchError> {
+fn statement_result(statement: &SqlStatement, rows: Vec<Row>, affected: u64) -> Result<StatementResult, BatchError> {
     let is_select = statement.sql.trim_start().get(..6).is_some_and(|w| w.eq_ignore_ascii_case("select"));
     let changes = if is_select { 0 } else { affected };
     let rows = rows.iter().map(row_values).collect::<Result<Vec<_>, _>>()?;

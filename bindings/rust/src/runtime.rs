@@ -7,8 +7,8 @@ use std::sync::{Arc, OnceLock};
 use wasmtime::component::{Component, HasSelf, Linker, ResourceAny};
 use wasmtime::{Engine, Store, StoreLimits, StoreLimitsBuilder};
 
-use crate::convert::config_to_wit;
-use crate::{wit, Config, Error, ProtocolError, SqlBackend};
+use crate::convert::{Queries, SqlStatement};
+use crate::{wit, Dialect, Error, Settings, SqlBackend};
 
 pub(crate) mod bindings {
     wasmtime::component::bindgen!({
@@ -27,6 +27,10 @@ pub const COMPONENT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/idempoten
 /// The same component compiled ahead of time for this machine by `make
 /// component` (empty when it was not): deserialized instead of compiled.
 const PRECOMPILED: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/idempotency_ledger.cwasm"));
+
+/// The session interface this crate binds: a component of another major
+/// version is refused at start.
+const SESSION_INTERFACE: &str = "idempotency:ledger/session@0.3.0";
 
 /// Linear memory one instance may grow to; past it the call traps instead
 /// of exhausting the host.
@@ -47,20 +51,29 @@ pub enum LedgerFailure {
     HostBug(wasmtime::Error),
 }
 
-/// What each store carries: the backend the ledger import runs on (the
-/// driven API), and the memory limits.
+/// What each store carries: the backend the ledger import runs driven
+/// batches on, the SQL of its dialect, and the memory limits.
 pub struct HostState {
     pub(crate) backend: Box<dyn SqlBackend>,
+    queries: Arc<Queries>,
     limits: StoreLimits,
 }
 
-impl bindings::idempotency::ledger::ledger::Host for HostState {
-    fn execute_batch(&mut self, statements: Vec<wit::Statement>) -> Result<Vec<wit::StatementResult>, LedgerFailure> {
+impl HostState {
+    /// Runs one batch on the backend (a panicking backend is a host bug).
+    pub(crate) fn execute(&mut self, statements: Vec<wit::Statement>) -> Result<Vec<wit::StatementResult>, LedgerFailure> {
+        let statements: Vec<SqlStatement> = statements.into_iter().map(|s| self.queries.statement(s)).collect();
         match catch_unwind(AssertUnwindSafe(|| self.backend.execute_batch(&statements))) {
             Ok(Ok(results)) => Ok(results),
             Ok(Err(error)) => Err(LedgerFailure::Database(error)),
             Err(_) => Err(LedgerFailure::HostBug(wasmtime::Error::msg("the ledger backend panicked"))),
         }
+    }
+}
+
+impl bindings::idempotency::ledger::ledger::Host for HostState {
+    fn execute_batch(&mut self, statements: Vec<wit::Statement>) -> Result<Vec<wit::StatementResult>, LedgerFailure> {
+        self.execute(statements)
     }
 
     fn convert_batch_error(&mut self, failure: LedgerFailure) -> wasmtime::Result<wit::BatchError> {
@@ -81,6 +94,9 @@ struct RuntimeInner {
     engine: Engine,
     pre: bindings::CorePre<HostState>,
     precompiled: bool,
+    /// The SQL of every query, per dialect, read from the component once.
+    sqlite: Arc<Queries>,
+    postgres: Arc<Queries>,
 }
 
 impl Runtime {
@@ -118,7 +134,15 @@ impl Runtime {
         let mut linker = Linker::new(&engine);
         bindings::Core::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |state| state).map_err(setup)?;
         let pre = bindings::CorePre::new(linker.instantiate_pre(&component).map_err(setup)?).map_err(setup)?;
-        Ok(Runtime { inner: Arc::new(RuntimeInner { engine, pre, precompiled }) })
+        // The query tables come from the component itself.
+        let mut store = Store::new(&engine, HostState::idle(Arc::new(Queries::empty())));
+        let core = pre.instantiate(&mut store).map_err(Error::Trap)?;
+        let session = core.idempotency_ledger_session();
+        let sqlite = Queries::new(session.call_queries(&mut store, wit::Dialect::Sqlite).map_err(Error::Trap)?)?;
+        let postgres = Queries::new(session.call_queries(&mut store, wit::Dialect::Postgres).map_err(Error::Trap)?)?;
+        Ok(Runtime {
+            inner: Arc::new(RuntimeInner { engine, pre, precompiled, sqlite: Arc::new(sqlite), postgres: Arc::new(postgres) }),
+        })
     }
 
     /// True when the component was deserialized, not compiled, at start.
@@ -126,28 +150,70 @@ impl Runtime {
         self.inner.precompiled
     }
 
-    /// A fresh instance with a session open on `config` (validated once).
-    pub(crate) fn instantiate(&self, config: &Config, backend: Box<dyn SqlBackend>) -> Result<Instance, Error> {
+    /// The SQL of every query in `dialect` (the component's `queries`).
+    pub fn queries(&self, dialect: Dialect) -> &Arc<Queries> {
+        match dialect {
+            Dialect::Sqlite => &self.inner.sqlite,
+            Dialect::Postgres => &self.inner.postgres,
+        }
+    }
+
+    /// The settings resolved against the component's defaults for their
+    /// profile, in `dialect`, validated by opening a session: the config a
+    /// ledger runs with.
+    pub fn resolve(&self, settings: &Settings, dialect: Dialect) -> Result<wit::Config, Error> {
+        let instance = self.instantiate(settings, dialect, Box::new(NoBackend))?;
+        Ok(instance.config)
+    }
+
+    /// The fingerprint an exchange computes for `request` under the default
+    /// settings: the SHA-256 of the core's prefix (from its `read-body`) and
+    /// the body. Any method: the exchange is started on a session that
+    /// protects it, with a placeholder key and principal when the request
+    /// has none (neither is part of the fingerprint).
+    pub fn fingerprint(&self, request: &crate::Request) -> Result<String, Error> {
+        let settings = Settings { protected_methods: Some(vec![request.method.clone()]), ..Settings::default() };
+        let mut instance = self.instantiate(&settings, Dialect::Sqlite, Box::new(NoBackend))?;
+        let mut head = request.head();
+        if !head.headers.iter().any(|h| h.name.eq_ignore_ascii_case("idempotency-key")) {
+            head.headers.push(wit::Header { name: "Idempotency-Key".into(), value: "fingerprint".into() });
+        }
+        let start = wit::RequestStart { head, principal: Some("fingerprint".into()), now: 0, mode: wit::IoMode::Stepped };
+        match instance.start(&start)?.action {
+            wit::Action::ReadBody(read) => Ok(crate::sha256_hex(read.prefix.as_bytes(), &request.body)),
+            other => Err(Error::Setup(format!("the request cannot be fingerprinted: the core answered {other:?}"))),
+        }
+    }
+
+    /// A fresh instance with a session open on `settings` (validated once by
+    /// the component) in `dialect`, its batches run on `backend`.
+    pub(crate) fn instantiate(&self, settings: &Settings, dialect: Dialect, backend: Box<dyn SqlBackend>) -> Result<Instance, Error> {
         let limits = StoreLimitsBuilder::new().memory_size(MEMORY_LIMIT_BYTES).build();
-        let mut store = Store::new(&self.inner.engine, HostState { backend, limits });
+        let queries = self.queries(dialect).clone();
+        let mut store = Store::new(&self.inner.engine, HostState { backend, queries, limits });
         store.limiter(|state| &mut state.limits);
         let core = self.inner.pre.instantiate(&mut store).map_err(Error::Trap)?;
-        let opened = core.idempotency_ledger_session().session().call_open(&mut store, &config_to_wit(config)).map_err(Error::Trap)?;
-        let session = opened.map_err(Error::Protocol)?;
-        Ok(Instance { store, core, session })
+        let interface = core.idempotency_ledger_session();
+        let defaults = interface.call_default_config(&mut store, settings.profile.unwrap_or(wit::Profile::Recipe)).map_err(Error::Trap)?;
+        let mut config = settings.apply(defaults);
+        config.dialect = dialect;
+        let methods = interface.session();
+        let session = methods.call_open(&mut store, &config).map_err(Error::Trap)?.map_err(Error::Protocol)?;
+        let fault = Fault::new(methods.call_fault(&mut store, session).map_err(Error::Trap)?)?;
+        let protected_methods = methods.call_protected_methods(&mut store, session).map_err(Error::Trap)?;
+        Ok(Instance { store, core, session, config, fault, protected_methods })
     }
 }
 
-/// The component's major version must be this crate's: `idempotency:ledger@0.2.x`.
+/// The component's major version must be this crate's.
 fn check_version(engine: &Engine, component: &Component) -> Result<(), Error> {
-    let expected = "idempotency:ledger/session@0.2.0";
     let ty = component.component_type();
-    if ty.exports(engine).any(|(name, _)| name == expected) {
+    if ty.exports(engine).any(|(name, _)| name == SESSION_INTERFACE) {
         Ok(())
     } else {
         let found: Vec<String> = ty.exports(engine).map(|(name, _)| name.to_string()).collect();
         Err(Error::Setup(format!(
-            "the idempotency component exports {found:?}, not {expected}: it was built for another major version of this crate"
+            "the idempotency component exports {found:?}, not {SESSION_INTERFACE}: it was built for another major version of this crate"
         )))
     }
 }
@@ -161,97 +227,120 @@ pub(crate) struct Instance {
     pub(crate) store: Store<HostState>,
     core: bindings::Core,
     session: ResourceAny,
+    /// The settings in force (the session's config).
+    pub(crate) config: wit::Config,
+    /// The reply for a request whose exchange the component could not
+    /// continue (it trapped): asked once, at open.
+    pub(crate) fault: Fault,
+    /// Upper-cased: other methods pass through without an exchange.
+    pub(crate) protected_methods: Vec<String>,
 }
 
-/// The session's methods as wasmtime generated them.
-pub(crate) type Methods<'a> = bindings::exports::idempotency::ledger::session::GuestSession<'a>;
-
 impl Instance {
-    /// Calls a session method. A WIT error becomes `Error::Protocol`; a trap
-    /// becomes `Error::Trap` and the caller must discard this instance.
-    pub(crate) fn call<T: IntoProtocolResult>(
-        &mut self,
-        f: impl FnOnce(&Methods, &mut Store<HostState>, ResourceAny) -> wasmtime::Result<T>,
-    ) -> Result<T::Ok, Error> {
+
+    /// `session.start`: the first action and, unless it is final, the exchange.
+    pub(crate) fn start(&mut self, start: &wit::RequestStart) -> Result<wit::Started, Error> {
         let methods = self.core.idempotency_ledger_session().session();
-        match f(&methods, &mut self.store, self.session) {
-            Ok(value) => value.into_protocol_result().map_err(Error::Protocol),
-            Err(trap) => Err(Error::Trap(trap)),
+        methods.call_start(&mut self.store, self.session, start).map_err(Error::Trap)
+    }
+
+    /// `exchange.step`: the next action. A trap means the caller must discard
+    /// this instance (every exchange in it is lost).
+    pub(crate) fn step(&mut self, exchange: ResourceAny, now: i64, event: &wit::Event) -> Result<wit::Action, Error> {
+        let methods = self.core.idempotency_ledger_exchange().exchange();
+        methods.call_step(&mut self.store, exchange, now, event).map_err(Error::Trap)
+    }
+
+    /// Frees an exchange's state in the component.
+    pub(crate) fn drop_exchange(&mut self, exchange: ResourceAny) {
+        // A failure here means the instance trapped earlier; it is discarded anyway.
+        let _ = exchange.resource_drop(&mut self.store);
+    }
+
+    /// Runs a batch on this instance's backend (a stepped exchange's
+    /// `run-batch` performed by the host).
+    pub(crate) fn execute(&mut self, statements: Vec<wit::Statement>) -> Result<Vec<wit::StatementResult>, wit::BatchError> {
+        match self.store.data_mut().execute(statements) {
+            Ok(results) => Ok(results),
+            Err(LedgerFailure::Database(error)) => Err(error),
+            Err(LedgerFailure::HostBug(bug)) => Err(wit::BatchError::Host(bug.to_string())),
         }
     }
 
-    /// The raw component and store, for callers that drive the WIT API themselves.
+    pub(crate) fn migrate(&mut self) -> Result<(), Error> {
+        let methods = self.core.idempotency_ledger_session().session();
+        methods.call_migrate(&mut self.store, self.session).map_err(Error::Trap)?.map_err(Error::Protocol)
+    }
+
+    pub(crate) fn migration(&mut self) -> Result<Vec<wit::Statement>, Error> {
+        let methods = self.core.idempotency_ledger_session().session();
+        methods.call_migration(&mut self.store, self.session).map_err(Error::Trap)
+    }
+
+    pub(crate) fn run_sweep(&mut self, now: i64) -> Result<wit::SweepReport, Error> {
+        let methods = self.core.idempotency_ledger_session().session();
+        methods.call_run_sweep(&mut self.store, self.session, now).map_err(Error::Trap)
+    }
+
+    pub(crate) fn sweep(&mut self, now: i64) -> Result<Vec<wit::Statement>, Error> {
+        let methods = self.core.idempotency_ledger_session().session();
+        methods.call_sweep(&mut self.store, self.session, now).map_err(Error::Trap)
+    }
+
+    pub(crate) fn swept(&mut self, batch: &Result<Vec<wit::StatementResult>, wit::BatchError>) -> Result<wit::SweepReport, Error> {
+        let methods = self.core.idempotency_ledger_session().session();
+        let batch = match batch {
+            Ok(results) => Ok(results.as_slice()),
+            Err(error) => Err(error),
+        };
+        methods.call_swept(&mut self.store, self.session, batch).map_err(Error::Trap)
+    }
+
+    /// The raw component, store and session, for callers that drive the WIT
+    /// API themselves (the conformance runners).
     pub(crate) fn raw(&mut self) -> (&bindings::Core, &mut Store<HostState>, ResourceAny) {
         (&self.core, &mut self.store, self.session)
     }
 }
 
-/// Lets `Instance::call` take methods that return `result<T, protocol-error>`
-/// and methods that cannot fail alike.
-pub trait IntoProtocolResult {
-    type Ok;
-    fn into_protocol_result(self) -> Result<Self::Ok, ProtocolError>;
+/// The core's reply for a request whose exchange the component could not
+/// continue (`session.fault`), checked at open to be a response.
+#[derive(Clone, Debug)]
+pub(crate) struct Fault {
+    pub(crate) response: crate::Response,
+    pub(crate) log: Vec<wit::LogLine>,
+    pub(crate) outcome: wit::Outcome,
 }
 
-impl<T> IntoProtocolResult for Result<T, ProtocolError> {
-    type Ok = T;
-    fn into_protocol_result(self) -> Result<T, ProtocolError> {
-        self
-    }
-}
-
-macro_rules! infallible {
-    ($($t:ty),*) => {$(
-        impl IntoProtocolResult for $t {
-            type Ok = $t;
-            fn into_protocol_result(self) -> Result<$t, ProtocolError> {
-                Ok(self)
+impl Fault {
+    fn new(reply: wit::Reply) -> Result<Fault, Error> {
+        match reply.send {
+            wit::Answer::Core(response) => {
+                Ok(Fault { response: crate::Response::from_wit(response), log: reply.log, outcome: reply.outcome })
             }
+            wit::Answer::Handler => Err(Error::Setup("the component's fault reply has no response of its own".into())),
         }
-    )*};
-}
-infallible!(String, wit::Response, wit::Rejection, wit::LedgerError, wit::LogLine, wit::RequestPolicy, wit::Config, Vec<wit::Statement>);
-
-/// Instances for callers that run the step API (no ledger import): lent for
-/// one call at a time, never across an `.await`, so a handful serve any
-/// number of concurrent requests.
-#[cfg(feature = "tokio")]
-pub(crate) struct Instances {
-    runtime: Runtime,
-    config: Config,
-    idle: std::sync::Mutex<Vec<Instance>>,
-}
-
-#[cfg(feature = "tokio")]
-impl Instances {
-    pub(crate) fn new(runtime: Runtime, config: Config) -> Result<Instances, Error> {
-        let first = runtime.instantiate(&config, Box::new(NoBackend))?;
-        Ok(Instances { runtime, config, idle: std::sync::Mutex::new(vec![first]) })
     }
 
-    pub(crate) fn call<T: IntoProtocolResult>(
-        &self,
-        f: impl FnOnce(&Methods, &mut Store<HostState>, ResourceAny) -> wasmtime::Result<T>,
-    ) -> Result<T::Ok, Error> {
-        let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        let mut instance = match idle {
-            Some(instance) => instance,
-            None => self.runtime.instantiate(&self.config, Box::new(NoBackend))?,
-        };
-        let result = instance.call(f);
-        // A trapped instance is dropped; the next call builds a fresh one.
-        if !matches!(result, Err(Error::Trap(_))) {
-            self.idle.lock().unwrap_or_else(|p| p.into_inner()).push(instance);
-        }
-        result
+    /// Logs the core's line and answers with its 500.
+    pub(crate) fn next(&self) -> crate::Next {
+        self.log.iter().for_each(crate::convert::log_line);
+        crate::Next::Respond(crate::Answer { response: Some(self.response.clone()), close: false, outcome: self.outcome, sweep_due: false })
     }
 }
 
-/// The backend of instances that only run steps: the import is never called.
+impl HostState {
+    fn idle(queries: Arc<Queries>) -> HostState {
+        HostState { backend: Box::new(NoBackend), queries, limits: StoreLimits::default() }
+    }
+}
+
+/// The backend of instances whose batches the host runs itself (stepped
+/// exchanges on an async backend): the import is never called.
 pub(crate) struct NoBackend;
 
 impl SqlBackend for NoBackend {
-    fn execute_batch(&mut self, _: &[wit::Statement]) -> Result<Vec<wit::StatementResult>, wit::BatchError> {
-        Err(wit::BatchError::Host("this instance runs the step API only; it has no ledger backend".into()))
+    fn execute_batch(&mut self, _: &[SqlStatement]) -> Result<Vec<wit::StatementResult>, wit::BatchError> {
+        Err(wit::BatchError::Host("this instance has no ledger backend: its host runs the batches".into()))
     }
 }

@@ -7,8 +7,8 @@ use std::time::Duration;
 use rusqlite::types::{Value as SqlValue, ValueRef};
 use rusqlite::{Connection, TransactionBehavior};
 
-use crate::wit::{BatchError, DatabaseError, Statement, StatementResult, Value};
-use crate::SqlBackend;
+use crate::wit::{BatchError, DatabaseError, StatementResult, Value};
+use crate::{SqlBackend, SqlStatement};
 
 /// How long a writer waits for another writer's lock before `busy`.
 pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -54,7 +54,7 @@ impl SqliteBackend {
         &self.conn
     }
 
-    fn run(&mut self, statements: &[Statement]) -> rusqlite::Result<Vec<StatementResult>> {
+    fn run(&mut self, statements: &[SqlStatement]) -> rusqlite::Result<Vec<StatementResult>> {
         let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let mut results = Vec::with_capacity(statements.len());
         for statement in statements {
@@ -81,7 +81,7 @@ impl SqliteBackend {
 }
 
 impl SqlBackend for SqliteBackend {
-    fn execute_batch(&mut self, statements: &[Statement]) -> Result<Vec<StatementResult>, BatchError> {
+    fn execute_batch(&mut self, statements: &[SqlStatement]) -> Result<Vec<StatementResult>, BatchError> {
         self.run(statements).map_err(batch_error)
     }
 }

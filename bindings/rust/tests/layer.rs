@@ -13,7 +13,7 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::Router;
-use idempotency_ledger::{AsyncLedger, AsyncSqlite, Config, IdempotencyLayer, NothingChanged, Runtime, SystemClock};
+use idempotency_ledger::{AsyncLedger, AsyncSqlite, IdempotencyLayer, NothingChanged, Runtime, Settings, SystemClock};
 
 /// One HTTP/1.1 exchange on a fresh connection: (status, headers, body).
 fn http(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, Vec<(String, String)>, Vec<u8>) {
@@ -74,7 +74,7 @@ struct App {
 /// An axum app: `POST /orders` (counted; `{"fail":true}` changes nothing),
 /// `POST /public` (not selected by the route filter), `GET /orders`. The
 /// principal comes from `X-Test-User`, which stands in for your auth.
-fn app(config: Config) -> App {
+fn app(config: Settings) -> App {
     let dir = tempfile::tempdir().expect("tmp");
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let runs = Arc::new(AtomicUsize::new(0));
@@ -101,12 +101,31 @@ fn app(config: Config) -> App {
                         }
                         tokio::time::sleep(Duration::from_millis(150)).await;
                         let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
-                        (StatusCode::CREATED, [("location", format!("/orders/{n}")), ("x-extra", "dropped".into())], format!(r#"{{"order":{n}}}"#))
-                            .into_response()
+                        let headers = [
+                            ("location", format!("/orders/{n}")),
+                            ("x-frame-options", "DENY".into()),
+                            ("cache-control", "no-store".into()),
+                            ("set-cookie", format!("session={n}")),
+                        ];
+                        (StatusCode::CREATED, headers, format!(r#"{{"order":{n}}}"#)).into_response()
                     }
                 }),
             )
             .route("/orders", get(|| async { "list" }))
+            .route(
+                "/orders/typed",
+                // An extractor rejection is the framework refusing the request before the handler ran.
+                post(|body: Result<axum::Json<serde_json::Value>, axum::extract::rejection::JsonRejection>| async move {
+                    match body {
+                        Ok(axum::Json(value)) => (StatusCode::CREATED, value.to_string()).into_response(),
+                        Err(rejection) => {
+                            let mut r = rejection.into_response();
+                            r.extensions_mut().insert(idempotency_ledger::Declined);
+                            r
+                        }
+                    }
+                }),
+            )
             .route("/public", post(|| async { (StatusCode::OK, "public") }))
             .layer(layer);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -121,14 +140,21 @@ const JSON: (&str, &str) = ("content-type", "application/json");
 
 #[test]
 fn protected_route_runs_once_replays_and_passes_the_rest_through() {
-    let app = app(Config::default());
+    let app = app(Settings::default());
     let user = ("x-test-user", "alice");
     let (status, headers, body) = http(app.addr, "POST", "/orders", &[user, JSON, ("idempotency-key", "k1")], b"{}");
     assert_eq!((status, body.as_slice()), (201, br#"{"order":1}"#.as_slice()));
+    // The first caller gets the response the application made, every header of it.
     assert_eq!(header(&headers, "location"), Some("/orders/1"));
-    assert_eq!(header(&headers, "x-extra"), None, "only the replay headers: the first caller gets what replays get");
-    let (status, _, body) = http(app.addr, "POST", "/orders", &[user, JSON, ("idempotency-key", "k1")], b"{}");
+    assert_eq!(header(&headers, "x-frame-options"), Some("DENY"));
+    assert_eq!(header(&headers, "cache-control"), Some("no-store"));
+    assert_eq!(header(&headers, "set-cookie"), Some("session=1"));
+    let (status, headers, body) = http(app.addr, "POST", "/orders", &[user, JSON, ("idempotency-key", "k1")], b"{}");
     assert_eq!((status, body.as_slice()), (201, br#"{"order":1}"#.as_slice()), "replayed");
+    // A replay carries the stored allowlist (content-type, location) and never a cookie.
+    assert_eq!(header(&headers, "location"), Some("/orders/1"));
+    assert_eq!(header(&headers, "content-type"), Some("text/plain; charset=utf-8"));
+    assert_eq!((header(&headers, "x-frame-options"), header(&headers, "set-cookie")), (None, None));
     let (status, _, _) = http(app.addr, "POST", "/orders", &[user, JSON, ("idempotency-key", "k1")], b"{\"x\":1}");
     assert_eq!(status, 409, "reused with another payload");
     let (status, _, _) = http(app.addr, "POST", "/orders", &[("x-test-user", "bob"), JSON, ("idempotency-key", "k1")], b"{}");
@@ -144,7 +170,7 @@ fn protected_route_runs_once_replays_and_passes_the_rest_through() {
 
 #[test]
 fn a_protected_request_without_a_principal_is_the_cores_401() {
-    let app = app(Config::default());
+    let app = app(Settings::default());
     let (status, headers, body) = http(app.addr, "POST", "/orders", &[JSON, ("idempotency-key", "k")], b"{}");
     assert_eq!(status, 401);
     assert_eq!(header(&headers, "content-type"), Some("application/json"));
@@ -154,15 +180,16 @@ fn a_protected_request_without_a_principal_is_the_cores_401() {
 
 #[test]
 fn the_body_cap_is_enforced_before_buffering_declared_or_chunked() {
-    let app = app(Config { request_body_cap_bytes: 64 * 1024, ..Config::default() });
+    let app = app(Settings { request_body_cap_bytes: Some(64 * 1024), ..Settings::default() });
     let user = ("x-test-user", "alice");
     // Declared: refused from the Content-Length alone.
     let mut stream = TcpStream::connect(app.addr).expect("connect");
     stream
         .write_all(b"POST /orders HTTP/1.1\r\nHost: t\r\nConnection: close\r\nx-test-user: alice\r\nidempotency-key: big\r\nContent-Length: 300000000\r\n\r\n")
         .expect("head");
-    let (status, _, body) = read_response(stream);
+    let (status, headers, body) = read_response(stream);
     assert_eq!(status, 413, "no 300 MB body is read");
+    assert_eq!(header(&headers, "connection"), Some("close"), "the unread body ends the connection");
     assert!(String::from_utf8_lossy(&body).contains("idempotency_request_too_large"));
     // Chunked: no Content-Length; reading stops past the cap.
     let mut stream = TcpStream::connect(app.addr).expect("connect");
@@ -179,8 +206,9 @@ fn the_body_cap_is_enforced_before_buffering_declared_or_chunked() {
         sent += chunk.len();
     }
     let _ = stream.write_all(b"0\r\n\r\n");
-    let (status, _, _) = read_response(stream);
+    let (status, headers, _) = read_response(stream);
     assert_eq!(status, 413, "after {sent} bytes sent");
+    assert_eq!(header(&headers, "connection"), Some("close"));
     let (status, _, _) = http(app.addr, "POST", "/orders", &[user, ("idempotency-key", "small")], &vec![b'x'; 64 * 1024]);
     assert_eq!(status, 201, "a body at the cap is fine");
     assert_eq!(app.runs.load(Ordering::SeqCst), 1);
@@ -188,7 +216,7 @@ fn the_body_cap_is_enforced_before_buffering_declared_or_chunked() {
 
 #[test]
 fn concurrent_duplicates_run_once_and_wait_for_the_answer() {
-    let app = app(Config { wait_ms: 5_000, ..Config::default() });
+    let app = app(Settings { wait_ms: Some(5_000), ..Settings::default() });
     let statuses: Vec<(u16, Vec<u8>)> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..30)
             .map(|_| {
@@ -207,7 +235,7 @@ fn concurrent_duplicates_run_once_and_wait_for_the_answer() {
 
 #[test]
 fn nothing_changed_releases_the_key_for_a_corrected_retry() {
-    let app = app(Config::default());
+    let app = app(Settings::default());
     let user = ("x-test-user", "alice");
     let (status, _, _) = http(app.addr, "POST", "/orders", &[user, ("idempotency-key", "fix-me")], b"{\"fail\":true}");
     assert_eq!(status, 422);
@@ -215,6 +243,30 @@ fn nothing_changed_releases_the_key_for_a_corrected_retry() {
     assert_eq!(status, 201, "the key was released, not stored: the corrected request runs");
     assert_eq!(app.runs.load(Ordering::SeqCst), 1);
     drop(app.runtime);
+}
+
+#[test]
+fn a_request_the_framework_declined_releases_its_key() {
+    let app = app(Settings::default());
+    let user = ("x-test-user", "alice");
+    let (status, _, _) = http(app.addr, "POST", "/orders/typed", &[user, JSON, ("idempotency-key", "typed")], b"{not json");
+    assert_eq!(status, 400, "axum's own rejection");
+    let (status, _, body) = http(app.addr, "POST", "/orders/typed", &[user, JSON, ("idempotency-key", "typed")], b"{\"ok\":1}");
+    assert_eq!((status, body.as_slice()), (201, br#"{"ok":1}"#.as_slice()), "the corrected retry with the same key runs");
+}
+
+#[test]
+fn a_duplicate_in_progress_is_told_to_retry_in_a_second() {
+    let app = app(Settings::default());
+    let (first, second) = std::thread::scope(|s| {
+        let first = s.spawn(|| http(app.addr, "POST", "/orders", &[("x-test-user", "alice"), JSON, ("idempotency-key", "slow")], b"{}"));
+        std::thread::sleep(Duration::from_millis(50)); // the first is inside its 150 ms handler
+        let second = http(app.addr, "POST", "/orders", &[("x-test-user", "alice"), JSON, ("idempotency-key", "slow")], b"{}");
+        (first.join().expect("first"), second)
+    });
+    assert_eq!(first.0, 201);
+    assert_eq!(second.0, 409);
+    assert_eq!(header(&second.1, "retry-after"), Some("1"), "a short retry, not the 30 s until takeover");
 }
 
 /// `make serve-rust`'s server as a real process: the example server contract.

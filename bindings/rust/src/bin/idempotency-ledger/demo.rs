@@ -5,11 +5,15 @@
 use std::cell::Cell;
 use std::time::Duration;
 
-use idempotency_ledger::wit::{Statement, Value};
+use idempotency_ledger::wit::Value;
 use idempotency_ledger::{
-    Config, Handled, HandleError, Ledger, ManualClock, MutationResponse, Outcome,
-    Request, Runtime, SqlBackend, SqliteBackend, Stored,
+    outcome_name, Handled, HandleError, Ledger, ManualClock, MutationResponse, Outcome, Request, Runtime, Settings, SqlBackend,
+    SqlStatement, SqliteBackend,
 };
+
+fn sql(text: &str) -> SqlStatement {
+    SqlStatement { sql: text.into(), params: vec![] }
+}
 
 /// Where the demo's ledger lives.
 pub enum Target {
@@ -47,8 +51,7 @@ impl Target {
                 use idempotency_ledger::{url_with_options, PostgresPool};
                 let url = url_with_options(url, &format!("-c search_path={DEMO_SCHEMA}"));
                 let pool = PostgresPool::connect(&url, 4).map_err(|e| e.to_string())?;
-                let reset = [format!("DROP SCHEMA IF EXISTS {DEMO_SCHEMA} CASCADE"), format!("CREATE SCHEMA {DEMO_SCHEMA}")]
-                    .map(|sql| Statement { sql, params: vec![] });
+                let reset = [sql(&format!("DROP SCHEMA IF EXISTS {DEMO_SCHEMA} CASCADE")), sql(&format!("CREATE SCHEMA {DEMO_SCHEMA}"))];
                 pool.backend().execute_batch(&reset).map_err(|e| format!("{url}: {e:?}"))?;
                 Ok(Box::new(move || Ok(Box::new(pool.backend()))))
             }
@@ -61,7 +64,7 @@ const PRINCIPAL: &str = "account-42";
 pub fn run(target: Target) -> Result<(), String> {
     let new_backend = target.reset()?;
     let count_rows = || -> Result<i64, String> {
-        let count = Statement { sql: "SELECT COUNT(*) FROM idempotency_keys".into(), params: vec![] };
+        let count = sql("SELECT COUNT(*) FROM idempotency_keys");
         match new_backend()?.execute_batch(&[count]).map_err(|e| format!("{e:?}"))?[0].rows.first().map(|r| &r[0]) {
             Some(Value::Integer(n)) => Ok(*n),
             other => Err(format!("row count: {other:?}")),
@@ -71,7 +74,7 @@ pub fn run(target: Target) -> Result<(), String> {
     let clock = ManualClock::new(1_767_225_600_000); // 2026-01-01T00:00:00Z
     let runtime = Runtime::shared().map_err(err)?;
     let open = || -> Result<Ledger, String> {
-        Ledger::new(runtime.clone(), new_backend()?, Config::default(), clock.clone()).map_err(err)
+        Ledger::new(runtime.clone(), new_backend()?, Settings::default(), clock.clone()).map_err(err)
     };
     // Two ledgers on one database stand for two servers (or two threads).
     let mut server_a = open()?;
@@ -108,7 +111,7 @@ pub fn run(target: Target) -> Result<(), String> {
         && retry.response.body == first.response.body
         && retry.response.header("location") == first.response.header("location");
     println!("   replay byte-identical to the first answer (status, body, Location): {}", yes(identical));
-    expect(identical && matches!(retry.outcome, Outcome::Replayed), "the retry must replay")?;
+    expect(identical && retry.outcome == Outcome::Replayed, "the retry must replay")?;
 
     step(3, "a buggy client reuses order-1 for a different order (qty 3)");
     let reused = handled(server_a.handle(PRINCIPAL, &order("order-1", r#"{"sku":"A-1","qty":3}"#), create_order))?;
@@ -125,7 +128,7 @@ pub fn run(target: Target) -> Result<(), String> {
     let second_copy = handled(concurrent.take().expect("the second copy ran"))?;
         show("second copy: ", &second_copy, &executions);
         show("first copy:  ", &first_copy, &executions);
-    expect(second_copy.response.status == 409 && second_copy.response.header("retry-after") == Some("30"), "409 + Retry-After")?;
+    expect(second_copy.response.status == 409 && second_copy.response.header("retry-after") == Some("1"), "409 + Retry-After")?;
 
     step(5, "server A takes order-3 but stalls past the 30 s pending TTL; the client retries on server B");
     let late = Cell::new(None);
@@ -140,7 +143,7 @@ pub fn run(target: Target) -> Result<(), String> {
         show("server B:    ", &takeover, &executions);
     let stalled = handled(stalled)?;
         show("server A:    ", &stalled, &executions);
-    expect(matches!(stalled.outcome, Outcome::Executed { stored: Stored::FencedOut, .. }), "A must be fenced out")?;
+    expect(stalled.outcome == Outcome::FencedOut, "A must be fenced out")?;
     let after = handled(server_a.handle(PRINCIPAL, &order("order-3", r#"{"sku":"C-3","qty":5}"#), create_order))?;
         show("a later retry replays B's stored answer: ", &after, &executions);
     expect(after.response.body == takeover.response.body, "replay must be B's response")?;
@@ -156,7 +159,7 @@ pub fn run(target: Target) -> Result<(), String> {
     step(7, "a day passes; the bounded sweep removes rows older than the 24 h retention");
     println!("   rows before: {}", count_rows()?);
     clock.advance(Duration::from_secs(24 * 60 * 60 + 1));
-    let swept = server_a.sweep().map_err(err)?;
+    let swept = server_a.sweep().map_err(err)?.deleted;
     let batch = server_a.config().sweep_batch;
     println!("   swept {swept} rows (batch limit {batch}); rows after: {}", count_rows()?);
     let fresh = handled(server_b.handle(PRINCIPAL, &order("order-1", r#"{"sku":"A-1","qty":2}"#), create_order))?;
@@ -197,24 +200,15 @@ fn expect(ok: bool, what: &str) -> Result<(), String> {
 }
 
 fn show(label: &str, h: &Handled, executions: &Cell<u32>) {
-    let what = match &h.outcome {
-        Outcome::PassThrough => "passed straight through (no ledger access)".to_string(),
-        Outcome::Rejected(reason) => format!("rejected ({}), nothing executed", reason_label(*reason)),
+    let generation = h.ticket.as_ref().map(|t| format!(" under generation {}", t.generation)).unwrap_or_default();
+    let what = match h.outcome {
+        Outcome::PassedThrough => "passed straight through (no ledger access)".to_string(),
         Outcome::Replayed => "replayed the stored response, nothing executed".to_string(),
-        Outcome::Executed { ticket, stored: Stored::Completed } => {
-            format!("EXECUTED under generation {}, response stored", ticket.generation)
+        Outcome::Executed | Outcome::TakenOver => format!("EXECUTED{generation}, response stored"),
+        Outcome::FencedOut => {
+            format!("executed{generation} but FENCED OUT: its completion was rejected (see the ERROR log line)")
         }
-        Outcome::Executed { ticket, stored: Stored::FencedOut } => format!(
-            "executed under generation {} but FENCED OUT: its completion was rejected (see the ERROR log line)",
-            ticket.generation
-        ),
-        Outcome::Executed { ticket, stored: Stored::Failed(e) } => {
-            format!("executed under generation {} but not stored: {e}", ticket.generation)
-        }
-        Outcome::Executed { ticket, stored: Stored::Released } => {
-            format!("executed under generation {}, reservation released (not stored)", ticket.generation)
-        }
-        Outcome::Unavailable(e) => format!("not executed: {e}"),
+        other => format!("{}, nothing executed", outcome_name(other)),
     };
     let extra = h.response.header("retry-after").map(|s| format!(" Retry-After: {s}")).unwrap_or_default();
     println!(
@@ -224,18 +218,4 @@ fn show(label: &str, h: &Handled, executions: &Cell<u32>) {
         extra,
         executions.get()
     );
-}
-
-fn reason_label(reason: idempotency_ledger::RejectionReason) -> &'static str {
-    use idempotency_ledger::RejectionReason as R;
-    match reason {
-        R::PrincipalRequired => "principal required",
-        R::BodyTooLarge => "request body too large",
-        R::KeyRequired => "key required",
-        R::KeyInvalid => "key invalid",
-        R::KeyReused => "key reused for another request",
-        R::InProgress => "first request still in progress",
-        R::Retry => "retry",
-        R::RecordCorrupt => "stored record corrupt",
-    }
 }

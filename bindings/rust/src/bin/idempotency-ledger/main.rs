@@ -2,19 +2,18 @@
 
 mod demo;
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::process::ExitCode;
 
-use idempotency_ledger::{Config, Ledger, Request, Runtime, SqliteBackend, SystemClock};
+use idempotency_ledger::{Ledger, Request, Runtime, Settings, SqliteBackend, SystemClock};
 
 const USAGE: &str = "\
 idempotency-ledger: the Idempotency-Key ledger (WebAssembly core over SQLite)
 
 USAGE:
-  idempotency-ledger fingerprint --method M --path-and-query P [--header 'Name: value']... [--body-file F] [--in-component]
-      Print the request's fingerprint (lowercase hex SHA-256). The body is read from
-      stdin when no --body-file is given. --in-component hashes inside the component
-      instead of with the native SHA-256 over the component's prefix (same digest).
+  idempotency-ledger fingerprint --method M --path-and-query P [--header 'Name: value']... [--body-file F]
+      Print the request's fingerprint (lowercase hex SHA-256 of the core's prefix and
+      the body). The body is read from stdin when no --body-file is given.
   idempotency-ledger schema [--dialect sqlite|postgres]
       Print the migration SQL (default sqlite, also right for D1).
   idempotency-ledger inspect --db FILE
@@ -78,7 +77,7 @@ fn check_flags(args: &[String], with_value: &[&str], switches: &[&str]) -> Resul
 }
 
 fn fingerprint(args: &[String]) -> Result<(), String> {
-    check_flags(args, &["--method", "--path-and-query", "--header", "--body-file"], &["--in-component"])?;
+    check_flags(args, &["--method", "--path-and-query", "--header", "--body-file"], &[])?;
     let mut request = Request::new(required(args, "--method")?, required(args, "--path-and-query")?);
     for (i, arg) in args.iter().enumerate() {
         if arg == "--header" {
@@ -95,22 +94,10 @@ fn fingerprint(args: &[String]) -> Result<(), String> {
             body
         }
     };
-    let mut ledger = memory_ledger()?;
-    let digest = if args.iter().any(|a| a == "--in-component") {
-        ledger.fingerprint_in_component(&request)
-    } else {
-        ledger.fingerprint(&request)
-    }
-    .map_err(|e| e.to_string())?;
+    let runtime = Runtime::shared().map_err(|e| e.to_string())?;
+    let digest = runtime.fingerprint(&request).map_err(|e| e.to_string())?;
     println!("{digest}");
     Ok(())
-}
-
-/// A ledger on an in-memory database, for the pure calls.
-fn memory_ledger() -> Result<Ledger, String> {
-    let backend = SqliteBackend::from_connection(rusqlite::Connection::open_in_memory().map_err(|e| e.to_string())?);
-    let runtime = Runtime::shared().map_err(|e| e.to_string())?;
-    Ledger::new(runtime, backend, Config::default(), SystemClock).map_err(|e| e.to_string())
 }
 
 fn demo_target(args: &[String]) -> Result<demo::Target, String> {
@@ -129,8 +116,12 @@ fn schema(args: &[String]) -> Result<(), String> {
         Some("postgres") => idempotency_ledger::Dialect::Postgres,
         Some(other) => return Err(format!("--dialect {other:?}: expected sqlite or postgres")),
     };
-    for statement in dialect.statements().schema {
-        println!("{statement};");
+    let mut out = std::io::stdout().lock();
+    for statement in idempotency_ledger::schema(dialect).map_err(|e| e.to_string())? {
+        // A closed pipe (`| head`) ends the output quietly.
+        if writeln!(out, "{statement};").is_err() {
+            return Ok(());
+        }
     }
     Ok(())
 }
@@ -146,7 +137,7 @@ fn inspect(args: &[String]) -> Result<(), String> {
     check_flags(args, &["--db"], &[])?;
     let path = required(args, "--db")?;
     let conn = open_existing(&path)?;
-    let config = Config::default();
+    let config = Runtime::shared().and_then(|r| r.resolve(&Settings::default(), idempotency_ledger::Dialect::Sqlite)).map_err(|e| e.to_string())?;
     let now = idempotency_ledger::Clock::now_ms(&SystemClock);
     let q = |sql: &str, params: &[i64]| -> Result<i64, String> {
         conn.query_row(sql, rusqlite::params_from_iter(params), |r| r.get::<_, Option<i64>>(0))
@@ -185,9 +176,9 @@ fn sweep(args: &[String]) -> Result<(), String> {
     open_existing(&path)?;
     let runtime = Runtime::shared().map_err(|e| e.to_string())?;
     let backend = SqliteBackend::open(&path).map_err(|e| format!("{path}: {e}"))?;
-    let mut ledger = Ledger::new(runtime, backend, Config::default(), SystemClock).map_err(|e| e.to_string())?;
+    let mut ledger = Ledger::new(runtime, backend, Settings::default(), SystemClock).map_err(|e| e.to_string())?;
     let all = args.iter().any(|a| a == "--all");
-    let total = if all { ledger.sweep_all() } else { ledger.sweep() }.map_err(|e| e.to_string())?;
+    let total = if all { ledger.sweep_all() } else { ledger.sweep().map(|r| r.deleted) }.map_err(|e| e.to_string())?;
     println!("swept {total} expired rows from {path}");
     Ok(())
 }
