@@ -1,6 +1,6 @@
 // The public surface shared by the entry points; each entry supplies how to
 // load the component and which databases it can wrap.
-import { IdempotencyLedger, NothingRanError, sessionFor, sha256Hex, toFetchResponse, headerList, answerOf } from "./ledger.js";
+import { IdempotencyLedger, NothingChangedError, sessionFor, sha256Hex } from "./ledger.js";
 import { d1Ledger } from "./d1.js";
 import { isPgPool, pgLedger } from "./pg.js";
 import { SETTING_NAMES } from "./runtime.js";
@@ -59,7 +59,9 @@ export function makeApi(getCore, wrapOther = () => null, describeDb = "a LedgerD
   /**
    * The recipe's drop-in handler: runs `runMutation(bodyBytes, request)` at
    * most once per (principal, Idempotency-Key) and returns the Response to
-   * send. `principal` undefined (or "") is answered by the core (401).
+   * send (the core's, or the mutation's own). `principal` undefined (or "")
+   * is answered by the core (401). `options.onOutcome(outcome)` hears how
+   * each request ended.
    */
   async function handleIdempotentMutation(request, env, ctx, principal, runMutation, options = NO_OPTIONS) {
     const ledger = ledgerFor(dbFrom(env, options), options);
@@ -90,34 +92,6 @@ export function makeApi(getCore, wrapOther = () => null, describeDb = "a LedgerD
     };
   }
 
-  /** The recipe's computeFingerprint: lowercase hex SHA-256 over the core's canonical prefix and the raw body bytes. */
-  async function computeFingerprint(method, pathAndQuery, headers, bodyBytes, options = NO_OPTIONS) {
-    const session = sessionFor(getCore(), options, "sqlite");
-    const prefix = session.fingerprintPrefix({ method, pathAndQuery, headers: headerList(headers) });
-    return digest(prefix, bodyBytes ?? new Uint8Array(0));
-  }
-
-  /** The fingerprint of a Fetch Request (reads a clone's body). */
-  async function requestFingerprint(request, options = NO_OPTIONS) {
-    const url = new URL(request.url);
-    const body = await request.clone().arrayBuffer();
-    return computeFingerprint(request.method, url.pathname + url.search, request.headers, body, options);
-  }
-
-  /**
-   * Checks an Idempotency-Key value as the core admits it (SPEC 1.2, 1.5):
-   * { ok: true, key } or { ok: false, reason: "key-required" | "key-invalid", response }.
-   */
-  function validateIdempotencyKey(key, options = NO_OPTIONS) {
-    const session = sessionFor(getCore(), options, "sqlite");
-    const method = session.policy.protectedMethods[0] ?? "POST";
-    const headers = key === null || key === undefined ? [] : [{ name: "idempotency-key", value: String(key) }];
-    const admission = session.admit({ method, pathAndQuery: "/", headers }, "key-check");
-    if (admission.tag === "protected") return { ok: true, key: admission.val.key };
-    if (admission.tag === "pass-through") return { ok: true, key: null };
-    return { ok: false, reason: admission.val.reason, response: toFetchResponse(answerOf(admission.val.response)) };
-  }
-
   /** The migration: one SQL statement per item (CREATE ... IF NOT EXISTS) for a dialect. */
   function schemaStatements(dialect = "sqlite") {
     return getCore().schema(dialect);
@@ -125,8 +99,7 @@ export function makeApi(getCore, wrapOther = () => null, describeDb = "a LedgerD
 
   /** Creates the ledger table and index in any supported database (idempotent; one batch). */
   async function migrate(db) {
-    const ledgerDb = toLedgerDb(db);
-    await ledgerDb.batch(schemaStatements(ledgerDb.dialect).map((sql) => ({ sql, params: [] })));
+    await ledgerFor(db).migrate();
   }
 
   return {
@@ -134,12 +107,9 @@ export function makeApi(getCore, wrapOther = () => null, describeDb = "a LedgerD
     ledgerFor,
     handleIdempotentMutation,
     defaultOptions,
-    computeFingerprint,
-    requestFingerprint,
-    validateIdempotencyKey,
     schemaStatements,
     migrate,
   };
 }
 
-export { NothingRanError, SETTING_NAMES };
+export { NothingChangedError, SETTING_NAMES };

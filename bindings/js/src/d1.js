@@ -81,8 +81,3 @@ export function d1Ledger(db) {
     },
   };
 }
-
-/** Runs the migration (the component's schema statements) as one D1 batch. */
-export async function migrateD1(db, schema) {
-  await db.batch(schema.map((sql) => db.prepare(sql)));
-}

@@ -1,10 +1,10 @@
 // node:http pieces shared by the Express middleware and the plain node:http
 // adapter: the request head as received, the body read up to the core's cap
-// (and handed back to the stream for the application), the response captured
-// while the handler writes it, and the core's answer sent instead.
-import { IdempotencyLedger } from "./ledger.js";
+// (and handed back to the stream for the application), the response the
+// handler writes held until the core has completed it, then sent as the
+// application made it (or the core's response instead).
+import { NothingChangedError, raisedResult } from "./ledger.js";
 import { adapterOptions, nodeHead, principalValue } from "./middleware.js";
-
 
 /** The path without the query (for route selection). */
 export function nodePath(req) {
@@ -15,23 +15,27 @@ export function nodePath(req) {
 
 /**
  * Reads the request body, never holding more than `cap` bytes: resolves with
- * a Buffer, or null as soon as the body passes the cap (the rest is left
- * unread; send the 413 with `Connection: close`). Unless `putBack` is false,
- * the bytes read are put back into the stream (`unshift`), so the
- * application's body parser (express.json(), ...) reads the same body afterwards.
+ * a Buffer, "too-large" as soon as the body passes the cap (the rest is left
+ * unread: the answer closes the connection), "consumed" when something read
+ * the stream before (a body parser mounted first) or "incomplete" when the
+ * client's stream broke. Unless `putBack` is false, the bytes read are put
+ * back into the stream (`unshift`), so the application's body parser
+ * (express.json(), ...) reads the same body afterwards.
  */
 export function readNodeBody(req, cap, { putBack = true } = {}) {
+  if (req.readableDidRead || req.readableEnded) return Promise.resolve("consumed");
   const limit = Number(cap);
-  return new Promise((resolve, reject) => {
+  return new Promise((resolve) => {
     const chunks = [];
     let total = 0;
     let finished = false;
     const cleanup = () => {
       finished = true;
       req.removeListener("readable", onReadable);
-      req.removeListener("error", onError);
+      req.removeListener("error", onBroken);
       req.removeListener("end", onEnd);
-      req.removeListener("aborted", onAborted);
+      req.removeListener("aborted", onBroken);
+      req.removeListener("close", onClose);
     };
     const done = () => {
       cleanup();
@@ -49,7 +53,7 @@ export function readNodeBody(req, cap, { putBack = true } = {}) {
           cleanup();
           chunks.length = 0;
           req.pause();
-          resolve(null);
+          resolve("too-large");
           return;
         }
         chunks.push(chunk);
@@ -59,18 +63,19 @@ export function readNodeBody(req, cap, { putBack = true } = {}) {
     function onEnd() {
       if (!finished) done();
     }
-    function onError(error) {
+    function onBroken() {
       if (finished) return;
       cleanup();
-      reject(error);
+      resolve("incomplete");
     }
-    function onAborted() {
-      onError(new Error("the client aborted the request"));
+    function onClose() {
+      if (!finished && !req.complete) onBroken();
     }
     req.on("readable", onReadable);
     req.on("end", onEnd);
-    req.on("error", onError);
-    req.on("aborted", onAborted);
+    req.on("error", onBroken);
+    req.on("aborted", onBroken);
+    req.on("close", onClose);
   });
 }
 
@@ -81,7 +86,7 @@ function toBuffer(chunk, encoding) {
   return Buffer.from(String(chunk), typeof encoding === "string" ? encoding : "utf8");
 }
 
-/** Every header the handler set, as WIT headers. */
+/** Every header set on `res`, as WIT headers. */
 function headersOf(res) {
   const list = [];
   for (const [name, value] of Object.entries(res.getHeaders())) {
@@ -92,14 +97,16 @@ function headersOf(res) {
 }
 
 /**
- * Captures what the handler writes to `res` (status, headers, body) instead
- * of sending it; `onEnd({ status, headers, body })` runs once at `res.end()`
- * with the original methods restored, and sends the real answer.
+ * Holds what the handler writes to `res` (status and headers stay on `res`;
+ * the body chunks are kept) instead of sending it. `onEnd({ status, headers,
+ * body })` runs once at `res.end()`. Returns { send(), restore() }: send()
+ * writes the held response as the application made it.
  */
-export function captureResponse(res, onEnd) {
+export function holdResponse(res, onEnd) {
   const original = { writeHead: res.writeHead, write: res.write, end: res.end, flushHeaders: res.flushHeaders };
   const chunks = [];
   let ended = false;
+  let endCallback;
   const restore = () => {
     res.writeHead = original.writeHead;
     res.write = original.write;
@@ -111,7 +118,7 @@ export function captureResponse(res, onEnd) {
     else res.statusMessage = reason;
     res.statusCode = status;
     if (Array.isArray(headers)) {
-      for (let i = 0; i + 1 < headers.length; i += 2) res.setHeader(headers[i], headers[i + 1]);
+      for (let i = 0; i + 1 < headers.length; i += 2) res.appendHeader(headers[i], headers[i + 1]);
     } else if (headers) {
       for (const [name, value] of Object.entries(headers)) if (value !== undefined) res.setHeader(name, value);
     }
@@ -135,89 +142,147 @@ export function captureResponse(res, onEnd) {
     }
     if (ended) return res;
     ended = true;
+    endCallback = callback;
     const b = toBuffer(chunk, encoding);
     if (b) chunks.push(b);
     restore();
-    const captured = { status: res.statusCode, headers: headersOf(res), body: Buffer.concat(chunks) };
-    Promise.resolve()
-      .then(() => onEnd(captured))
-      .then(
-        () => typeof callback === "function" && callback(),
-        (error) => {
-          if (!res.headersSent) {
-            res.statusCode = 500;
-            res.end();
-          }
-          process.emitWarning?.(`idempotency: sending the answer failed: ${error?.message ?? error}`);
-        },
-      );
+    onEnd({ status: res.statusCode, headers: headersOf(res), body: Buffer.concat(chunks) });
     return res;
   };
-  return { restore, get ended() { return ended; } };
+  return {
+    restore,
+    get ended() {
+      return ended;
+    },
+    send() {
+      res.end(Buffer.concat(chunks), endCallback);
+    },
+  };
 }
 
-/** Sends an answer ({ status, headers, body }) as the whole response: every header the handler set is dropped. */
-export function sendAnswer(res, answer, { close = false } = {}) {
+/** Sends the core's response (a WIT `response`) as the whole response: every header the handler set is dropped. */
+export function sendCore(res, response, close) {
   for (const name of res.getHeaderNames()) res.removeHeader(name);
-  res.statusCode = answer.status;
-  for (const { name, value } of answer.headers) res.appendHeader ? res.appendHeader(name, value) : res.setHeader(name, value);
+  res.statusCode = response.status;
+  for (const { name, value } of response.headers) res.appendHeader(name, value);
+  // Node closes the connection after a response that says so.
   if (close) res.setHeader("connection", "close");
-  const body = answer.body;
-  if (body === null || body === undefined) res.end();
-  else res.end(typeof body === "string" ? body : Buffer.from(body.buffer, body.byteOffset, body.byteLength));
+  if (response.body === undefined || response.body === null) res.end();
+  else res.end(response.body);
+}
+
+/** Sends a `{ status, headers, body }` (a NothingChangedError's own response). */
+function sendObject(res, response) {
+  for (const name of res.getHeaderNames()) res.removeHeader(name);
+  res.statusCode = response.status;
+  for (const [name, value] of Object.entries(response.headers ?? {})) res.setHeader(name, value);
+  res.end(response.body ?? undefined);
 }
 
 const STATE = Symbol.for("idempotency-ledger.request");
 
+// body-parser's error types: the request was refused while it was read or
+// parsed, before any route handler ran (Express's express.json() & co.).
+const BODY_PARSER_ERRORS = new Set([
+  "entity.parse.failed",
+  "entity.too.large",
+  "entity.verify.failed",
+  "encoding.unsupported",
+  "charset.unsupported",
+  "request.aborted",
+  "request.size.invalid",
+  "stream.encoding.set",
+  "stream.not.readable",
+  "parameters.too.many",
+]);
+
 /**
- * The flow for one node:http request. `run(req, res)` is the application
- * (Express's next(), or the node:http handler): its response is captured,
- * completed through the core, and the core's answer sent. Returns a promise
- * settled when the request was handled.
+ * Whether the framework refused the request before the route handler ran:
+ * an error from a body parser (its `type`), or, with the middleware mounted
+ * app-wide (no route matched yet when it ran), a response or error made
+ * before any route matched (a middleware after it answered, or no route
+ * matched at all).
  */
-export async function handleNode(api, options, parts, req, res, run) {
+function declinedBy(req, state, error) {
+  if (error !== undefined && BODY_PARSER_ERRORS.has(error?.type)) return true;
+  return state.routeAtStart === undefined && state.framework && req.route === undefined;
+}
+
+/**
+ * The exchange for one node:http request. `run({ bypass })` runs the
+ * application (Express's next(), or the node:http handler); its response is
+ * held, completed through the core, and then the answer the core says is
+ * sent. Resolves once the request was answered.
+ */
+export async function handleNode(api, options, parts, req, res, run, { framework = false } = {}) {
   const { principalOf, dbOf, select } = parts;
   if (!select(req.method, nodePath(req))) return run({ bypass: true });
   const ledger = api.ledgerFor(await dbOf(req), options);
   if (!ledger.session.protects(req.method)) return run({ bypass: true });
   const principal = principalValue(await principalOf(req));
-  const begun = await ledger.begin(nodeHead(req), principal, (cap) => readNodeBody(req, cap));
-  if (begun.kind === "pass-through") return run({ bypass: true });
-  if (begun.kind === "answer") {
-    sendAnswer(res, begun.answer, { close: begun.reason === "body-too-large" });
+  const state = { error: undefined, held: null, settle: null, routeAtStart: req.route, framework };
+  const handlerResult = (captured) => {
+    const error = state.error;
+    if (error instanceof NothingChangedError) return { tag: "nothing-changed" };
+    if (declinedBy(req, state, error)) return { tag: "declined" };
+    if (error !== undefined) return raisedResult(error);
+    return { tag: "answered", val: { status: captured.status, headers: captured.headers, body: { tag: "bytes", val: captured.body } } };
+  };
+  const { action, error } = await ledger.exchange(nodeHead(req), principal, {
+    readBody: async (cap) => {
+      const body = await readNodeBody(req, cap);
+      if (typeof body !== "string") req.rawBody = body;
+      return body;
+    },
+    runHandler: () =>
+      new Promise((resolve) => {
+        req[STATE] = state;
+        // Settled by the end of the held response, or by a failure reported
+        // without one (a node:http handler that threw).
+        state.settle = (captured) => {
+          state.settle = null;
+          resolve(handlerResult(captured));
+        };
+        state.held = holdResponse(res, (captured) => state.settle?.(captured));
+        Promise.resolve(run({ bypass: false, state })).catch((thrown) => fail(req, thrown));
+      }),
+  });
+  if (action.tag === "pass-through") return run({ bypass: true });
+  const held = state.held;
+  if (action.tag === "propagate") {
+    // Express: the framework's own error response (held) goes out unstored;
+    // node:http (nothing to re-raise to): the core's answer for it.
+    if (held?.ended) held.send();
+    else {
+      held?.restore();
+      sendCore(res, action.val.response, false);
+    }
     return undefined;
   }
-  const { ticket, body } = begun;
-  req.rawBody = Buffer.from(body.buffer, body.byteOffset, body.byteLength);
-  const state = { ticket, raised: undefined, settled: false };
-  req[STATE] = state;
-  const finished = new Promise((resolve) => {
-    captureResponse(res, async (captured) => {
-      try {
-        if (state.raised !== undefined) {
-          // The mutation raised (reported by the error middleware): abandon;
-          // the application's own error response goes out unstored.
-          state.settled = true;
-          await ledger.abandon(ticket, IdempotencyLedger.reasonOf(state.raised), state.raised?.message ?? String(state.raised));
-          sendAnswer(res, { status: captured.status, headers: captured.headers, body: captured.body });
-          return;
-        }
-        state.settled = true;
-        const done = await ledger.finish(ticket, { status: captured.status, headers: captured.headers, body: captured.body });
-        if (done.sweepDue && options.sweep !== false) ledger.scheduleSweep();
-        sendAnswer(res, done.answer);
-      } finally {
-        resolve();
-      }
-    });
-  });
-  return run({ bypass: false, state, finished, ledger });
+  const { send, close } = action.val;
+  if (send.tag === "core") {
+    held?.restore();
+    sendCore(res, send.val, close);
+  } else if (held?.ended) held.send();
+  else {
+    // The handler made no response: a NothingChangedError with one of its own, or nothing to send.
+    held?.restore();
+    if (error?.response !== undefined) sendObject(res, error.response);
+    else res.destroy(error);
+  }
+  return undefined;
 }
 
-/** Marks the request's mutation as raised (Express error middleware, thrown handlers). */
-export function markRaised(req, error) {
+/**
+ * Reports what the handler threw (Express error middleware, a throwing
+ * node:http handler). A handler whose response was not written yet is over:
+ * its exchange continues at once.
+ */
+export function fail(req, error) {
   const state = req?.[STATE];
-  if (state && !state.settled && state.raised === undefined) state.raised = error ?? new Error("the handler failed");
+  if (!state || state.error !== undefined) return state;
+  state.error = error ?? new Error("the handler failed");
+  if (!state.framework && !state.held?.ended) state.settle?.(null);
   return state;
 }
 
@@ -225,35 +290,20 @@ export function markRaised(req, error) {
  * The plain node:http adapter: `http.createServer(idempotentHandler(options,
  * async (req, res) => { ... }))`. The handler reads the body from
  * `req.rawBody` (a Buffer; the stream is readable too) and writes `res` as
- * usual; what it writes is completed through the core and the core's answer
- * is sent. A handler that throws (or rejects) is abandoned (throw
- * NothingRanError when nothing changed) and answered 500 with no body.
+ * usual; what it writes is completed through the core, then sent. A handler
+ * that throws is abandoned and answered with the core's 500; a
+ * NothingChangedError releases the key (send your response before throwing
+ * it, or give it one: `new NothingChangedError(msg, { response })`).
  */
 export function makeIdempotentHandler(api) {
   return function idempotentHandler(options, handler) {
     if (typeof handler !== "function") throw new TypeError("idempotentHandler(options, handler): handler must be a function (req, res)");
     const parts = adapterOptions(options, "idempotentHandler");
-    const logger = options.logger ?? console;
     return function listener(req, res) {
-      handleNode(api, options, parts, req, res, async ({ bypass, state }) => {
-        try {
-          await handler(req, res);
-        } catch (error) {
-          if (bypass || !state) throw error;
-          markRaised(req, error);
-          logger.error?.(`[idempotency] the handler failed: ${error?.stack ?? error}`);
-          if (!res.writableEnded) {
-            res.statusCode = 500;
-            for (const name of res.getHeaderNames()) res.removeHeader(name);
-            res.end();
-          }
-        }
-      }).catch((error) => {
-        logger.error?.(`[idempotency] request failed: ${error?.stack ?? error}`);
-        if (!res.headersSent) {
-          res.statusCode = 500;
-          res.end();
-        } else res.destroy(error);
+      handleNode(api, options, parts, req, res, ({ bypass }) => (bypass ? Promise.resolve(handler(req, res)) : handler(req, res))).catch((error) => {
+        // A failure of the host itself (the database adapter or a bug):
+        // nothing the core answered; the connection is dropped.
+        res.destroy(error);
       });
     };
   };

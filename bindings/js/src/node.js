@@ -12,9 +12,6 @@ export const {
   ledgerFor,
   handleIdempotentMutation,
   defaultOptions,
-  computeFingerprint,
-  requestFingerprint,
-  validateIdempotencyKey,
   schemaStatements,
 } = api;
 
@@ -54,15 +51,6 @@ export { d1Ledger } from "./d1.js";
 export { routeFilter } from "./middleware.js";
 export { readNodeBody } from "./node-http.js";
 export { nodeHead } from "./middleware.js";
-export {
-  IdempotencyLedger,
-  NothingRanError,
-  requestHead,
-  sweepsDone,
-  readBodyCapped,
-  sha256Hex,
-  sessionFor,
-  toFetchResponse,
-  toMutationResponse,
-} from "./ledger.js";
-export { Core, Session, BatchFailure, IdempotencyError, SETTING_NAMES, toWitConfig, databaseError } from "./runtime.js";
+export { IdempotencyLedger, NothingChangedError, sweepsDone, sha256Hex, sessionFor } from "./ledger.js";
+export { requestHead, readFetchBody, toFetchResponse, mutationOf } from "./fetch.js";
+export { Core, Session, Exchange, BatchFailure, ComponentFault, IdempotencyError, SETTING_NAMES, toWitConfig, databaseError } from "./runtime.js";

@@ -3,13 +3,14 @@
 export * from "./pg.js";
 
 /**
- * A pg.Pool for `url` (`postgresql://...`), with idle-connection errors
- * logged instead of crashing the process. Imports `pg` (a peer dependency).
+ * A pg.Pool for `url` (`postgresql://...`), whose idle-connection errors
+ * (pg-pool drops the connection) go to `logger.warn` instead of crashing the
+ * process. Imports `pg` (a peer dependency).
  */
 export async function createPgPool(url, { max = 10, connectTimeoutMs = 5000, logger = console, ...rest } = {}) {
   const { default: pg } = await import("pg");
   const pool = new pg.Pool({ connectionString: url, max, connectionTimeoutMillis: connectTimeoutMs, ...rest });
-  pool.on("error", (error) => logger.warn?.(`[idempotency] idle PostgreSQL connection failed: ${error.message}`));
+  pool.on("error", (error) => logger.warn?.(error));
   return pool;
 }
 

@@ -178,11 +178,13 @@ class Flight {
  * long a batch waits for a pooled connection: then `pool-exhausted` when the
  * pool is full, `unreachable` otherwise; default 5000), `lockTimeoutMs`
  * (SET LOCAL lock_timeout per batch, default 5000: a lock held longer is
- * SQLSTATE 55P03, busy).
+ * SQLSTATE 55P03, busy; at least 1 ms, as the Rust and Python hosts set it:
+ * PostgreSQL reads 0 as "wait forever").
  */
 export function pgLedger(pool, { connectTimeoutMs = 5000, lockTimeoutMs = 5000 } = {}) {
   if (!pool || typeof pool.connect !== "function") throw new TypeError("pgLedger needs a pg.Pool");
   if (!Number.isSafeInteger(lockTimeoutMs) || lockTimeoutMs < 0) throw new TypeError("lockTimeoutMs must be a non-negative integer");
+  lockTimeoutMs = Math.max(1, lockTimeoutMs);
 
   async function checkout() {
     let timer;
@@ -299,10 +301,4 @@ export function pgLedger(pool, { connectTimeoutMs = 5000, lockTimeoutMs = 5000 }
 /** True for a node-postgres Pool (duck-typed). */
 export function isPgPool(db) {
   return !!db && typeof db.connect === "function" && typeof db.query === "function" && "totalCount" in db;
-}
-
-/** Creates the ledger table and index (idempotent), as one batch. */
-export async function migratePg(db, schema) {
-  const ledger = db.batch ? db : pgLedger(db);
-  await ledger.batch(schema.map((sql) => ({ sql, params: [] })));
 }

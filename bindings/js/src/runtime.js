@@ -1,14 +1,15 @@
 // The idempotency core component (bound by ./component.js) and the calls into it.
-// Platform-neutral: the caller supplies the compiled core modules, so this file
+// Platform-neutral: the caller supplies the compiled core module, so this file
 // never compiles WebAssembly from bytes (Workers forbid that at run time).
 //
-// Everything the protocol decides is asked of the core through one `session`
-// resource per settings object (WIT idempotency:ledger@0.2.0): the host only
-// converts values, runs SQL and applies the answers.
-import { CORE_MODULE, instantiate } from "./component.js";
+// Everything the protocol decides is asked of the core: one `session`
+// resource per settings object, one `exchange` per protected request. The
+// host only converts values, runs SQL and performs the exchange's actions.
+import { CORE_MODULE, PACKAGE, instantiate } from "./component.js";
 
 /** The core modules the component is instantiated from, by file name (generated/). */
 export const CORE_MODULE_NAMES = [CORE_MODULE];
+export { PACKAGE };
 
 /** A protocol call failed: `protocolError` is the WIT `protocol-error`. Nothing ran on its account. */
 export class IdempotencyError extends Error {
@@ -20,8 +21,20 @@ export class IdempotencyError extends Error {
 }
 
 /**
+ * The component trapped (or was entered again after a trap): the instance is
+ * discarded and a fresh one serves the next call. The request in flight is
+ * answered with its session's `fault` reply (asked when the session opened).
+ */
+export class ComponentFault extends Error {
+  constructor(message, options) {
+    super(message, options);
+    this.name = "ComponentFault";
+  }
+}
+
+/**
  * Thrown by a database adapter: `batchError` is the WIT `batch-error` (what
- * the driver saw). The core's `session.classify` says what it means.
+ * the driver saw). The core classifies it.
  */
 export class BatchFailure extends Error {
   constructor(batchError, options) {
@@ -47,18 +60,18 @@ export function describeProtocolError(error) {
   return `idempotency ${error.tag}: ${error.val}`;
 }
 
-/** What an adapter threw, as a WIT `batch-error`: its own BatchFailure, or a failure of the host. */
+/** What an adapter threw, as a WIT `batch-error`: its own BatchFailure (or any error carrying a `batchError`), or a failure of the host. */
 export function toBatchError(error) {
-  if (error instanceof BatchFailure) return error.batchError;
+  if (error instanceof BatchFailure || (error && typeof error === "object" && error.batchError?.tag !== undefined)) return error.batchError;
   return { tag: "host", val: String(error?.message ?? error) };
 }
 
 /**
- * One instance of the component. Every export is synchronous; the step API
- * never re-enters the host, so one instance serves any number of concurrent
- * requests in an isolate or process. The driven API (`run-*`) calls the
- * ledger import, which runs the executor given to `Core.drive` for the
- * duration of that one call.
+ * One instance of the component. Every export is synchronous; a stepped
+ * exchange never re-enters the host, so one instance serves any number of
+ * concurrent requests in an isolate or process. The driven calls (`migrate`,
+ * `run-sweep`, a driven exchange) call the ledger import, which runs the
+ * executor given to `Core.drive` for the duration of that one call.
  */
 export class Core {
   #getCoreModule;
@@ -66,13 +79,14 @@ export class Core {
   #root = null;
   #epoch = 0;
   #executor = null;
+  #queries = new Map();
 
   /** @param getCoreModule (name) => WebAssembly.Module, for each of CORE_MODULE_NAMES */
   constructor(getCoreModule) {
     this.#getCoreModule = getCoreModule;
     const ledger = {
-      // Never traps: an error is returned as the WIT `batch-error` (jco
-      // treats a thrown non-Error object as the `err` payload).
+      // Never traps: an error is returned as the WIT `batch-error` (a thrown
+      // non-Error object is the `err` payload).
       executeBatch: (statements) => {
         const run = this.#executor;
         if (run === null) throw { tag: "host", val: "no database is attached to this driven call" };
@@ -83,7 +97,7 @@ export class Core {
         }
       },
     };
-    this.#imports = { "idempotency:ledger/ledger": ledger, "idempotency:ledger/ledger@0.2.0": ledger };
+    this.#imports = { "idempotency:ledger/ledger": ledger };
   }
 
   /** Instantiates now (otherwise the first call does). */
@@ -103,30 +117,28 @@ export class Core {
   }
 
   /**
-   * Runs `fn(exports)`: a WIT error becomes an IdempotencyError; a trap
-   * discards the instance (a fresh one serves the next call) and becomes an
-   * IdempotencyError with a ledger `other` error, so the host answers the
-   * core's 500.
+   * Runs `fn(exports)`: a WIT error becomes an IdempotencyError, a value the
+   * binding refused to lower an IdempotencyError `invalid-argument` (a host
+   * bug; the instance is intact); a trap discards the instance (a fresh one
+   * serves the next call) and becomes a ComponentFault.
    */
-  call(fn) {
+  call(fn, epoch = this.#epoch) {
+    if (epoch !== this.#epoch) throw new ComponentFault("the component instance this object belonged to trapped and was discarded");
     const root = this.#exports();
     try {
       return fn(root);
     } catch (error) {
-      if (error && Object.prototype.hasOwnProperty.call(error, "payload")) {
-        throw new IdempotencyError(error.payload, { cause: error });
-      }
+      if (error && Object.prototype.hasOwnProperty.call(error, "payload")) throw new IdempotencyError(error.payload, { cause: error });
       if (error instanceof TypeError || error instanceof RangeError) {
-        // jco refused to lower a value (a host bug, never a trap): the instance is intact.
         throw new IdempotencyError({ tag: "invalid-argument", val: String(error.message) }, { cause: error });
       }
       this.#root = null;
       this.#epoch += 1;
-      throw new IdempotencyError({ tag: "ledger", val: { tag: "other", val: `idempotency component trapped: ${error}` } }, { cause: error });
+      throw new ComponentFault(`the idempotency component trapped: ${error?.message ?? error}`, { cause: error });
     }
   }
 
-  /** Runs `fn(exports)` with `executor(statements) -> results` behind the ledger import (driven API). */
+  /** Runs `fn(exports)` with `executor(statements) -> results` behind the ledger import (driven calls). */
   drive(executor, fn) {
     const previous = this.#executor;
     this.#executor = executor;
@@ -147,6 +159,16 @@ export class Core {
     return this.call((c) => c.session.schema(dialect));
   }
 
+  /** The SQL of each query in `dialect`: { [query]: sql } (asked once per dialect). */
+  queries(dialect = "sqlite") {
+    let table = this.#queries.get(dialect);
+    if (!table) {
+      table = Object.fromEntries(this.call((c) => c.session.queries(dialect)).map(({ query, sql }) => [query, sql]));
+      this.#queries.set(dialect, table);
+    }
+    return table;
+  }
+
   /** A session on `config` (a WIT config), validated once by the core. */
   open(config) {
     return new Session(this, config);
@@ -164,7 +186,6 @@ export class Session {
   #epoch;
   #config;
   #opened;
-  #policy;
 
   constructor(core, config) {
     this.#core = core;
@@ -172,7 +193,13 @@ export class Session {
     this.#opened = config;
     this.#resource = core.call((c) => c.session.Session.open(config));
     this.#config = null; // read on first use (defaultOptions): not on a Worker's first request
-    this.#policy = this.call((s) => s.policy());
+    /** The protected methods, upper-cased (a request with another method passes through without an exchange). */
+    this.protectedMethods = new Set(this.call((s) => s.protectedMethods()));
+    /** The reply for a request whose exchange the component could not finish (it trapped). */
+    this.faultReply = this.call((s) => s.fault());
+    this.dialect = config.dialect;
+    /** The SQL of each query in this session's dialect. */
+    this.sql = core.queries(config.dialect);
   }
 
   get core() {
@@ -185,19 +212,9 @@ export class Session {
     return this.#config;
   }
 
-  /** What the host checks itself (read once): protected methods (upper case), the request body cap, null-body statuses. */
-  get policy() {
-    return this.#policy;
-  }
-
   /** Runs `fn(session)` on the live resource. */
   call(fn) {
     return this.#core.call(() => fn(this.#live()));
-  }
-
-  /** The driven API: `fn(session)` with `executor` behind the ledger import. */
-  drive(executor, fn) {
-    return this.#core.drive(executor, () => fn(this.#live()));
   }
 
   #live() {
@@ -208,55 +225,85 @@ export class Session {
     return this.#resource;
   }
 
-  /** True when `method` is protected (the policy's list; no component call). */
+  /** True when `method` is protected (no component call). */
   protects(method) {
-    return this.#policy.protectedMethods.includes(String(method).toUpperCase());
+    return this.protectedMethods.has(String(method).toUpperCase());
   }
 
-  admit(head, principal) {
-    return this.call((s) => s.admit(head, principal === null || principal === undefined ? undefined : String(principal)));
+  /**
+   * Starts one request's exchange: { action, exchange } (`exchange`
+   * undefined when the action is final). `now` in ms; `mode` "stepped" (the
+   * host runs each batch) or "driven" (through `Core.drive`).
+   */
+  start(head, principal, now, mode = "stepped") {
+    const request = { head, principal: principal === null || principal === undefined ? undefined : String(principal), now: BigInt(now), mode };
+    let epoch;
+    const started = this.call((s) => {
+      epoch = this.#core.epoch;
+      return s.start(request);
+    });
+    return { action: started.action, exchange: started.exchange === undefined ? undefined : new Exchange(this.#core, started.exchange, epoch) };
   }
-  bodyTooLarge() {
-    return this.call((s) => s.bodyTooLarge());
+
+  /** The migration as one batch (statements). */
+  migration() {
+    return this.call((s) => s.migration());
   }
-  fingerprintPrefix(head) {
-    return this.call((s) => s.fingerprintPrefix(head));
+
+  /** One bounded sweep batch (statements) of rows last updated before `now - retention`. */
+  sweep(now) {
+    return this.call((s) => s.sweep(BigInt(now)));
   }
-  fingerprint(head, body) {
-    return this.call((s) => s.fingerprint(head, body));
+
+  /** The report of a sweep batch: `result` is { tag: "ok", val: results } or { tag: "err", val: batchError }. */
+  swept(result) {
+    return this.call((s) => s.swept(result));
   }
-  errorResponse(protocolError) {
-    return this.call((s) => s.errorResponse(protocolError));
+
+  /** Driven: the migration through `executor`. */
+  migrate(executor) {
+    return this.#core.drive(executor, () => this.#live().migrate());
   }
-  classify(batchError) {
-    return this.call((s) => s.classify(batchError));
+
+  /** Driven: one sweep batch through `executor`; the report. */
+  runSweep(executor, now) {
+    return this.#core.drive(executor, () => this.#live().runSweep(BigInt(now)));
   }
-  logLine(event) {
-    return this.call((s) => s.logLine(event));
+
+  /** Driven: `fn()` with `executor` behind the ledger import (a driven exchange's steps). */
+  drive(executor, fn) {
+    return this.#core.drive(executor, fn);
   }
-  planDecision(principal, key, fingerprint, now) {
-    return this.call((s) => s.planDecision(principal, key, fingerprint, BigInt(now)));
+}
+
+/** One request's `exchange` resource. Drop it (`drop()`) once its action is final. */
+export class Exchange {
+  #core;
+  #resource;
+  #epoch;
+
+  constructor(core, resource, epoch) {
+    this.#core = core;
+    this.#resource = resource;
+    this.#epoch = epoch;
   }
-  decide(principal, key, fingerprint, now, waitingSince, results) {
-    return this.call((s) => s.decide(principal, key, fingerprint, BigInt(now), BigInt(waitingSince), results));
+
+  /** Feeds `event` (a WIT event) that happened at `now` (ms); the next action. */
+  step(now, event) {
+    return this.#core.call(() => this.#resource.step(BigInt(now), event), this.#epoch);
   }
-  planCompletion(ticket, response, now) {
-    return this.call((s) => s.planCompletion(ticket, response, BigInt(now)));
-  }
-  finishCompletion(action, results) {
-    return this.call((s) => s.finishCompletion(action, results));
-  }
-  planAbandon(ticket, reason) {
-    return this.call((s) => s.planAbandon(ticket, reason));
-  }
-  finishRelease(results) {
-    return this.call((s) => s.finishRelease(results));
-  }
-  planSweep(now) {
-    return this.call((s) => s.planSweep(BigInt(now)));
-  }
-  finishSweep(results) {
-    return this.call((s) => s.finishSweep(results));
+
+  /** Drops the resource (the exchange runs nothing more). */
+  drop() {
+    const resource = this.#resource;
+    if (resource === null) return;
+    this.#resource = null;
+    if (this.#epoch !== this.#core.epoch) return; // its instance is gone
+    try {
+      resource[Symbol.dispose ?? Symbol.for("dispose")]();
+    } catch {
+      // dropping never fails a request
+    }
   }
 }
 

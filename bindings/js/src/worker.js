@@ -12,9 +12,6 @@ export const {
   ledgerFor,
   handleIdempotentMutation,
   defaultOptions,
-  computeFingerprint,
-  requestFingerprint,
-  validateIdempotencyKey,
   schemaStatements,
   migrate,
 } = api;
@@ -22,15 +19,6 @@ export const {
 export { getCore };
 export { d1Ledger, fromD1Results, fromD1Value, toD1Value } from "./d1.js";
 export { pgLedger } from "./pg.js";
-export {
-  IdempotencyLedger,
-  NothingRanError,
-  requestHead,
-  readBodyCapped,
-  sweepsDone,
-  sha256Hex,
-  sessionFor,
-  toFetchResponse,
-  toMutationResponse,
-} from "./ledger.js";
-export { Core, Session, BatchFailure, IdempotencyError, SETTING_NAMES, toWitConfig, databaseError } from "./runtime.js";
+export { IdempotencyLedger, NothingChangedError, sweepsDone, sha256Hex, sessionFor } from "./ledger.js";
+export { requestHead, readFetchBody, toFetchResponse, mutationOf } from "./fetch.js";
+export { Core, Session, Exchange, BatchFailure, ComponentFault, IdempotencyError, SETTING_NAMES, toWitConfig, databaseError } from "./runtime.js";

@@ -1,22 +1,31 @@
-// The package's component binding (src/component.js, the canonical ABI
-// written out from wit/*.wit) checked two ways:
+// The package's component binding (src/component.js over src/abi.js, with the
+// type table generated from the WIT into generated/wit.js) checked three ways:
+// - the generated table is what scripts/wit-table.js makes of wit/*.wit now;
 // - against the core module jco extracted: every export and import has the
-//   core signature the binding derives from its WIT types, and every function
+//   core signature the binding derives from the table, and every function
 //   the core module exports is bound;
-// - against jco's generated glue on the same core module (generated/core.js,
-//   not shipped): every conformance vector's calls, through the step API and
-//   the driven API, give the same values and the same errors through both.
+// - against jco's generated glue on the same component (generated/core.js,
+//   not shipped): the same calls (sessions, exchanges stepped and driven,
+//   sweeps, migrations, every conformance vector once the vectors are in
+//   format 3) give the same values and the same errors through both.
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
+import { fileURLToPath } from "node:url";
 import { test } from "node:test";
 import { coreSignatures, instantiate as bind } from "../src/component.js";
+import { generate, render } from "../scripts/wit-table.js";
 import { sqliteLedger } from "../src/sqlite.js";
-import { doc } from "./helpers/vectors.js";
-import { batchErrorOf, headersOf, hexBytes, logEventOf, mutationOf, optionsOf, protocolErrorOf, ticketOf } from "./helpers/vector-json.js";
+import { FORMAT_3, doc } from "./helpers/vectors.js";
+import { dialectOf, eventOf, headOf, optionsOf, resultsOf, runExchange, runExchangeDriven, runSweep } from "./helpers/vector-json.js";
 import { freshDb, insertRows } from "./helpers/sqlite.js";
 
 const generated = (name) => new URL(`../generated/${name}`, import.meta.url);
 const coreBytes = readFileSync(generated("core.core.wasm"));
+
+test("generated/wit.js is the type table of wit/*.wit as it is now", () => {
+  const dir = fileURLToPath(new URL("../../../wit", import.meta.url));
+  assert.equal(readFileSync(generated("wit.js"), "utf8"), render(generate(dir), "wit/*.wit"), "run make -C bindings/js build");
+});
 
 /** The core module's imports and exports with their function types. */
 function coreFunctions(bytes) {
@@ -111,29 +120,61 @@ const { instantiate: jco } = await import(generated("core.js").href);
 const jcoModules = Object.fromEntries(
   [...new Set(readFileSync(generated("core.js"), "utf8").match(/core\.core\d*\.wasm/g))].map((n) => [n, new WebAssembly.Module(readFileSync(generated(n)))]),
 );
+const DISPOSE = Symbol.dispose ?? Symbol.for("dispose");
 
-/** A root of either binding, with an executor slot for the driven API. */
+/** A root of either binding, with an executor slot for the driven calls. */
 function root(instantiate) {
   const state = { executor: null };
   const ledger = {
     executeBatch(statements) {
-      try {
-        return state.executor(statements);
-      } catch (error) {
-        throw error.batchError ?? { tag: "host", val: String(error.message) };
-      }
+      if (state.executor === null) throw { tag: "host", val: "no executor" };
+      return state.executor(statements);
     },
   };
-  const r = instantiate((n) => jcoModules[n], { "idempotency:ledger/ledger": ledger, "idempotency:ledger/ledger@0.2.0": ledger });
-  return { ...r.session, state };
+  const r = instantiate((n) => jcoModules[n], { "idempotency:ledger/ledger": ledger });
+  return { ...r.session, Exchange: r.exchange.Exchange, state };
 }
 const ours = root(bind);
 const theirs = root(jco);
 
+/**
+ * A session of either binding with the surface the vector runners use
+ * (what src/runtime.js's Session offers, without the runtime).
+ */
+function sessionOn(r, config) {
+  const s = r.Session.open(config);
+  const sql = Object.fromEntries(r.queries(config.dialect).map((q) => [q.query, q.sql]));
+  return {
+    sql,
+    raw: s,
+    start(head, principal, now, mode) {
+      const started = s.start({ head, principal: principal ?? undefined, now: BigInt(now), mode });
+      const x = started.exchange;
+      return { action: started.action, exchange: x && { step: (n, e) => x.step(BigInt(n), e), drop: () => x[DISPOSE]() } };
+    },
+    sweep: (now) => s.sweep(BigInt(now)),
+    swept: (result) => s.swept(result),
+    drive(executor, fn) {
+      r.state.executor = (statements) => {
+        try {
+          return executor(statements);
+        } catch (error) {
+          throw error?.batchError ?? error;
+        }
+      };
+      try {
+        return fn();
+      } finally {
+        r.state.executor = null;
+      }
+    },
+  };
+}
+
 /** The value or the error a call gives, comparable across the bindings. */
-function outcome(fn) {
+async function outcome(fn) {
   try {
-    return { value: fn() };
+    return { value: await fn() };
   } catch (error) {
     if (error && Object.prototype.hasOwnProperty.call(error, "payload")) return { payload: error.payload };
     return { threw: error?.constructor?.name };
@@ -141,15 +182,14 @@ function outcome(fn) {
 }
 
 /** Runs `fn(rootOfOneBinding)` on both bindings; asserts the same outcome; returns it. */
-function same(what, fn) {
-  const a = outcome(() => fn(ours));
-  const b = outcome(() => fn(theirs));
+async function same(what, fn) {
+  const a = await outcome(() => fn(ours));
+  const b = await outcome(() => fn(theirs));
   assert.deepEqual(a, b, what);
   return a;
 }
 
-function configOf(r, v, dialect = "sqlite") {
-  const options = optionsOf(v.id, v.config ?? {});
+function configOf(r, options = {}, dialect = "sqlite") {
   const c = r.defaultConfig(options.profile ?? "recipe");
   const SETTINGS = {
     protectedMethods: "list", fingerprintHeaders: "list", replayHeaders: "list", pendingTtlMs: "big", retentionMs: "big", bodyCapBytes: "num",
@@ -164,128 +204,137 @@ function configOf(r, v, dialect = "sqlite") {
   return c;
 }
 
-const sessionOf = (r, v, dialect) => r.Session.open(configOf(r, v, dialect));
-const headOf = (v) => ({ method: v.method, pathAndQuery: v.path_and_query, headers: headersOf(v.headers) });
+/** A database per binding and scenario: the runners' `db` over a fresh better-sqlite3 file. */
+function fileDb(rows = []) {
+  const file = freshDb();
+  insertRows(file, rows);
+  const ledger = sqliteLedger(file);
+  const replaceRowsSync = (r) => {
+    file.prepare("DELETE FROM idempotency_keys").run();
+    insertRows(file, r);
+  };
+  return { batch: ledger.batch, batchSync: ledger.batchSync, replaceRowsSync, replaceRows: async (r) => replaceRowsSync(r) };
+}
 
-test("the same values and errors as jco's glue: defaults, schema, settings", () => {
-  for (const profile of ["recipe", "ietf", "other"]) same(`default-config ${profile}`, (r) => r.defaultConfig(profile));
-  for (const dialect of ["sqlite", "postgres"]) same(`schema ${dialect}`, (r) => r.schema(dialect));
-  for (const v of doc.config) {
-    same(v.id, (r) => {
-      const s = r.Session.open(configOf(r, { id: v.id, config: { profile: v.profile, ...v.overrides } }));
-      return [s.config(), s.policy(), s.bodyTooLarge()];
+const T = 1_767_225_600_000;
+const keyed = (key, extra = []) => ({ method: "POST", path_and_query: "/orders", headers: [["Idempotency-Key", key], ["Content-Type", "application/json"], ...extra], principal: "acct", now: T });
+
+/**
+ * A scripted exchange in the vectors' shape (only what the runners read):
+ * `feeds` are events in the vectors' spelling, or "db" for "run this batch
+ * on the database".
+ */
+const scripted = (id, options, request, feeds) => ({
+  id,
+  options,
+  database: true,
+  rows: [],
+  request,
+  steps: [...feeds.map((feed, i) => (feed === "db" ? { expect: {}, now: T + i } : { expect: {}, now: T + i, feed })), { expect: {} }],
+});
+
+const answered = (status, body, headers = [["Content-Type", "application/json"], ["X-Frame-Options", "DENY"], ["Set-Cookie", "s=1"]]) => ({ "handler-done": { answered: { status, headers, body_text: body } } });
+const body = (text) => ({ body: Buffer.from(text).toString("hex") });
+const SCENARIOS = [
+  scripted("fresh", {}, keyed("k1"), [body("{}"), "db", answered(201, '{"id":1}'), "db"]),
+  scripted("fresh-bytes", {}, keyed("k2"), [body("{}"), "db", { "handler-done": { answered: { status: 200, headers: [], body_hex: "6f6bff" } } }, "db"]),
+  scripted("too-big-response", { bodyCapBytes: 4 }, keyed("k3"), [body("{}"), "db", answered(201, "0123456789"), "db"]),
+  scripted("ietf-too-big", { profile: "ietf", bodyCapBytes: 4 }, keyed('"k4"'), [body("{}"), "db", answered(201, "0123456789"), "db"]),
+  scripted("raised", {}, keyed("k5"), [body("{}"), "db", { "handler-done": { raised: "boom" } }]),
+  scripted("raised-release", { onServerError: "release" }, keyed("k6"), [body("{}"), "db", { "handler-done": { raised: "boom" } }, "db"]),
+  scripted("nothing-changed", {}, keyed("k7"), [body("{}"), "db", { "handler-done": { "nothing-changed": null } }, "db"]),
+  scripted("declined", {}, keyed("k8"), [body("{}"), "db", { "handler-done": { declined: null } }, "db"]),
+  scripted("too-large", {}, keyed("k9"), [{ "body-too-large": null }]),
+  ...["length-unknown", "incomplete", "consumed"].map((p) => scripted(`unreadable-${p}`, {}, keyed("k10"), [{ "body-unreadable": p }])),
+  scripted("hashed-not-hex", {}, keyed("k11"), [{ "body-hashed": "nope" }]),
+  scripted("out-of-order", {}, keyed("k12"), [{ slept: null }]),
+  scripted("declared-too-large", { requestBodyCapBytes: 4 }, keyed("k13", [["Content-Length", "5"]]), []),
+  scripted("no-principal", {}, { ...keyed("k14"), principal: null }, []),
+  scripted("long-principal", {}, { ...keyed("k15"), principal: "p".repeat(5000) }, []),
+  scripted("no-key", {}, { ...keyed("x"), headers: [] }, []),
+  scripted("unprotected", {}, { ...keyed("k16"), method: "GET" }, []),
+  scripted("unicode", {}, keyed("k17", [["X-Api-Version", "é".repeat(3000) + "😀\ud800"]]), [body("é".repeat(40_000)), "db", answered(201, "日本".repeat(100)), "db"]),
+  ...[
+    { kind: "database", code: "SQLITE_BUSY", message: "database is locked" },
+    { kind: "database", code: null, message: "D1_ERROR: Network connection lost." },
+    { kind: "pool-exhausted", message: "p" },
+    { kind: "unreachable", message: "u" },
+    { kind: "outcome-unknown", message: "o" },
+    { kind: "host", message: "h" },
+  ].flatMap((e, i) => [
+    scripted(`decision-failed-${i}`, {}, keyed(`kf${i}`), [body("{}"), { "batch-failed": e }]),
+    scripted(`completion-failed-${i}`, {}, keyed(`kc${i}`), [body("{}"), "db", answered(201, "{}"), { "batch-failed": e }]),
+  ]),
+  scripted("malformed-results", {}, keyed("k18"), [body("{}"), { "batch-done": [{ rows: [[null, -9007199254740991, { real: -0.5 }, "ü", { blob: "00ff" }]], changes: 3 }] }]),
+];
+
+test("the same values and errors as jco's glue: defaults, schema, queries, settings", async () => {
+  for (const profile of ["recipe", "ietf", "other"]) await same(`default-config ${profile}`, (r) => r.defaultConfig(profile));
+  for (const dialect of ["sqlite", "postgres", "other"]) {
+    await same(`schema ${dialect}`, (r) => r.schema(dialect));
+    await same(`queries ${dialect}`, (r) => r.queries(dialect));
+  }
+  for (const options of [{}, { profile: "ietf" }, { pendingTtlMs: 0 }, { replayHeaders: ["set-cookie"] }, { waitMs: 99_999 }, { protectedMethods: ["P O S T"] }]) {
+    await same(`open ${JSON.stringify(options)}`, (r) => {
+      const s = r.Session.open(configOf(r, options));
+      return [s.config(), s.protectedMethods(), s.fault(), s.migration(), s.sweep(T)];
     });
   }
-  // values the core or the binding refuses
   // One deliberate difference: jco stores an integer out of its WIT type's
   // range modulo 2^bits (a sweep batch of -1 became 4294967295, a TTL of 2^64
   // ms became 0, a `now` of 2^63 became -2^63); this binding refuses it
   // (TypeError), as it refuses any value of the wrong type.
-  assert.equal(outcome(() => ours.Session.open({ ...ours.defaultConfig("recipe"), sweepBatch: -1 })).threw, "TypeError");
-  assert.equal(outcome(() => ours.Session.open({ ...ours.defaultConfig("recipe"), pendingTtlMs: 2n ** 64n })).threw, "TypeError");
-  assert.equal(outcome(() => ours.Session.open(ours.defaultConfig("recipe")).planSweep(2n ** 63n)).threw, "TypeError");
-  same("not a string", (r) => r.Session.open({ ...r.defaultConfig("recipe"), protectedMethods: [1] }));
-  same("unknown enum", (r) => r.Session.open({ ...r.defaultConfig("recipe"), dialect: "mysql" }));
-});
-
-test("the same values and errors as jco's glue: every non-database vector", () => {
-  for (const v of doc.fingerprint) {
-    same(v.id, (r) => {
-      const s = sessionOf(r, v);
-      return [s.fingerprintPrefix(headOf(v)), s.fingerprint(headOf(v), hexBytes(v.body_hex))];
-    });
-  }
-  for (const v of doc.admission) same(v.id, (r) => sessionOf(r, v).admit(headOf(v), v.principal ?? undefined));
-  for (const v of doc.classify) same(v.id, (r) => r.Session.open({ ...r.defaultConfig("recipe"), dialect: v.dialect }).classify(batchErrorOf(v.error)));
-  for (const v of doc.error) same(v.id, (r) => sessionOf(r, v).errorResponse(protocolErrorOf(v.error)));
-  for (const v of doc.log) same(v.id, (r) => sessionOf(r, v).logLine(logEventOf(v.event)));
-  same("unicode and long strings", (r) => {
+  assert.equal((await outcome(() => ours.Session.open({ ...ours.defaultConfig("recipe"), sweepBatch: -1 }))).threw, "TypeError");
+  assert.equal((await outcome(() => ours.Session.open({ ...ours.defaultConfig("recipe"), pendingTtlMs: 2n ** 64n }))).threw, "TypeError");
+  assert.equal((await outcome(() => ours.Session.open(ours.defaultConfig("recipe")).sweep(2n ** 63n))).threw, "TypeError");
+  await same("not a string", (r) => r.Session.open({ ...r.defaultConfig("recipe"), protectedMethods: [1] }));
+  await same("unknown enum", (r) => r.Session.open({ ...r.defaultConfig("recipe"), dialect: "mysql" }));
+  await same("an event of no known kind", (r) => {
     const s = r.Session.open(r.defaultConfig("recipe"));
-    const long = "é".repeat(5000) + "😀" + "\ud800" + "x".repeat(70);
-    const head = { method: "post", pathAndQuery: `/o?q=${long}`, headers: [{ name: "content-type", value: long }, { name: "idempotency-key", value: "k" }] };
-    return [s.admit(head, "p"), s.fingerprintPrefix(head), s.fingerprint(head, new Uint8Array(70_000).fill(7))];
+    const { exchange } = s.start({ head: headOf(keyed("k")), principal: "p", now: 1n, mode: "stepped" });
+    return exchange.step(1n, { tag: "nope" });
   });
 });
 
-test("the same values and errors as jco's glue: the database vectors, step and driven", () => {
-  let ran = 0;
-  for (const kind of ["decision", "completion", "abandon", "sweep"]) {
-    for (const v of doc[kind]) {
-      // one database per binding and way, with the vector's rows
-      const dbs = new Map();
-      const dbFor = (r, way) => {
-        const k = `${r === ours ? "ours" : "theirs"} ${way}`;
-        if (!dbs.has(k)) {
-          const db = freshDb();
-          insertRows(db, v.rows);
-          dbs.set(k, sqliteLedger(db));
-        }
-        return dbs.get(k);
-      };
-      const steps = (r) => {
-        const s = sessionOf(r, v);
-        const run = (statements) => dbFor(r, "steps").batchSync(statements);
-        if (kind === "decision") {
-          const plan = s.planDecision(v.principal, v.key, v.fingerprint, BigInt(v.now));
-          return [plan, s.decide(v.principal, v.key, v.fingerprint, BigInt(v.now), BigInt(v.waiting_since), run(plan))];
-        }
-        if (kind === "completion") {
-          const plan = s.planCompletion(ticketOf(v.ticket), mutationOf(v.response), BigInt(v.now));
-          return [plan, s.finishCompletion(plan.action, run(plan.statements))];
-        }
-        if (kind === "abandon") {
-          const plan = s.planAbandon(ticketOf(v.ticket), v.reason);
-          return [plan, plan ? s.finishRelease(run(plan)) : null];
-        }
-        const plan = s.planSweep(BigInt(v.now));
-        return [plan, s.finishSweep(run(plan))];
-      };
-      const driven = (r) => {
-        const s = sessionOf(r, v);
-        r.state.executor = (statements) => dbFor(r, "driven").batchSync(statements);
-        try {
-          if (kind === "decision") return s.runDecision(v.principal, v.key, v.fingerprint, BigInt(v.now), BigInt(v.waiting_since));
-          if (kind === "completion") return s.runCompletion(ticketOf(v.ticket), mutationOf(v.response), BigInt(v.now));
-          if (kind === "abandon") return s.runAbandon(ticketOf(v.ticket), v.reason);
-          return s.runSweep(BigInt(v.now));
-        } finally {
-          r.state.executor = null;
-        }
-      };
-      same(`${v.id} (steps)`, steps);
-      same(`${v.id} (driven)`, driven);
-      ran++;
-    }
+test("the same values and errors as jco's glue: exchanges stepped and driven, sweeps, migrations", async () => {
+  const cases = [...SCENARIOS, ...(FORMAT_3 ? doc.exchange : [])];
+  for (const v of cases) {
+    const opts = v.options ?? optionsOf(v.id, v.config);
+    const dialect = v.options ? "sqlite" : dialectOf(v, "sqlite");
+    const stepped = (r) => runExchange(v, sessionOn(r, configOf(r, opts, dialect)), { db: v.database ? fileDb(v.rows) : null });
+    const driven = (r) => runExchangeDriven(v, sessionOn(r, configOf(r, opts, dialect)), v.database ? fileDb(v.rows) : null);
+    const a = await same(`${v.id} (stepped)`, stepped);
+    assert.ok(a.value?.length > 0, `${v.id}: ran`);
+    if (!v.stepped_only) await same(`${v.id} (driven)`, driven);
   }
-  assert.equal(ran, doc.counts.decision + doc.counts.completion + doc.counts.abandon + doc.counts.sweep);
-});
-
-test("the same values and errors as jco's glue: every SQL value kind, batch errors and bad results", () => {
-  const values = [{ tag: "null" }, { tag: "integer", val: -(2n ** 63n) }, { tag: "integer", val: 2n ** 63n - 1n }, { tag: "real", val: -0.5 }, { tag: "text", val: "ü" }, { tag: "blob", val: new Uint8Array([0, 255]) }];
-  const results = [{ rows: [values, []], changes: 2n ** 64n - 1n }];
-  same("decide on every value kind (malformed for the decision)", (r) => r.Session.open(r.defaultConfig("recipe")).decide("p", "k", "a".repeat(64), 1n, 1n, results));
-  same("finish-sweep on every value kind", (r) => r.Session.open(r.defaultConfig("recipe")).finishSweep(results));
-  same("a list in place of a record", (r) => r.Session.open(r.defaultConfig("recipe")).finishSweep([[]]));
-  for (const error of [
-    { tag: "database", val: { code: "40001", message: "serialization" } },
-    { tag: "database", val: { message: "D1_ERROR: no code" } },
-    { tag: "pool-exhausted", val: "p" },
-    { tag: "unreachable", val: "u" },
-    { tag: "outcome-unknown", val: "o" },
-    { tag: "host", val: "h" },
-  ]) {
-    same(`driven call with the batch failing: ${error.tag}`, (r) => {
-      const s = r.Session.open({ ...r.defaultConfig("recipe"), dialect: "postgres" });
-      r.state.executor = () => {
-        throw Object.assign(new Error("failed"), { batchError: error });
-      };
-      try {
-        return s.runSweep(1_000_000_000_000n);
-      } finally {
-        r.state.executor = null;
-      }
+  for (const v of FORMAT_3 ? doc.sweep : []) {
+    await same(`${v.id}`, (r) => runSweep(v, sessionOn(r, configOf(r, optionsOf(v.id, v.config))), fileDb(v.rows)));
+  }
+  const expired = Array.from({ length: 3 }, (_, i) => ({
+    principal: "p", key: `k${i}`, fingerprint: "f".repeat(64), status: "completed", generation: 1, response_status: 201, response_body: "{}", response_headers: "{}", created_at: 0, updated_at: 0,
+  }));
+  await same("sweep and swept", (r) => runSweep({ now: T, feed: undefined }, sessionOn(r, configOf(r, { sweepBatch: 2 })), fileDb(expired)));
+  await same("swept, every value kind", (r) => sessionOn(r, configOf(r)).swept({ tag: "ok", val: resultsOf([{ rows: [[null, 1, { real: 1.5 }, "t", { blob: "00" }]], changes: 2 ** 53 - 1 }]) }));
+  for (const e of [{ kind: "database", code: "40001", message: "serialization" }, { kind: "pool-exhausted", message: "p" }, { kind: "host", message: "h" }]) {
+    await same(`swept, failed: ${e.kind}`, (r) => sessionOn(r, configOf(r, {}, "postgres")).swept({ tag: "err", val: eventOf({ "batch-failed": e }).val }));
+    await same(`run-sweep and migrate driven, failing: ${e.kind}`, (r) => {
+      const s = sessionOn(r, configOf(r, {}, "postgres"));
+      return s.drive(() => {
+        throw eventOf({ "batch-failed": e }).val;
+      }, () => [s.raw.runSweep(1n), (() => {
+        try {
+          return s.raw.migrate();
+        } catch (error) {
+          return { payload: error.payload };
+        }
+      })()]);
     });
   }
+  await same("migrate driven on a file", (r) => {
+    const s = sessionOn(r, configOf(r));
+    const db = fileDb();
+    return s.drive((statements) => db.batchSync(statements.map((x) => ({ sql: s.sql[x.query], params: x.params }))), () => s.raw.migrate());
+  });
 });
 
 test("a trap or a failing ledger import leaves the instance unusable (the runtime then discards it)", () => {
@@ -293,6 +342,6 @@ test("a trap or a failing ledger import leaves the instance unusable (the runtim
   const s = r.Session.open(r.defaultConfig("recipe"));
   r.state.executor = () => [{ rows: [[{ tag: "nope" }]], changes: 0n }]; // not a WIT value: the import cannot lower it
   assert.throws(() => s.runSweep(1n), WebAssembly.RuntimeError);
-  assert.throws(() => s.planSweep(1n), WebAssembly.RuntimeError, "not entered again");
+  assert.throws(() => s.sweep(1n), WebAssembly.RuntimeError, "not entered again");
   assert.throws(() => r.Session.open(r.defaultConfig("recipe")), WebAssembly.RuntimeError);
 });

@@ -1,62 +1,73 @@
-// The database kinds of the vectors (decision, completion, abandon, sweep) on
+// The exchange vectors that touch a database, and the sweep vectors, on
 // PostgreSQL through the package's pg adapter (`postgres` dialect, one
-// transaction per batch in one round trip). One schema, emptied before each
-// vector. Rows only SQLite's dynamic typing admits (a text in a BIGINT
-// column) cannot be arranged: exactly POSTGRES_UNREPRESENTABLE, counted.
+// transaction per batch in one round trip), stepped. One schema, emptied
+// before each vector (every row of the vectors fits PostgreSQL's columns).
 import assert from "node:assert/strict";
-import { after, before, test } from "node:test";
+import { after, before, describe, test } from "node:test";
 import { getCore, migrate } from "../src/node.js";
 import { pgLedger } from "../src/pg.js";
-import { doc, sessionOf } from "./helpers/vectors.js";
-import { DATABASE_KINDS, checkFields, runDatabaseVector } from "./helpers/vector-json.js";
+import { SKIP_VECTORS, doc, sessionOf } from "./helpers/vectors.js";
+import { checkFields, runExchange, runSweep } from "./helpers/vector-json.js";
 import { SKIP_PG, freshSchema, insertPgRows, pgRows } from "./helpers/pg.js";
 
-const POSTGRES_UNREPRESENTABLE = ["decision-035"];
 const core = getCore();
-let pg;
-let ledgerDb;
 
-before(async () => {
-  if (SKIP_PG) return;
-  pg = await freshSchema({ max: 2 });
-  ledgerDb = pgLedger(pg.pool);
-  await migrate(pg.pool);
-});
-after(async () => {
-  await pg?.dispose();
-});
+describe("vectors on PostgreSQL", { skip: SKIP_PG || SKIP_VECTORS }, () => {
+  let pg;
+  let ledgerDb;
+  before(async () => {
+    pg = await freshSchema({ max: 2 });
+    ledgerDb = pgLedger(pg.pool);
+    await migrate(pg.pool);
+  });
+  after(async () => {
+    await pg?.dispose();
+  });
 
-for (const kind of DATABASE_KINDS) {
-  test(`${kind} vectors on PostgreSQL (${doc.counts[kind]})`, { skip: SKIP_PG }, async () => {
+  /** Replaces the table's rows. */
+  async function replaceRows(rows) {
+    await pg.admin.query(`DELETE FROM "${pg.schema}".idempotency_keys`);
+    const client = await pg.pool.connect();
+    try {
+      await insertPgRows(client, rows);
+    } finally {
+      client.release();
+    }
+  }
+  async function table() {
+    const c = await pg.pool.connect();
+    try {
+      return await pgRows(c);
+    } finally {
+      c.release();
+    }
+  }
+  const db = { batch: (statements) => ledgerDb.batch(statements), replaceRows };
+
+  test(`exchange vectors with a database, on PostgreSQL (${doc.exchange?.filter((v) => v.database).length})`, async () => {
     let ran = 0;
-    const unrepresentable = [];
-    for (const v of doc[kind]) {
-      checkFields(kind, v);
-      await pg.admin.query(`DELETE FROM "${pg.schema}".idempotency_keys`);
-      const client = await pg.pool.connect();
-      try {
-        await insertPgRows(client, v.rows);
-      } catch (error) {
-        unrepresentable.push(v.id);
-        assert.ok(POSTGRES_UNREPRESENTABLE.includes(v.id), `${v.id}: rows not representable in PostgreSQL: ${error.message}`);
-        continue;
-      } finally {
-        client.release();
-      }
-      const session = sessionOf(core, v, "postgres");
-      const { got, expect } = await runDatabaseVector(kind, v, session, ledgerDb, "steps");
-      assert.deepEqual(got, expect, `${v.id} (PostgreSQL): ${v.spec}`);
-      const c = await pg.pool.connect();
-      try {
-        const rows = await pgRows(c);
-        if (kind === "sweep") assert.equal(rows.length, v.expect.remaining, `${v.id}: remaining`);
-        if (v.rows_after !== null) assert.deepEqual(rows, v.rows_after, `${v.id} (PostgreSQL): rows after`);
-      } finally {
-        c.release();
-      }
+    for (const v of doc.exchange) {
+      checkFields("exchange", v);
+      if (!v.database) continue;
+      await replaceRows(v.rows);
+      const got = await runExchange(v, sessionOf(core, v, "postgres"), { db });
+      assert.deepEqual(got, v.steps.map((s) => s.expect), `${v.id} (PostgreSQL): ${v.spec}`);
+      if (v.rows_after !== null) assert.deepEqual(await table(), v.rows_after, `${v.id} (PostgreSQL): rows after`);
       ran++;
     }
-    assert.deepEqual(unrepresentable, POSTGRES_UNREPRESENTABLE.filter((id) => id.startsWith(kind)));
-    assert.equal(ran + unrepresentable.length, doc.counts[kind], `${kind}: vectors run + unrepresentable != counts`);
+    assert.equal(ran, doc.exchange.filter((v) => v.database).length);
+    assert.ok(ran > 0, "the vectors hold database exchanges");
   });
-}
+
+  test(`sweep vectors on PostgreSQL (${doc.counts?.sweep})`, async () => {
+    let ran = 0;
+    for (const v of doc.sweep) {
+      checkFields("sweep", v);
+      await replaceRows(v.rows);
+      assert.deepEqual(await runSweep(v, sessionOf(core, v, "postgres"), ledgerDb), v.expect, `${v.id} (PostgreSQL): ${v.spec}`);
+      if (v.rows_after !== null) assert.deepEqual(await table(), v.rows_after, `${v.id} (PostgreSQL): rows after`);
+      ran++;
+    }
+    assert.equal(ran, doc.counts.sweep, "sweep: vectors run != counts");
+  });
+});
