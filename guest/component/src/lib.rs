@@ -77,7 +77,7 @@ impl wit_session::GuestSession for Session {
             path_and_query: request.head.path_and_query,
             headers: headers_in(request.head.headers),
         };
-        let (action, exchange) = self.0.start(&head, request.principal.as_deref());
+        let (action, exchange) = self.0.start(&head, request.principal.as_deref(), request.transactional);
         let driven = matches!(request.mode, wit_exchange::IoMode::Driven);
         let exchange = exchange
             .map(|exchange| wit_exchange::Exchange::new(Exchange { session: self.0.clone(), driven, state: RefCell::new(exchange) }));
@@ -110,6 +110,24 @@ impl wit_session::GuestSession for Session {
 
     fn run_sweep(&self, now: i64) -> wit::SweepReport {
         sweep_report_out(self.0.run_sweep(&mut ImportedLedger, now))
+    }
+
+    fn renewal(&self, ticket: wit::Ticket, now: i64) -> Vec<wit_ledger::Statement> {
+        // An invalid ticket (a host bug) renews nothing.
+        self.0.plan_renewal(&ticket_in(ticket), now).map(|s| s.iter().map(statement_out).collect()).unwrap_or_default()
+    }
+
+    fn renewed(&self, ticket: wit::Ticket, batch: Result<Vec<wit_ledger::StatementResult>, wit_ledger::BatchError>) -> wit::Lease {
+        let ticket = ticket_in(ticket);
+        let lease = match batch {
+            Ok(results) => self.0.renewed(&ticket, Ok(&results.into_iter().map(result_in).collect::<Vec<_>>())),
+            Err(error) => self.0.renewed(&ticket, Err(&batch_error_in(error))),
+        };
+        lease_out(lease)
+    }
+
+    fn renew(&self, ticket: wit::Ticket, now: i64) -> wit::Lease {
+        lease_out(self.0.renew(&mut ImportedLedger, &ticket_in(ticket), now))
     }
 }
 
@@ -154,6 +172,7 @@ fn config_in(c: wit::Config) -> core::Config {
             wit::OnServerError::Store => core::OnServerError::Store,
             wit::OnServerError::Release => core::OnServerError::Release,
         },
+        lease_renewal: c.lease_renewal,
     }
 }
 
@@ -184,6 +203,7 @@ fn config_out(c: core::Config) -> wit::Config {
             core::OnServerError::Store => wit::OnServerError::Store,
             core::OnServerError::Release => wit::OnServerError::Release,
         },
+        lease_renewal: c.lease_renewal,
     }
 }
 
@@ -207,6 +227,19 @@ fn headers_in(headers: Vec<wit::Header>) -> Vec<core::Header> {
 
 fn headers_out(headers: Vec<core::Header>) -> Vec<wit::Header> {
     headers.into_iter().map(|h| wit::Header { name: h.name, value: h.value }).collect()
+}
+
+fn ticket_in(t: wit::Ticket) -> core::Ticket {
+    core::Ticket { principal: t.principal, key: t.key, fingerprint: t.fingerprint, generation: t.generation, created_at: t.created_at }
+}
+
+fn lease_out(l: core::Lease) -> wit::Lease {
+    let state = match l.state {
+        core::LeaseState::Held => wit::LeaseState::Held,
+        core::LeaseState::Lost => wit::LeaseState::Lost,
+        core::LeaseState::Unknown => wit::LeaseState::Unknown,
+    };
+    wit::Lease { state, log: l.log.map(log_line_out) }
 }
 
 fn ticket_out(t: core::Ticket) -> wit::Ticket {
@@ -289,6 +322,8 @@ fn query_out(q: core::Query) -> wit_ledger::Query {
         core::Query::Complete => wit_ledger::Query::Complete,
         core::Query::Release => wit_ledger::Query::Release,
         core::Query::Sweep => wit_ledger::Query::Sweep,
+        core::Query::Renew => wit_ledger::Query::Renew,
+        core::Query::Fence => wit_ledger::Query::Fence,
     }
 }
 
@@ -325,6 +360,9 @@ fn event_in(e: wit_exchange::Event) -> core::Event {
         E::BatchDone(results) => core::Event::BatchDone(results.into_iter().map(result_in).collect()),
         E::BatchFailed(error) => core::Event::BatchFailed(batch_error_in(error)),
         E::Slept => core::Event::Slept,
+        E::Committed => core::Event::Committed,
+        E::CommitFailed(error) => core::Event::CommitFailed(batch_error_in(error)),
+        E::RolledBack => core::Event::RolledBack,
         E::HandlerDone(result) => core::Event::HandlerDone(match result {
             wit_exchange::HandlerResult::Answered(response) => core::HandlerResult::Answered(mutation_in(response)),
             wit_exchange::HandlerResult::Raised(detail) => core::HandlerResult::Raised(detail),
@@ -340,7 +378,14 @@ fn action_out(a: core::Action) -> wit_exchange::Action {
         core::Action::ReadBody(r) => A::ReadBody(wit_exchange::ReadBody { cap: r.cap, prefix: r.prefix }),
         core::Action::RunBatch(statements) => A::RunBatch(statements.iter().map(statement_out).collect()),
         core::Action::Sleep(ms) => A::Sleep(ms),
-        core::Action::RunHandler(ticket) => A::RunHandler(ticket_out(ticket)),
+        core::Action::RunHandler(run) => A::RunHandler(wit_exchange::HandlerRun {
+            ticket: ticket_out(run.ticket),
+            renew_every_ms: run.renew_every_ms,
+            transaction: run.transaction,
+        }),
+        core::Action::CompleteInTransaction(statements) => A::CompleteInTransaction(statements.iter().map(statement_out).collect()),
+        core::Action::Commit => A::Commit,
+        core::Action::Rollback => A::Rollback,
         core::Action::PassThrough => A::PassThrough,
         core::Action::Respond(reply) => A::Respond(reply_out(reply)),
         core::Action::Propagate(failure) => A::Propagate(wit_exchange::Failure {
@@ -392,6 +437,7 @@ fn outcome_out(o: core::Outcome) -> wit::Outcome {
         O::Abandoned => wit::Outcome::Abandoned,
         O::FencedOut => wit::Outcome::FencedOut,
         O::CompletionFailed => wit::Outcome::CompletionFailed,
+        O::RolledBack => wit::Outcome::RolledBack,
         O::LedgerBusy => wit::Outcome::LedgerBusy,
         O::LedgerFailed => wit::Outcome::LedgerFailed,
         O::LedgerOutcomeUnknown => wit::Outcome::LedgerOutcomeUnknown,

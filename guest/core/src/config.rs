@@ -67,6 +67,8 @@ pub struct Config {
     /// How long a duplicate waits for an in-progress first request.
     pub wait_ms: u64,
     pub on_server_error: OnServerError,
+    /// A running owner renews its reservation every third of the TTL.
+    pub lease_renewal: bool,
 }
 
 impl Default for Config {
@@ -100,6 +102,7 @@ impl Config {
             in_progress_retry_ms: Some(DEFAULT_IN_PROGRESS_RETRY_MS),
             wait_ms: 0,
             on_server_error: OnServerError::Store,
+            lease_renewal: true,
         }
     }
 
@@ -160,6 +163,12 @@ impl Config {
             ));
         }
         Ok(())
+    }
+
+    /// How often a running owner renews its lease: a third of the TTL, so
+    /// two renewals can fail before a live owner's row goes stale.
+    pub fn renew_every_ms(&self) -> Option<u32> {
+        self.lease_renewal.then(|| (self.pending_ttl_ms / 3).clamp(1, u64::from(u32::MAX)) as u32)
     }
 
     pub(crate) fn ttl(&self) -> i64 {

@@ -41,6 +41,20 @@ impl Session {
         ledger.execute_batch(&self.migration()).map(|_| ()).map_err(|e| ProtocolError::Ledger(self.classify(&e)))
     }
 
+    /// One lease renewal through `ledger`.
+    pub fn renew(&self, ledger: &mut impl Ledger, ticket: &crate::Ticket, now: i64) -> crate::Lease {
+        match self.plan_renewal(ticket, now) {
+            Ok(statements) => match ledger.execute_batch(&statements) {
+                Ok(results) => self.renewed(ticket, Ok(&results)),
+                Err(error) => self.renewed(ticket, Err(&error)),
+            },
+            Err(error) => crate::Lease {
+                state: crate::LeaseState::Unknown,
+                log: Some(self.log_line(&crate::LogEvent::RenewalFailed { ticket: ticket.clone(), error })),
+            },
+        }
+    }
+
     /// One bounded sweep batch through `ledger`.
     pub fn run_sweep(&self, ledger: &mut impl Ledger, now: i64) -> SweepReport {
         let statements = self.plan_sweep(now);

@@ -20,8 +20,8 @@ use crate::machine::Session;
 use crate::responses;
 use crate::types::{
     AbandonReason, Admission, Answer, BatchError, CompletionAction, CompletionOutcome, Decision, LedgerError, LogEvent,
-    LogLine, MutationResponse, Outcome, ProtocolError, Rejection, RejectionReason, RequestHead, Response, Statement,
-    StatementResult, Ticket,
+    LogLine, MutationResponse, Outcome, ProtocolError, Rejection, RejectionReason, RequestHead, Response, RollbackCause,
+    Statement, StatementResult, Ticket,
 };
 
 /// Read the body (at most `cap` bytes), then feed [`Event::Body`] or
@@ -53,6 +53,16 @@ pub enum HandlerResult {
     Declined,
 }
 
+/// How to run the handler.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HandlerRun {
+    pub ticket: Ticket,
+    /// Renew the lease this often while the handler runs; `None`: off.
+    pub renew_every_ms: Option<u32>,
+    /// Run the handler inside a transaction on the ledger's database.
+    pub transaction: bool,
+}
+
 /// What happened since the last action.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
@@ -63,6 +73,9 @@ pub enum Event {
     BatchDone(Vec<StatementResult>),
     BatchFailed(BatchError),
     Slept,
+    Committed,
+    CommitFailed(BatchError),
+    RolledBack,
     HandlerDone(HandlerResult),
 }
 
@@ -76,6 +89,9 @@ impl Event {
             Event::BatchDone(_) => "batch-done",
             Event::BatchFailed(_) => "batch-failed",
             Event::Slept => "slept",
+            Event::Committed => "committed",
+            Event::CommitFailed(_) => "commit-failed",
+            Event::RolledBack => "rolled-back",
             Event::HandlerDone(_) => "handler-done",
         }
     }
@@ -108,7 +124,11 @@ pub enum Action {
     ReadBody(ReadBody),
     RunBatch(Vec<Statement>),
     Sleep(u32),
-    RunHandler(Ticket),
+    RunHandler(HandlerRun),
+    /// Run the fenced completion inside the handler's transaction.
+    CompleteInTransaction(Vec<Statement>),
+    Commit,
+    Rollback,
     /// Final: run the handler without the ledger, send its response as it is.
     PassThrough,
     /// Final.
@@ -144,8 +164,34 @@ enum State {
     Sleeping(Claim),
     Running(Ticket),
     Completing { ticket: Ticket, action: CompletionAction, answer: Answer, log: Vec<LogLine>, sweep_due: bool },
-    Releasing { ticket: Ticket, reason: AbandonReason, detail: String },
+    /// SPEC 10: a transactional completion, inside the handler's transaction.
+    CompletingInTransaction { ticket: Ticket, answer: Answer, log: Vec<LogLine>, sweep_due: bool },
+    Committing { ticket: Ticket, answer: Answer, log: Vec<LogLine>, sweep_due: bool },
+    RollingBack { ticket: Ticket, then: AfterRollback },
+    /// After a fenced-out transactional completion: the current owner's answer.
+    LookingUp(Ticket),
+    Releasing { ticket: Ticket, ending: Ending },
     Done,
+}
+
+/// What follows a transactional handler's rollback.
+#[derive(Debug)]
+enum AfterRollback {
+    /// Fenced out: answer with the current owner's stored answer or a 409.
+    Lookup,
+    /// Release the reservation, then end as `Ending` says.
+    Release(Ending),
+}
+
+/// How a handler that leaves no stored response ends, once its release ran.
+#[derive(Debug)]
+enum Ending {
+    /// Abandoned: raised, changed nothing, or declined by the framework.
+    Abandoned { reason: AbandonReason, detail: String },
+    /// A 5xx of a transactional handler under `on-server-error: release`.
+    ServerError,
+    /// A transactional handler's transaction was rolled back.
+    RolledBack(RollbackCause),
 }
 
 impl State {
@@ -156,6 +202,10 @@ impl State {
             State::Sleeping(_) => "sleeping",
             State::Running(_) => "running the handler",
             State::Completing { .. } => "completing",
+            State::CompletingInTransaction { .. } => "completing in the handler's transaction",
+            State::Committing { .. } => "committing",
+            State::RollingBack { .. } => "rolling back",
+            State::LookingUp(_) => "looking up the current owner's answer",
             State::Releasing { .. } => "releasing",
             State::Done => "done",
         }
@@ -166,13 +216,15 @@ impl State {
 #[derive(Debug)]
 pub struct Exchange {
     state: State,
+    /// The handler's writes commit with its completion (SPEC 10).
+    transactional: bool,
 }
 
 impl Session {
     /// Starts a request: pass-through, an answer at once (401, 400, 413, or
     /// a 500 for a principal the core refuses), or `read-body` and the
     /// exchange to feed next.
-    pub fn start(&self, head: &RequestHead, principal: Option<&str>) -> (Action, Option<Exchange>) {
+    pub fn start(&self, head: &RequestHead, principal: Option<&str>, transactional: bool) -> (Action, Option<Exchange>) {
         match self.admit(head, principal) {
             Ok(Admission::PassThrough) => (Action::PassThrough, None),
             Ok(Admission::Reject(rejection)) => (rejected(rejection), None),
@@ -186,7 +238,7 @@ impl Session {
                     key: protected.key,
                     prefix: protected.fingerprint_prefix,
                 };
-                (action, Some(Exchange { state }))
+                (action, Some(Exchange { state, transactional }))
             }
             Err(error) => {
                 let log = vec![self.log_line(&LogEvent::PrincipalInvalid { error: error.clone() })];
@@ -238,7 +290,8 @@ impl Exchange {
                 match decided {
                     Ok(Decision::Execute(ticket)) => {
                         self.state = State::Running(ticket.clone());
-                        Action::RunHandler(ticket)
+                        let renew_every_ms = session.config().renew_every_ms();
+                        Action::RunHandler(HandlerRun { ticket, renew_every_ms, transaction: self.transactional })
                     }
                     Ok(Decision::Replay(response)) => {
                         let outcome = if claim.waited { Outcome::ReplayedAfterWait } else { Outcome::Replayed };
@@ -271,13 +324,64 @@ impl Exchange {
                 completion_failed(session, ticket, answer, log, ProtocolError::Ledger(session.classify(&error)))
             }
 
-            // ---- release (SPEC 9.3) ----
-            (State::Releasing { ticket, reason, detail }, Event::BatchDone(results)) => match session.finish_release(&results) {
-                Ok(released) => abandoned(session, ticket, reason, detail, released),
-                Err(error) => release_failed(session, ticket, reason, error),
+            // ---- a transactional completion (SPEC 10) ----
+            (State::CompletingInTransaction { ticket, answer, log, sweep_due }, Event::BatchDone(results)) => {
+                let completion = match results.as_slice() {
+                    [completion, _fence] => session.finish_completion(CompletionAction::Store, core::slice::from_ref(completion)),
+                    other => Err(ProtocolError::MalformedResult(format!("transactional completion: expected 2 results, got {}", other.len()))),
+                };
+                match completion {
+                    Ok(CompletionOutcome::Stored) => {
+                        self.state = State::Committing { ticket, answer, log, sweep_due };
+                        Action::Commit
+                    }
+                    // The fence aborts a completion that matched no row; reaching here means it did not.
+                    Ok(_) => self.roll_back(ticket, AfterRollback::Lookup),
+                    Err(error) => self.roll_back(ticket, AfterRollback::Release(Ending::RolledBack(RollbackCause::Write(error)))),
+                }
+            }
+            (State::CompletingInTransaction { ticket, .. }, Event::BatchFailed(error)) => {
+                if session.is_fence_violation(&error) {
+                    self.roll_back(ticket, AfterRollback::Lookup)
+                } else {
+                    let cause = RollbackCause::Write(ProtocolError::Ledger(session.classify(&error)));
+                    self.roll_back(ticket, AfterRollback::Release(Ending::RolledBack(cause)))
+                }
+            }
+            (State::Committing { ticket, answer, log, sweep_due }, Event::Committed) => {
+                completed(session, ticket, answer, log, sweep_due, CompletionOutcome::Stored)
+            }
+            (State::Committing { ticket, mut log, .. }, Event::CommitFailed(error)) => match session.classify(&error) {
+                LedgerError::OutcomeUnknown(detail) => {
+                    let error = ProtocolError::Ledger(LedgerError::OutcomeUnknown(detail));
+                    log.push(session.log_line(&LogEvent::CommitOutcomeUnknown { ticket, error }));
+                    respond(Answer::Core(responses::commit_outcome_unknown(session.config())), log, Outcome::CompletionFailed)
+                }
+                // The database ended the transaction: nothing committed.
+                classified => self.release(session, ticket, Ending::RolledBack(RollbackCause::Commit(ProtocolError::Ledger(classified)))),
             },
-            (State::Releasing { ticket, reason, .. }, Event::BatchFailed(error)) => {
-                release_failed(session, ticket, reason, ProtocolError::Ledger(session.classify(&error)))
+            (State::RollingBack { ticket, then }, Event::RolledBack) => match then {
+                AfterRollback::Lookup => {
+                    let statements = session.plan_lookup(&ticket.principal, &ticket.key);
+                    self.state = State::LookingUp(ticket);
+                    Action::RunBatch(statements)
+                }
+                AfterRollback::Release(ending) => self.release(session, ticket, ending),
+            },
+            (State::LookingUp(ticket), Event::BatchDone(results)) => {
+                fenced_answer(session, &ticket, session.decide_lookup(&ticket.fingerprint, now, &results))
+            }
+            (State::LookingUp(ticket), Event::BatchFailed(error)) => {
+                fenced_answer(session, &ticket, Err(ProtocolError::Ledger(session.classify(&error))))
+            }
+
+            // ---- release (SPEC 9.3) ----
+            (State::Releasing { ticket, ending }, Event::BatchDone(results)) => match session.finish_release(&results) {
+                Ok(released) => released_ending(session, ticket, ending, released),
+                Err(error) => release_failed(session, ticket, ending, error),
+            },
+            (State::Releasing { ticket, ending }, Event::BatchFailed(error)) => {
+                release_failed(session, ticket, ending, ProtocolError::Ledger(session.classify(&error)))
             }
 
             (state, event) => {
@@ -310,19 +414,40 @@ impl Exchange {
             HandlerResult::NothingChanged => (AbandonReason::NothingChanged, String::new()),
             HandlerResult::Declined => (AbandonReason::Declined, String::new()),
         };
+        if self.transactional {
+            // Its writes are rolled back, so nothing happened: the key is released.
+            return self.roll_back(ticket, AfterRollback::Release(Ending::Abandoned { reason, detail }));
+        }
         match session.plan_abandon(&ticket, reason) {
-            Ok(Some(statements)) => {
-                self.state = State::Releasing { ticket, reason, detail };
-                Action::RunBatch(statements)
-            }
+            Ok(Some(_)) => self.release(session, ticket, Ending::Abandoned { reason, detail }),
             // Raised under `store`: the row stays pending until the TTL.
-            Ok(None) => abandoned(session, ticket, reason, detail, false),
+            Ok(None) => abandoned(session, ticket, reason, detail, false, false),
             Err(error) => internal_error(session, format!("the ticket cannot be released: {error}")),
         }
     }
 
+    fn roll_back(&mut self, ticket: Ticket, then: AfterRollback) -> Action {
+        self.state = State::RollingBack { ticket, then };
+        Action::Rollback
+    }
+
+    fn release(&mut self, session: &Session, ticket: Ticket, ending: Ending) -> Action {
+        let statements = session.release_statements(&ticket);
+        self.state = State::Releasing { ticket, ending };
+        Action::RunBatch(statements)
+    }
+
     fn complete(&mut self, session: &Session, now: i64, ticket: Ticket, response: MutationResponse) -> Action {
         match session.plan_completion(&ticket, response, now) {
+            Ok(plan) if self.transactional && plan.action == CompletionAction::Release => {
+                self.roll_back(ticket, AfterRollback::Release(Ending::ServerError))
+            }
+            Ok(mut plan) if self.transactional => {
+                plan.statements.push(session.fence_statement(&ticket));
+                let log = plan.log.into_iter().collect();
+                self.state = State::CompletingInTransaction { ticket, answer: plan.answer, log, sweep_due: plan.sweep_due };
+                Action::CompleteInTransaction(plan.statements)
+            }
             Ok(plan) => {
                 self.state = State::Completing {
                     ticket,
@@ -397,23 +522,58 @@ fn completion_failed(session: &Session, ticket: Ticket, answer: Answer, mut log:
 /// The end of a handler without a stored response: its release (or not)
 /// logged; a raised handler's failure propagates, the others send the
 /// handler's response.
-fn abandoned(session: &Session, ticket: Ticket, reason: AbandonReason, detail: String, released: bool) -> Action {
-    let releases = reason != AbandonReason::Raised || session.config().on_server_error == crate::OnServerError::Release;
-    let outcome = match (released, releases) {
+fn abandoned(session: &Session, ticket: Ticket, reason: AbandonReason, detail: String, released: bool, attempted: bool) -> Action {
+    let outcome = match (released, attempted) {
         (true, _) => Outcome::Released,
         (false, true) => Outcome::FencedOut,
         (false, false) => Outcome::Abandoned,
     };
-    let log = vec![session.log_line(&LogEvent::Abandoned { ticket, reason, released, detail })];
+    let log = vec![session.log_line(&LogEvent::Abandoned { ticket, reason, released, attempted, detail })];
     ended(session, reason, log, outcome)
+}
+
+/// A release batch that ran: how the exchange ends.
+fn released_ending(session: &Session, ticket: Ticket, ending: Ending, released: bool) -> Action {
+    match ending {
+        Ending::Abandoned { reason, detail } => abandoned(session, ticket, reason, detail, released, true),
+        Ending::ServerError => respond(Answer::Handler, vec![], if released { Outcome::Released } else { Outcome::FencedOut }),
+        Ending::RolledBack(why) => {
+            let log = vec![session.log_line(&LogEvent::RolledBack { ticket, why, released })];
+            respond(Answer::Core(responses::rolled_back(session.config(), released)), log, Outcome::RolledBack)
+        }
+    }
 }
 
 /// The release batch failed (or answered with the wrong shape) after the
 /// handler: as for a completion, the row stays pending until the TTL
 /// (`completion-failed`, as a failed release of a 5xx is).
-fn release_failed(session: &Session, ticket: Ticket, reason: AbandonReason, error: ProtocolError) -> Action {
-    let log = vec![session.log_line(&LogEvent::ReleaseFailed { ticket, error })];
-    ended(session, reason, log, Outcome::CompletionFailed)
+fn release_failed(session: &Session, ticket: Ticket, ending: Ending, error: ProtocolError) -> Action {
+    let failed = session.log_line(&LogEvent::ReleaseFailed { ticket: ticket.clone(), error });
+    match ending {
+        Ending::Abandoned { reason, .. } => ended(session, reason, vec![failed], Outcome::CompletionFailed),
+        Ending::ServerError => respond(Answer::Handler, vec![failed], Outcome::CompletionFailed),
+        Ending::RolledBack(why) => {
+            let log = vec![session.log_line(&LogEvent::RolledBack { ticket, why, released: false }), failed];
+            respond(Answer::Core(responses::rolled_back(session.config(), false)), log, Outcome::RolledBack)
+        }
+    }
+}
+
+/// A fenced-out transactional owner's answer: the current owner's stored
+/// answer, a 409, or the failure to look it up; its writes were rolled back.
+fn fenced_answer(session: &Session, ticket: &Ticket, decided: Result<Decision, ProtocolError>) -> Action {
+    let mut log = vec![crate::log::fenced_out_rolled_back(ticket)];
+    let send = match decided {
+        Ok(Decision::Replay(response)) => response,
+        Ok(Decision::Reject(rejection)) => rejection.response,
+        Ok(other) => return internal_error(session, format!("a lookup alone decided {other:?}")),
+        Err(error) => {
+            let event = LogEvent::DecisionFailed { principal: ticket.principal.clone(), key: ticket.key.clone(), error: error.clone() };
+            log.push(session.log_line(&event));
+            session.error_response(&error)
+        }
+    };
+    respond(Answer::Core(send), log, Outcome::FencedOut)
 }
 
 fn ended(session: &Session, reason: AbandonReason, log: Vec<LogLine>, outcome: Outcome) -> Action {
@@ -440,7 +600,7 @@ impl Session {
 mod tests {
     use super::*;
     use crate::config::{Config, OnServerError, Profile};
-    use crate::types::{Header, ResponseBody, Value};
+    use crate::types::{Header, LeaseState, LogLevel, ResponseBody, Value};
     use crate::Query;
     use alloc::string::ToString;
 
@@ -463,7 +623,7 @@ mod tests {
     }
 
     fn started(s: &Session, head: &RequestHead) -> (ReadBody, Exchange) {
-        match s.start(head, Some("acct")) {
+        match s.start(head, Some("acct"), false) {
             (Action::ReadBody(read), Some(exchange)) => (read, exchange),
             other => panic!("expected read-body, got {other:?}"),
         }
@@ -492,6 +652,10 @@ mod tests {
         } else {
             vec![lost, won, StatementResult::default()]
         }
+    }
+
+    fn lookup_rows(fingerprint: &str, status: &str, updated_at: i64) -> Vec<StatementResult> {
+        lookup(fingerprint, status, updated_at)
     }
 
     fn lookup(fingerprint: &str, status: &str, updated_at: i64) -> Vec<StatementResult> {
@@ -528,7 +692,10 @@ mod tests {
         assert_eq!(decision.iter().map(|st| st.query).collect::<Vec<_>>(), [Query::Claim, Query::Takeover, Query::Lookup]);
         assert_eq!(decision[0].params[2], Value::Text(digest(&read.prefix, b"{}")));
         let ticket = match x.step(&s, NOW, Event::BatchDone(claimed(1))) {
-            Action::RunHandler(ticket) => ticket,
+            Action::RunHandler(run) => {
+                assert_eq!((run.renew_every_ms, run.transaction), (Some(10_000), false), "renew every third of the TTL");
+                run.ticket
+            }
             other => panic!("{other:?}"),
         };
         assert_eq!((ticket.key.as_str(), ticket.generation), ("k-1", 1));
@@ -596,7 +763,7 @@ mod tests {
             assert_eq!(done.log.len(), usize::from(outcome == Outcome::BodyUnavailable));
         }
         // A declared Content-Length over the cap never reaches read-body.
-        let (action, exchange) = s.start(&head("POST", &[("Idempotency-Key", "k"), ("Content-Length", "5")]), Some("acct"));
+        let (action, exchange) = s.start(&head("POST", &[("Idempotency-Key", "k"), ("Content-Length", "5")]), Some("acct"), false);
         assert!(exchange.is_none());
         assert_eq!(reply(action).close, true);
     }
@@ -701,6 +868,128 @@ mod tests {
         let done = reply(x.step(&s, NOW, Event::BatchDone(vec![StatementResult::default()])));
         assert_eq!(done.outcome, Outcome::FencedOut);
         assert!(done.log.iter().any(|l| l.message.contains("fenced out")));
+    }
+
+    /// A transactional exchange up to its completion inside the handler's transaction.
+    fn transactional(s: &Session) -> (Exchange, Vec<Statement>) {
+        let (read, mut x) = match s.start(&keyed(), Some("acct"), true) {
+            (Action::ReadBody(read), Some(x)) => (read, x),
+            other => panic!("{other:?}"),
+        };
+        batch(x.step(s, NOW, Event::BodyHashed(digest(&read.prefix, b""))));
+        match x.step(s, NOW, Event::BatchDone(claimed(1))) {
+            Action::RunHandler(run) => assert!(run.transaction),
+            other => panic!("{other:?}"),
+        }
+        match x.step(s, NOW + 5, answered(201, "{\"id\":1}")) {
+            Action::CompleteInTransaction(statements) => (x, statements),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_transactional_completion_commits_with_the_handlers_writes() {
+        let s = session(Config::default());
+        let (mut x, statements) = transactional(&s);
+        assert_eq!(statements.iter().map(|st| st.query).collect::<Vec<_>>(), [Query::Complete, Query::Fence]);
+        let results = vec![StatementResult { rows: vec![vec![Value::Integer(1)]], changes: 1 }, StatementResult::default()];
+        assert_eq!(x.step(&s, NOW + 6, Event::BatchDone(results)), Action::Commit);
+        let done = reply(x.step(&s, NOW + 7, Event::Committed));
+        assert_eq!((done.send, done.outcome), (Answer::Handler, Outcome::Executed));
+    }
+
+    #[test]
+    fn a_fenced_transactional_owner_rolls_back_and_answers_with_the_new_owners_answer() {
+        let s = session(Config::default());
+        let (mut x, _) = transactional(&s);
+        let fence = BatchError::database("1299", "NOT NULL constraint failed: idempotency_keys.status");
+        assert_eq!(x.step(&s, NOW + 6, Event::BatchFailed(fence)), Action::Rollback);
+        let lookup = batch(x.step(&s, NOW + 6, Event::RolledBack));
+        assert_eq!(lookup.iter().map(|st| st.query).collect::<Vec<_>>(), [Query::Lookup]);
+        let fp = match &lookup[0].params[..] {
+            [Value::Text(_), Value::Text(_)] => digest(&s.fingerprint_prefix(&keyed()), b""),
+            other => panic!("{other:?}"),
+        };
+        let mut completed = lookup_rows(&fp, "completed", NOW);
+        let done = reply(x.step(&s, NOW + 7, Event::BatchDone(vec![completed.remove(2)])));
+        assert_eq!(done.outcome, Outcome::FencedOut);
+        match done.send {
+            Answer::Core(r) => assert_eq!((r.status, r.body.as_deref()), (201, Some("{\"id\":1}")), "the new owner's stored answer"),
+            other => panic!("{other:?}"),
+        }
+        assert!(done.log[0].message.contains("rolled back"), "{:?}", done.log);
+    }
+
+    #[test]
+    fn a_transaction_that_fails_is_rolled_back_and_its_key_released() {
+        let s = session(Config::default());
+        // A write failed (here the completion, busy): rollback, release, a 503 saying nothing changed.
+        let (mut x, _) = transactional(&s);
+        assert_eq!(x.step(&s, NOW, Event::BatchFailed(BatchError::database("SQLITE_BUSY", "database is locked"))), Action::Rollback);
+        assert_eq!(batch(x.step(&s, NOW, Event::RolledBack))[0].query, Query::Release);
+        let done = reply(x.step(&s, NOW, Event::BatchDone(vec![StatementResult { rows: vec![], changes: 1 }])));
+        assert_eq!(done.outcome, Outcome::RolledBack);
+        match &done.send {
+            Answer::Core(r) => assert_eq!((r.status, r.headers.last()), (503, Some(&Header::new("retry-after", "1")))),
+            other => panic!("{other:?}"),
+        }
+        // The commit broke with an unknown outcome: the caller is told so (no release: it may have committed).
+        let (mut x, _) = transactional(&s);
+        let results = vec![StatementResult { rows: vec![vec![Value::Integer(1)]], changes: 1 }, StatementResult::default()];
+        assert_eq!(x.step(&s, NOW, Event::BatchDone(results.clone())), Action::Commit);
+        let done = reply(x.step(&s, NOW, Event::CommitFailed(BatchError::OutcomeUnknown("reset".into()))));
+        assert_eq!(done.outcome, Outcome::CompletionFailed);
+        assert!(matches!(&done.send, Answer::Core(r) if r.status == 503 && r.body.as_deref().is_some_and(|b| b.contains("commit_outcome_unknown"))));
+        // A commit the database refused rolled everything back: release, then the 503.
+        let (mut x, _) = transactional(&s);
+        x.step(&s, NOW, Event::BatchDone(results));
+        assert_eq!(batch(x.step(&s, NOW, Event::CommitFailed(BatchError::database("SQLITE_BUSY", "locked"))))[0].query, Query::Release);
+        assert_eq!(reply(x.step(&s, NOW, Event::BatchDone(vec![StatementResult { rows: vec![], changes: 1 }]))).outcome, Outcome::RolledBack);
+        // A transactional handler that raised: its writes rolled back, the key released, the failure propagates.
+        let s = session(Config::default());
+        let (read, mut x) = match s.start(&keyed(), Some("acct"), true) {
+            (Action::ReadBody(read), Some(x)) => (read, x),
+            other => panic!("{other:?}"),
+        };
+        batch(x.step(&s, NOW, Event::BodyHashed(digest(&read.prefix, b""))));
+        x.step(&s, NOW, Event::BatchDone(claimed(1)));
+        assert_eq!(x.step(&s, NOW, Event::HandlerDone(HandlerResult::Raised("boom".into()))), Action::Rollback);
+        assert_eq!(batch(x.step(&s, NOW, Event::RolledBack))[0].query, Query::Release);
+        match x.step(&s, NOW, Event::BatchDone(vec![StatementResult { rows: vec![], changes: 1 }])) {
+            Action::Propagate(failure) => assert_eq!(failure.outcome, Outcome::Released),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_renewal_keeps_the_lease_and_says_when_it_is_lost() {
+        let s = session(Config::default());
+        let ticket = Ticket { principal: "acct".into(), key: "k".into(), fingerprint: digest("x", b""), generation: 2, created_at: NOW };
+        let renewal = s.plan_renewal(&ticket, NOW + 10_000).expect("valid ticket");
+        assert_eq!(renewal[0].query, Query::Renew);
+        assert_eq!(renewal[0].params[0], Value::Integer(NOW + 10_000));
+        let held = s.renewed(&ticket, Ok(&[StatementResult { rows: vec![vec![Value::Integer(2)]], changes: 1 }]));
+        assert_eq!((held.state, held.log), (LeaseState::Held, None));
+        let lost = s.renewed(&ticket, Ok(&[StatementResult::default()]));
+        assert_eq!(lost.state, LeaseState::Lost);
+        assert!(lost.log.is_some_and(|l| l.level == LogLevel::Error && l.message.contains("lease lost")));
+        let unknown = s.renewed(&ticket, Err(&BatchError::Unreachable("down".into())));
+        assert_eq!(unknown.state, LeaseState::Unknown);
+        assert_eq!(Config { lease_renewal: false, ..Config::default() }.renew_every_ms(), None);
+    }
+
+    #[test]
+    fn the_fence_is_recognised_in_both_dialects_and_nothing_else_is() {
+        let sqlite = session(Config::default());
+        assert!(sqlite.is_fence_violation(&BatchError::Database(crate::types::DatabaseError {
+            code: None,
+            message: "D1_ERROR: NOT NULL constraint failed: idempotency_keys.status: SQLITE_CONSTRAINT".into(),
+        })));
+        assert!(!sqlite.is_fence_violation(&BatchError::database("1299", "NOT NULL constraint failed: orders.status")));
+        let pg = session(Config { dialect: crate::Dialect::Postgres, ..Config::default() });
+        let message = "null value in column \"status\" of relation \"idempotency_keys\" violates not-null constraint";
+        assert!(pg.is_fence_violation(&BatchError::database("23502", message)));
+        assert!(!pg.is_fence_violation(&BatchError::database("23505", "duplicate key value violates unique constraint")));
     }
 
     #[test]

@@ -501,7 +501,8 @@ pub fn exchange_events(data: &[u8]) {
     }
     let head = RequestHead { method: if b.byte() % 5 == 0 { "GET".into() } else { "POST".into() }, path_and_query: "/o".into(), headers };
     let principal = if b.byte() % 6 == 0 { None } else { Some(b.latin1()) };
-    let (mut action, exchange) = session.start(&head, principal.as_deref());
+    let transactional = b.byte() % 2 == 0;
+    let (mut action, exchange) = session.start(&head, principal.as_deref(), transactional);
     let Some(mut exchange) = exchange else {
         assert!(action.is_final());
         return;
@@ -509,7 +510,7 @@ pub fn exchange_events(data: &[u8]) {
     let mut handlers = 0;
     let mut ended = false;
     for _ in 0..(b.byte() % 12) {
-        let event = match b.byte() % 9 {
+        let event = match b.byte() % 12 {
             0 => {
                 let n = b.byte() as usize;
                 Event::Body(b.take(n).to_vec())
@@ -527,6 +528,9 @@ pub fn exchange_events(data: &[u8]) {
             ),
             6 => Event::BatchFailed(BatchError::database(b.latin1(), b.latin1())),
             7 => Event::Slept,
+            8 => Event::Committed,
+            9 => Event::CommitFailed(BatchError::OutcomeUnknown(b.latin1())),
+            10 => Event::RolledBack,
             _ => Event::HandlerDone(match b.byte() % 4 {
                 0 => HandlerResult::Answered(MutationResponse { status: b.int() as u16, headers: b.headers(), body: ResponseBody::Text(b.text()) }),
                 1 => HandlerResult::Raised(b.text()),
@@ -543,9 +547,10 @@ pub fn exchange_events(data: &[u8]) {
                 other => panic!("an event after a final action must be refused, got {other:?}"),
             }
         }
-        if let Action::RunHandler(ticket) = &action {
+        if let Action::RunHandler(run) = &action {
             handlers += 1;
-            assert!(ticket.generation >= 1);
+            assert!(run.ticket.generation >= 1);
+            assert_eq!(run.transaction, transactional);
         }
         assert!(handlers <= 1, "the handler ran twice in one exchange");
     }

@@ -36,7 +36,7 @@ pub mod sql;
 pub mod types;
 
 pub use config::{Config, OnServerError, Profile};
-pub use exchange::{Action, BodyProblem, Event, Exchange, Failure, HandlerResult, ReadBody, Reply};
+pub use exchange::{Action, BodyProblem, Event, Exchange, Failure, HandlerResult, HandlerRun, ReadBody, Reply};
 pub use machine::Session;
 pub use sql::{Dialect, Query};
 pub use types::*;

@@ -3,9 +3,9 @@
 use alloc::format;
 use alloc::string::String;
 
-use crate::config::{Config, OnServerError};
+use crate::config::Config;
 use crate::responses::Unstorable;
-use crate::types::{AbandonReason, LedgerError, LogEvent, LogLevel, LogLine, ProtocolError, Ticket};
+use crate::types::{AbandonReason, LedgerError, LogEvent, LogLevel, LogLine, ProtocolError, RollbackCause, Ticket};
 
 fn line(level: LogLevel, message: String) -> LogLine {
     LogLine { level, message }
@@ -30,6 +30,16 @@ pub fn fenced_out(ticket: &Ticket) -> LogLine {
         LogLevel::Error,
         format!(
             "[idempotency] fenced out: {}: a takeover superseded this owner, so its response was not stored and its mutation may have run twice",
+            owner(ticket)
+        ),
+    )
+}
+
+pub fn fenced_out_rolled_back(ticket: &Ticket) -> LogLine {
+    line(
+        LogLevel::Error,
+        format!(
+            "[idempotency] fenced out: {}: a takeover superseded this owner, so its transaction (the handler's writes and its completion) was rolled back and the caller gets the current owner's answer",
             owner(ticket)
         ),
     )
@@ -76,13 +86,12 @@ pub fn event(config: &Config, event: &LogEvent) -> LogLine {
             ),
         ),
         LogEvent::FencedOut(ticket) => fenced_out(ticket),
-        LogEvent::Abandoned { ticket, reason, released, detail } => {
+        LogEvent::Abandoned { ticket, reason, released, attempted, detail } => {
             let what = match reason {
                 AbandonReason::Raised => format!("mutation failed for {}: {detail}", owner(ticket)),
                 AbandonReason::NothingChanged => format!("mutation changed nothing for {}", owner(ticket)),
                 AbandonReason::Declined => format!("the framework refused the request before its handler ran for {}", owner(ticket)),
             };
-            let releases = !matches!(reason, AbandonReason::Raised) || config.on_server_error == OnServerError::Release;
             match (reason, released) {
                 (AbandonReason::NothingChanged | AbandonReason::Declined, true) => {
                     line(LogLevel::Info, format!("[idempotency] {what}; the reservation was released"))
@@ -91,7 +100,7 @@ pub fn event(config: &Config, event: &LogEvent) -> LogLine {
                     LogLevel::Warn,
                     format!("[idempotency] {what}; the reservation was released, so a retry runs the mutation again"),
                 ),
-                (_, false) if releases => line(
+                (_, false) if *attempted => line(
                     LogLevel::Warn,
                     format!("[idempotency] {what}; the reservation was no longer this owner's, so nothing was released"),
                 ),
@@ -125,5 +134,39 @@ pub fn event(config: &Config, event: &LogEvent) -> LogLine {
             ),
         ),
         LogEvent::InternalError(what) => line(LogLevel::Error, format!("[idempotency] internal error: {what}")),
+        LogEvent::LeaseLost(ticket) => line(
+            LogLevel::Error,
+            format!(
+                "[idempotency] lease lost: {}: its renewal matched no row, so another request took the reservation over; this owner's completion will be fenced out",
+                owner(ticket)
+            ),
+        ),
+        LogEvent::RenewalFailed { ticket, error } => line(
+            LogLevel::Warn,
+            format!(
+                "[idempotency] lease renewal failed for {}: {error}; renewals go on, and the reservation can be taken over {} ms after the last one that succeeded",
+                owner(ticket),
+                config.pending_ttl_ms
+            ),
+        ),
+        LogEvent::RolledBack { ticket, why, released } => {
+            let cause = match why {
+                RollbackCause::Write(error) => format!("its completion or one of its writes failed: {error}"),
+                RollbackCause::Commit(error) => format!("its commit failed: {error}"),
+            };
+            let after = if *released {
+                "the reservation was released, so a retry runs the handler again".into()
+            } else {
+                format!("the reservation could not be released; a retry after {} ms takes it over", config.pending_ttl_ms)
+            };
+            line(LogLevel::Error, format!("[idempotency] rolled back for {}: {cause}; nothing changed, and {after}", owner(ticket)))
+        }
+        LogEvent::CommitOutcomeUnknown { ticket, error } => line(
+            LogLevel::Error,
+            format!(
+                "[idempotency] commit outcome unknown for {}: {error}; the handler's writes and its stored answer committed together or not at all",
+                owner(ticket)
+            ),
+        ),
     }
 }

@@ -20,7 +20,7 @@ use crate::sql::Query;
 use crate::types::{
     AbandonReason, Admission, Answer, BatchError, CompletionAction, CompletionOutcome, CompletionPlan, Decision, Header,
     LedgerError, LogEvent, LogLine, MutationResponse, ProtectedRequest, ProtocolError, Rejection, RequestHead,
-    RequestPolicy, Response, Statement, StatementResult, SweepReport, SweepResult, Ticket, Value,
+    Lease, LeaseState, RequestPolicy, Response, Statement, StatementResult, SweepReport, SweepResult, Ticket, Value,
 };
 
 /// Principals are server-derived; the bound keeps a host bug from bloating rows.
@@ -306,7 +306,7 @@ impl Session {
         Ok(release.then(|| self.release_statements(ticket)))
     }
 
-    fn release_statements(&self, ticket: &Ticket) -> Vec<Statement> {
+    pub fn release_statements(&self, ticket: &Ticket) -> Vec<Statement> {
         vec![Statement {
             query: Query::Release,
             params: vec![
@@ -368,6 +368,72 @@ impl Session {
 
     pub fn fenced_out_log(&self, ticket: &Ticket) -> LogLine {
         log::fenced_out(ticket)
+    }
+
+    /// SPEC 10: the renewal of a running owner's lease.
+    pub fn plan_renewal(&self, ticket: &Ticket, now: i64) -> Result<Vec<Statement>, ProtocolError> {
+        check_ticket(ticket)?;
+        Ok(vec![Statement {
+            query: Query::Renew,
+            params: vec![
+                Value::Integer(now),
+                text(&ticket.principal),
+                text(&ticket.key),
+                Value::Integer(ticket.generation),
+                Value::Integer(ticket.created_at),
+                text(&ticket.fingerprint),
+            ],
+        }])
+    }
+
+    /// Reads a renewal batch's result (or failure): held, lost, or unknown,
+    /// with the line to log.
+    pub fn renewed(&self, ticket: &Ticket, result: Result<&[StatementResult], &BatchError>) -> Lease {
+        let read = match result {
+            Ok([renewal]) => single_row(renewal, 1, "renewal").map(|row| row.is_some()),
+            Ok(results) => Err(malformed(format!("renewal batch: expected 1 result, got {}", results.len()))),
+            Err(error) => Err(ProtocolError::Ledger(self.classify(error))),
+        };
+        match read {
+            Ok(true) => Lease { state: LeaseState::Held, log: None },
+            Ok(false) => Lease { state: LeaseState::Lost, log: Some(self.log_line(&LogEvent::LeaseLost(ticket.clone()))) },
+            Err(error) => Lease {
+                state: LeaseState::Unknown,
+                log: Some(self.log_line(&LogEvent::RenewalFailed { ticket: ticket.clone(), error })),
+            },
+        }
+    }
+
+    /// SPEC 10: the fence that follows a transactional completion.
+    pub fn fence_statement(&self, ticket: &Ticket) -> Statement {
+        let (p, k, f) = (text(&ticket.principal), text(&ticket.key), text(&ticket.fingerprint));
+        let (g, c) = (Value::Integer(ticket.generation), Value::Integer(ticket.created_at));
+        Statement { query: Query::Fence, params: vec![p.clone(), k.clone(), f.clone(), g.clone(), c.clone(), p, k, g, c, f] }
+    }
+
+    /// True when a transactional completion's batch failed on its fence (the
+    /// completion matched no row), not on anything else.
+    pub fn is_fence_violation(&self, error: &BatchError) -> bool {
+        let BatchError::Database(db) = error else { return false };
+        match self.config.dialect {
+            crate::Dialect::Sqlite => db.message.contains("NOT NULL constraint failed: idempotency_keys.status"),
+            crate::Dialect::Postgres => db.code.as_deref() == Some("23502") && db.message.contains("\"status\""),
+        }
+    }
+
+    /// The lookup alone: what a fenced-out transactional owner answers with.
+    pub fn plan_lookup(&self, principal: &str, key: &str) -> Vec<Statement> {
+        vec![Statement { query: Query::Lookup, params: vec![text(principal), text(key)] }]
+    }
+
+    /// Reads a lookup alone: the current owner's stored answer, or a 409
+    /// (never a wait: this request already ran its handler).
+    pub fn decide_lookup(&self, fingerprint: &str, now: i64, results: &[StatementResult]) -> Result<Decision, ProtocolError> {
+        let [lookup] = results else {
+            return Err(malformed(format!("lookup batch: expected 1 result, got {}", results.len())));
+        };
+        let waited_out = now.saturating_sub(self.config.wait_ms.min(i64::MAX as u64) as i64);
+        self.respond_to_existing(fingerprint, now, waited_out, lookup)
     }
 
     /// The migration as one batch.

@@ -326,6 +326,52 @@ pub fn response_unstorable(config: &Config, status: u16, why: Unstorable) -> Res
     .response(config.profile)
 }
 
+/// 503: a transactional handler's writes were rolled back with its
+/// completion; nothing changed. `released`: the key was freed, so the retry
+/// runs at once; else it may stay reserved until the TTL.
+pub fn rolled_back(config: &Config, released: bool) -> Response {
+    let (message, retry_after) = if released {
+        ("The request's writes were rolled back because its completion could not be committed; nothing changed. Retry the request.".to_string(), "1".to_string())
+    } else {
+        (
+            format!(
+                "The request's writes were rolled back because its completion could not be committed; nothing changed. \
+Its Idempotency-Key may stay reserved for up to {} ms.",
+                config.pending_ttl_ms
+            ),
+            config.pending_ttl_ms.div_ceil(1000).to_string(),
+        )
+    };
+    Problem {
+        status: 503,
+        code: "idempotency_rolled_back",
+        message: Some(&message),
+        title: "Request rolled back",
+        detail: &message,
+        extra: None,
+        headers: vec![Header::new("retry-after", retry_after)],
+    }
+    .response(config.profile)
+}
+
+/// 503: the connection broke while a transactional handler's transaction
+/// was committing: it may or may not have been executed, and a retry with
+/// the same key replays its answer if it was.
+pub fn commit_outcome_unknown(config: &Config) -> Response {
+    let message = "The connection to the database broke while the request was committing; it may or may not have been executed. \
+Retry with the same Idempotency-Key: the retry replays its answer if it was.";
+    Problem {
+        status: 503,
+        code: "idempotency_commit_outcome_unknown",
+        message: Some(message),
+        title: "Commit outcome unknown",
+        detail: message,
+        extra: None,
+        headers: vec![Header::new("retry-after", config.pending_ttl_ms.div_ceil(1000).to_string())],
+    }
+    .response(config.profile)
+}
+
 /// Why a response cannot be stored, in words (the 500's message and the log).
 pub fn unstorable_reason(config: &Config, status: u16, why: Unstorable) -> String {
     match why {

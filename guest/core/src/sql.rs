@@ -36,6 +36,16 @@ pub struct Statements {
     /// SPEC 8: the bounded sweep, by primary key (no `rowid`, which
     /// PostgreSQL lacks). Params: now - retention, batch size.
     pub sweep: &'static str,
+    /// SPEC 10: a running owner's lease renewal, fenced like the completion.
+    /// Params: now, principal, key, generation, created_at, fingerprint.
+    pub renew: &'static str,
+    /// SPEC 10: the fence after a transactional completion. When the
+    /// completion matched no row it inserts a row with a NULL status: the
+    /// NOT NULL constraint (checked before the primary key in both
+    /// databases) aborts the transaction, the handler's writes with it.
+    /// Params: principal, key, fingerprint, generation, created_at,
+    /// principal, key, generation, created_at, fingerprint.
+    pub fence: &'static str,
 }
 
 impl Dialect {
@@ -59,11 +69,13 @@ pub enum Query {
     Complete,
     Release,
     Sweep,
+    Renew,
+    Fence,
 }
 
 impl Query {
     /// Every query, in the WIT enum's order.
-    pub const ALL: [Query; 8] = [
+    pub const ALL: [Query; 10] = [
         Query::CreateTable,
         Query::CreateIndex,
         Query::Claim,
@@ -72,6 +84,8 @@ impl Query {
         Query::Complete,
         Query::Release,
         Query::Sweep,
+        Query::Renew,
+        Query::Fence,
     ];
 
     /// This query's SQL in `dialect`.
@@ -86,6 +100,8 @@ impl Query {
             Query::Complete => s.complete,
             Query::Release => s.release,
             Query::Sweep => s.sweep,
+            Query::Renew => s.renew,
+            Query::Fence => s.fence,
         }
     }
 }
@@ -118,6 +134,13 @@ RETURNING generation",
 WHERE principal = ? AND key = ? AND generation = ? AND created_at = ? AND fingerprint = ? AND status = 'pending'",
     sweep: "DELETE FROM idempotency_keys WHERE (principal, key) IN \
 (SELECT principal, key FROM idempotency_keys WHERE updated_at < ? LIMIT ?)",
+    renew: "UPDATE idempotency_keys SET updated_at = ? \
+WHERE principal = ? AND key = ? AND generation = ? AND created_at = ? AND fingerprint = ? AND status = 'pending' \
+RETURNING generation",
+    fence: "INSERT INTO idempotency_keys (principal, key, fingerprint, status, generation, created_at, updated_at) \
+SELECT ?, ?, ?, NULL, ?, ?, 0 WHERE NOT EXISTS \
+(SELECT 1 FROM idempotency_keys \
+WHERE principal = ? AND key = ? AND generation = ? AND created_at = ? AND fingerprint = ? AND status = 'completed')",
 };
 
 /// Run at READ COMMITTED or stricter (see README, "PostgreSQL"): the
@@ -153,6 +176,14 @@ RETURNING generation",
 WHERE principal = $1 AND key = $2 AND generation = $3 AND created_at = $4 AND fingerprint = $5 AND status = 'pending'",
     sweep: "DELETE FROM idempotency_keys WHERE (principal, key) IN \
 (SELECT principal, key FROM idempotency_keys WHERE updated_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)",
+    renew: "UPDATE idempotency_keys SET updated_at = $1 \
+WHERE principal = $2 AND key = $3 AND generation = $4 AND created_at = $5 AND fingerprint = $6 AND status = 'pending' \
+RETURNING generation",
+    // The select list's parameters are cast: PostgreSQL would read them as text.
+    fence: "INSERT INTO idempotency_keys (principal, key, fingerprint, status, generation, created_at, updated_at) \
+SELECT $1::TEXT, $2::TEXT, $3::TEXT, NULL, $4::BIGINT, $5::BIGINT, 0 WHERE NOT EXISTS \
+(SELECT 1 FROM idempotency_keys \
+WHERE principal = $6 AND key = $7 AND generation = $8 AND created_at = $9 AND fingerprint = $10 AND status = 'completed')",
 };
 
 #[cfg(test)]
@@ -184,10 +215,15 @@ mod tests {
             (SQLITE.lookup, POSTGRES.lookup),
             (SQLITE.complete, POSTGRES.complete),
             (SQLITE.release, POSTGRES.release),
+            (SQLITE.renew, POSTGRES.renew),
         ] {
             assert_eq!(numbered(s), p);
         }
         assert_eq!(numbered(SQLITE.sweep).replace("LIMIT $2)", "LIMIT $2 FOR UPDATE SKIP LOCKED)"), POSTGRES.sweep);
+        assert_eq!(
+            numbered(SQLITE.fence).replace("$1, $2, $3, NULL, $4, $5", "$1::TEXT, $2::TEXT, $3::TEXT, NULL, $4::BIGINT, $5::BIGINT"),
+            POSTGRES.fence
+        );
         assert_eq!(SQLITE.schema[1], POSTGRES.schema[1]);
         assert_eq!(
             SQLITE.schema[0].replace("generation INTEGER", "generation BIGINT").replace("at INTEGER", "at BIGINT"),

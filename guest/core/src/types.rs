@@ -299,7 +299,8 @@ pub enum LogEvent {
     DecisionFailed { principal: String, key: String, error: ProtocolError },
     CompletionFailed { ticket: Ticket, error: ProtocolError },
     FencedOut(Ticket),
-    Abandoned { ticket: Ticket, reason: AbandonReason, released: bool, detail: String },
+    /// `attempted`: a release was tried (`released` says whether it freed the row).
+    Abandoned { ticket: Ticket, reason: AbandonReason, released: bool, attempted: bool, detail: String },
     ReleaseFailed { ticket: Ticket, error: ProtocolError },
     SweepFailed(ProtocolError),
     /// The host passed a principal the core refuses (a host bug).
@@ -309,6 +310,24 @@ pub enum LogEvent {
     /// The exchange could not continue (a host fed an unexpected event, or
     /// the component failed).
     InternalError(String),
+    /// A renewal matched no row: another owner took the reservation over.
+    LeaseLost(Ticket),
+    /// A renewal batch failed.
+    RenewalFailed { ticket: Ticket, error: ProtocolError },
+    /// A transactional handler's writes were rolled back with its completion.
+    RolledBack { ticket: Ticket, why: RollbackCause, released: bool },
+    /// The commit of a transactional handler has an unknown outcome.
+    CommitOutcomeUnknown { ticket: Ticket, error: ProtocolError },
+}
+
+/// Why a transactional handler's transaction was rolled back (other than a
+/// fenced-out completion, which has its own line).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RollbackCause {
+    /// The completion statements or one of the handler's statements failed.
+    Write(ProtocolError),
+    /// The commit failed (the database rolled the transaction back).
+    Commit(ProtocolError),
 }
 
 /// How an exchange ended (the WIT `outcome`): one name per way.
@@ -335,6 +354,7 @@ pub enum Outcome {
     Abandoned,
     FencedOut,
     CompletionFailed,
+    RolledBack,
     LedgerBusy,
     LedgerFailed,
     LedgerOutcomeUnknown,
@@ -367,12 +387,30 @@ impl Outcome {
             Outcome::Abandoned => "abandoned",
             Outcome::FencedOut => "fenced-out",
             Outcome::CompletionFailed => "completion-failed",
+            Outcome::RolledBack => "rolled-back",
             Outcome::LedgerBusy => "ledger-busy",
             Outcome::LedgerFailed => "ledger-failed",
             Outcome::LedgerOutcomeUnknown => "ledger-outcome-unknown",
             Outcome::InternalError => "internal-error",
         }
     }
+}
+
+/// A running owner's lease, as its last renewal found it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseState {
+    Held,
+    /// A takeover (or a sweep) superseded this owner.
+    Lost,
+    /// The renewal failed; the lease may expire.
+    Unknown,
+}
+
+/// What a renewal found, with the line to log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    pub state: LeaseState,
+    pub log: Option<LogLine>,
 }
 
 /// A finished sweep batch, with the line to log when it failed.
