@@ -357,8 +357,12 @@ impl Exchange {
                     log.push(session.log_line(&LogEvent::CommitOutcomeUnknown { ticket, error }));
                     respond(Answer::Core(responses::commit_outcome_unknown(session.config())), log, Outcome::CompletionFailed)
                 }
-                // The database ended the transaction: nothing committed.
-                classified => self.release(session, ticket, Ending::RolledBack(RollbackCause::Commit(ProtocolError::Ledger(classified)))),
+                // Nothing committed, but the transaction may still be open (SQLite keeps it
+                // after a COMMIT that failed busy): roll it back before the release batch.
+                classified => {
+                    let cause = RollbackCause::Commit(ProtocolError::Ledger(classified));
+                    self.roll_back(ticket, AfterRollback::Release(Ending::RolledBack(cause)))
+                }
             },
             (State::RollingBack { ticket, then }, Event::RolledBack) => match then {
                 AfterRollback::Lookup => {
@@ -940,10 +944,12 @@ mod tests {
         let done = reply(x.step(&s, NOW, Event::CommitFailed(BatchError::OutcomeUnknown("reset".into()))));
         assert_eq!(done.outcome, Outcome::CompletionFailed);
         assert!(matches!(&done.send, Answer::Core(r) if r.status == 503 && r.body.as_deref().is_some_and(|b| b.contains("commit_outcome_unknown"))));
-        // A commit the database refused rolled everything back: release, then the 503.
+        // A commit the database refused committed nothing: rollback (SQLite keeps the
+        // transaction open after a failed COMMIT), release, then the 503.
         let (mut x, _) = transactional(&s);
         x.step(&s, NOW, Event::BatchDone(results));
-        assert_eq!(batch(x.step(&s, NOW, Event::CommitFailed(BatchError::database("SQLITE_BUSY", "locked"))))[0].query, Query::Release);
+        assert_eq!(x.step(&s, NOW, Event::CommitFailed(BatchError::database("SQLITE_BUSY", "locked"))), Action::Rollback);
+        assert_eq!(batch(x.step(&s, NOW, Event::RolledBack))[0].query, Query::Release);
         assert_eq!(reply(x.step(&s, NOW, Event::BatchDone(vec![StatementResult { rows: vec![], changes: 1 }]))).outcome, Outcome::RolledBack);
         // A transactional handler that raised: its writes rolled back, the key released, the failure propagates.
         let s = session(Config::default());

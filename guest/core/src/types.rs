@@ -326,7 +326,7 @@ pub enum LogEvent {
 pub enum RollbackCause {
     /// The completion statements or one of the handler's statements failed.
     Write(ProtocolError),
-    /// The commit failed (the database rolled the transaction back).
+    /// The commit failed (nothing committed; the host rolled the transaction back).
     Commit(ProtocolError),
 }
 
