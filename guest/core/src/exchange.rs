@@ -181,6 +181,9 @@ enum AfterRollback {
     Lookup,
     /// Release the reservation, then end as `Ending` says.
     Release(Ending),
+    /// The completion's batch broke with an unknown outcome: on D1 that batch
+    /// is the commit, so it may have committed. Answer so, with the plan's log.
+    OutcomeUnknown { error: ProtocolError, log: Vec<LogLine> },
 }
 
 /// How a handler that leaves no stored response ends, once its release ran.
@@ -340,12 +343,20 @@ impl Exchange {
                     Err(error) => self.roll_back(ticket, AfterRollback::Release(Ending::RolledBack(RollbackCause::Write(error)))),
                 }
             }
-            (State::CompletingInTransaction { ticket, .. }, Event::BatchFailed(error)) => {
+            (State::CompletingInTransaction { ticket, log, .. }, Event::BatchFailed(error)) => {
                 if session.is_fence_violation(&error) {
                     self.roll_back(ticket, AfterRollback::Lookup)
                 } else {
-                    let cause = RollbackCause::Write(ProtocolError::Ledger(session.classify(&error)));
-                    self.roll_back(ticket, AfterRollback::Release(Ending::RolledBack(cause)))
+                    match session.classify(&error) {
+                        // Never "nothing changed" when the batch may have committed (D1).
+                        unknown @ LedgerError::OutcomeUnknown(_) => {
+                            self.roll_back(ticket, AfterRollback::OutcomeUnknown { error: ProtocolError::Ledger(unknown), log })
+                        }
+                        classified => {
+                            let cause = RollbackCause::Write(ProtocolError::Ledger(classified));
+                            self.roll_back(ticket, AfterRollback::Release(Ending::RolledBack(cause)))
+                        }
+                    }
                 }
             }
             (State::Committing { ticket, answer, log, sweep_due }, Event::Committed) => {
@@ -371,6 +382,10 @@ impl Exchange {
                     Action::RunBatch(statements)
                 }
                 AfterRollback::Release(ending) => self.release(session, ticket, ending),
+                AfterRollback::OutcomeUnknown { error, mut log } => {
+                    log.push(session.log_line(&LogEvent::CommitOutcomeUnknown { ticket, error }));
+                    respond(Answer::Core(responses::commit_outcome_unknown(session.config())), log, Outcome::CompletionFailed)
+                }
             },
             (State::LookingUp(ticket), Event::BatchDone(results)) => {
                 fenced_answer(session, &ticket, session.decide_lookup(&ticket.fingerprint, now, &results))
@@ -937,6 +952,14 @@ mod tests {
             Answer::Core(r) => assert_eq!((r.status, r.headers.last()), (503, Some(&Header::new("retry-after", "1")))),
             other => panic!("{other:?}"),
         }
+        // The completion's batch broke with an unknown outcome (on D1 that batch is the
+        // commit): rollback, then the 503 saying the outcome is unknown, never "nothing changed".
+        let (mut x, _) = transactional(&s);
+        assert_eq!(x.step(&s, NOW, Event::BatchFailed(BatchError::OutcomeUnknown("reset".into()))), Action::Rollback);
+        let done = reply(x.step(&s, NOW, Event::RolledBack));
+        assert_eq!(done.outcome, Outcome::CompletionFailed);
+        assert!(matches!(&done.send, Answer::Core(r) if r.status == 503 && r.body.as_deref().is_some_and(|b| b.contains("commit_outcome_unknown"))));
+        assert!(done.log[0].message.contains("commit outcome unknown"), "{:?}", done.log);
         // The commit broke with an unknown outcome: the caller is told so (no release: it may have committed).
         let (mut x, _) = transactional(&s);
         let results = vec![StatementResult { rows: vec![vec![Value::Integer(1)]], changes: 1 }, StatementResult::default()];
