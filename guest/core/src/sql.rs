@@ -37,6 +37,8 @@ pub struct Statements {
     /// PostgreSQL lacks). Params: now - retention, batch size.
     pub sweep: &'static str,
     /// SPEC 10: a running owner's lease renewal, fenced like the completion.
+    /// It never moves `updated_at` back (a clock that stepped back would
+    /// otherwise shorten the lease it renews).
     /// Params: now, principal, key, generation, created_at, fingerprint.
     pub renew: &'static str,
     /// SPEC 10: the fence after a transactional completion. When the
@@ -134,7 +136,7 @@ RETURNING generation",
 WHERE principal = ? AND key = ? AND generation = ? AND created_at = ? AND fingerprint = ? AND status = 'pending'",
     sweep: "DELETE FROM idempotency_keys WHERE (principal, key) IN \
 (SELECT principal, key FROM idempotency_keys WHERE updated_at < ? LIMIT ?)",
-    renew: "UPDATE idempotency_keys SET updated_at = ? \
+    renew: "UPDATE idempotency_keys SET updated_at = MAX(updated_at, ?) \
 WHERE principal = ? AND key = ? AND generation = ? AND created_at = ? AND fingerprint = ? AND status = 'pending' \
 RETURNING generation",
     fence: "INSERT INTO idempotency_keys (principal, key, fingerprint, status, generation, created_at, updated_at) \
@@ -176,7 +178,7 @@ RETURNING generation",
 WHERE principal = $1 AND key = $2 AND generation = $3 AND created_at = $4 AND fingerprint = $5 AND status = 'pending'",
     sweep: "DELETE FROM idempotency_keys WHERE (principal, key) IN \
 (SELECT principal, key FROM idempotency_keys WHERE updated_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)",
-    renew: "UPDATE idempotency_keys SET updated_at = $1 \
+    renew: "UPDATE idempotency_keys SET updated_at = GREATEST(updated_at, $1) \
 WHERE principal = $2 AND key = $3 AND generation = $4 AND created_at = $5 AND fingerprint = $6 AND status = 'pending' \
 RETURNING generation",
     // The select list's parameters are cast: PostgreSQL would read them as text.
@@ -215,11 +217,12 @@ mod tests {
             (SQLITE.lookup, POSTGRES.lookup),
             (SQLITE.complete, POSTGRES.complete),
             (SQLITE.release, POSTGRES.release),
-            (SQLITE.renew, POSTGRES.renew),
         ] {
             assert_eq!(numbered(s), p);
         }
         assert_eq!(numbered(SQLITE.sweep).replace("LIMIT $2)", "LIMIT $2 FOR UPDATE SKIP LOCKED)"), POSTGRES.sweep);
+        assert_eq!(numbered(SQLITE.renew).replace("MAX(updated_at, $1)", "GREATEST(updated_at, $1)"), POSTGRES.renew);
+        assert!(SQLITE.renew.contains("MAX(updated_at, ?)"), "a renewal never moves updated_at back");
         assert_eq!(
             numbered(SQLITE.fence).replace("$1, $2, $3, NULL, $4, $5", "$1::TEXT, $2::TEXT, $3::TEXT, NULL, $4::BIGINT, $5::BIGINT"),
             POSTGRES.fence
