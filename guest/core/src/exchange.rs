@@ -555,7 +555,9 @@ fn abandoned(session: &Session, ticket: Ticket, reason: AbandonReason, detail: S
 fn released_ending(session: &Session, ticket: Ticket, ending: Ending, released: bool) -> Action {
     match ending {
         Ending::Abandoned { reason, detail } => abandoned(session, ticket, reason, detail, released, true),
-        Ending::ServerError => respond(Answer::Handler, vec![], if released { Outcome::Released } else { Outcome::FencedOut }),
+        Ending::ServerError if released => respond(Answer::Handler, vec![], Outcome::Released),
+        // SPEC 6.2: a fenced-out owner is logged at error level, as the non-transactional 5xx release is.
+        Ending::ServerError => respond(Answer::Handler, vec![crate::log::fenced_out_server_error_rolled_back(&ticket)], Outcome::FencedOut),
         Ending::RolledBack(why) => {
             let log = vec![session.log_line(&LogEvent::RolledBack { ticket, why, released })];
             respond(Answer::Core(responses::rolled_back(session.config(), released)), log, Outcome::RolledBack)
@@ -988,6 +990,22 @@ mod tests {
             Action::Propagate(failure) => assert_eq!(failure.outcome, Outcome::Released),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_transactional_5xx_released_under_release_is_logged_when_fenced_out() {
+        let s = session(Config { on_server_error: OnServerError::Release, ..Config::default() });
+        let (read, mut x) = match s.start(&keyed(), Some("acct"), true) {
+            (Action::ReadBody(read), Some(x)) => (read, x),
+            other => panic!("{other:?}"),
+        };
+        batch(x.step(&s, NOW, Event::BodyHashed(digest(&read.prefix, b""))));
+        x.step(&s, NOW, Event::BatchDone(claimed(1)));
+        assert_eq!(x.step(&s, NOW, answered(503, "down")), Action::Rollback);
+        assert_eq!(batch(x.step(&s, NOW, Event::RolledBack))[0].query, Query::Release);
+        let done = reply(x.step(&s, NOW, Event::BatchDone(vec![StatementResult::default()])));
+        assert_eq!((done.send, done.outcome), (Answer::Handler, Outcome::FencedOut));
+        assert!(done.log.len() == 1 && done.log[0].level == LogLevel::Error && done.log[0].message.contains("fenced out"), "{:?}", done.log);
     }
 
     #[test]

@@ -45,6 +45,16 @@ pub fn fenced_out_rolled_back(ticket: &Ticket) -> LogLine {
     )
 }
 
+pub fn fenced_out_server_error_rolled_back(ticket: &Ticket) -> LogLine {
+    line(
+        LogLevel::Error,
+        format!(
+            "[idempotency] fenced out: {}: a takeover superseded this owner, so its transaction (the handler's writes) was rolled back and its 5xx released nothing; the caller gets the handler's 5xx",
+            owner(ticket)
+        ),
+    )
+}
+
 pub fn unstorable(config: &Config, ticket: &Ticket, status: u16, why: Unstorable) -> LogLine {
     let reason = crate::responses::unstorable_reason(config, status, why);
     let consequence = match (config.profile, why) {
