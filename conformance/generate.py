@@ -39,10 +39,11 @@ BODY_A = b'{"sku":"A-1","qty":1}'
 BODY_B = b'{"sku":"B-2","qty":2}'
 
 
-def request(key=KEY, principal=PRINCIPAL, now=NOW, method="POST", path="/orders", headers=None):
+def request(key=KEY, principal=PRINCIPAL, now=NOW, method="POST", path="/orders", headers=None, transactional=False):
     if headers is None:
         headers = [["Idempotency-Key", key], JSON_HEADER]
-    return {"method": method, "path_and_query": path, "headers": headers, "principal": principal, "now": now}
+    return {"method": method, "path_and_query": path, "headers": headers, "principal": principal, "now": now,
+            "transactional": transactional}
 
 
 def fingerprint_of(config, req, body):
@@ -111,25 +112,32 @@ HANDLER_HEADERS = [["Content-Type", "application/json"], ["Location", "/orders/o
 HANDLER_BODY = '{"order":"o_9"}'
 
 
-def Answered(status=201, headers=None, body=HANDLER_BODY, at=None):
+def Handler(event, at=None, rows=None, writes=None):
+    """The handler ends with `event`. In a transaction (SPEC 10.2), `rows`: the table another request left
+    (a takeover, a sweep) after the transaction opened and before the handler's first write; `writes`: the
+    rows it writes to `handler_writes` (default: one, naming its ticket)."""
+    return {"phase": "run-handler", "event": event, "at": at, "rows": rows, "writes": writes}
+
+
+def Answered(status=201, headers=None, body=HANDLER_BODY, at=None, rows=None, writes=None):
     response = {"status": status, "headers": HANDLER_HEADERS if headers is None else headers}
     if isinstance(body, bytes):
         response["body_hex"] = body.hex()
     else:
         response["body_text"] = body
-    return {"phase": "run-handler", "event": {"handler-done": {"answered": response}}, "at": at}
+    return Handler({"handler-done": {"answered": response}}, at, rows, writes)
 
 
-def Raised(detail="TypeError: boom", at=None):
-    return {"phase": "run-handler", "event": {"handler-done": {"raised": detail}}, "at": at}
+def Raised(detail="TypeError: boom", at=None, rows=None, writes=None):
+    return Handler({"handler-done": {"raised": detail}}, at, rows, writes)
 
 
-def NothingChanged(at=None):
-    return {"phase": "run-handler", "event": {"handler-done": {"nothing-changed": None}}, "at": at}
+def NothingChanged(at=None, rows=None, writes=None):
+    return Handler({"handler-done": {"nothing-changed": None}}, at, rows, writes)
 
 
-def Declined(at=None):
-    return {"phase": "run-handler", "event": {"handler-done": {"declined": None}}, "at": at}
+def Declined(at=None, rows=None, writes=None):
+    return Handler({"handler-done": {"declined": None}}, at, rows, writes)
 
 
 def Feed(phase, event, at=None):
@@ -137,13 +145,41 @@ def Feed(phase, event, at=None):
     return {"phase": phase, "event": event, "at": at}
 
 
+def InTx(event):
+    """A scripted result of `complete-in-transaction` (its statements are not run)."""
+    return {"phase": "complete-in-transaction", "event": event}
+
+
+def CommitFailed(error):
+    """A commit that failed, as the driver saw it (the transaction is left as it is)."""
+    return {"phase": "commit", "event": {"commit-failed": error}}
+
+
 BATCH_EVENTS = ("batch-done", "batch-failed")
+# The actions a host performs on its database: a step of a database vector with no `feed` runs them there.
+DB_ACTIONS = ("run-batch", "complete-in-transaction", "commit", "rollback")
+
+
+def perform(table, action):
+    """What a database answers to a host's action (the event the host feeds next)."""
+    kind, value = next(iter(action.items()))
+    if kind == "run-batch":
+        assert table.tx is None, "a batch while the handler's transaction is open"
+        return {"batch-done": table.run(value)}
+    if kind == "complete-in-transaction":
+        return table.in_transaction(value)
+    if kind == "commit":
+        table.commit()
+        return {"committed": None}
+    table.rollback()
+    return {"rolled-back": None}
 
 
 def play(config, req, body, rows, database, moves):
     """Runs the oracle's exchange with the host doing `moves` (in order, each at the first action of its
-    phase; where no move is given: the body, the batch run on the table, the sleep as asked, the
-    handler's 201). Returns the steps, the table after, and whether only a stepped host can feed them."""
+    phase; where no move is given: the body, each batch or transactional action performed on the table, the
+    sleep as asked, the handler's 201). Returns the steps, the tables after (rows, handler writes), and
+    whether only a stepped host can feed them."""
     exchange = o.Exchange(config)
     table = o.Table(rows)
     moves = list(moves)
@@ -160,44 +196,71 @@ def play(config, req, body, rows, database, moves):
         if phase == "final" and move is None:
             steps.append(step)
             break
-        if phase == "run-batch":
+        extra = {}
+        if phase in DB_ACTIONS:
             if move is None or move.get("db"):
                 if move is not None and move["rows"] is not None:
                     table.replace(move["rows"])
                     if database:
-                        step["rows"] = sort_rows(move["rows"])
-                event = {"batch-done": table.run(action["run-batch"])}
+                        extra["rows"] = sort_rows(move["rows"])
+                event = perform(table, action)
                 feed = not database
             else:
                 event, feed = move["event"], True
-                stepped_only = stepped_only or next(iter(event)) not in BATCH_EVENTS
-            at = now  # the now of the event that caused the batch
+                stepped_only = stepped_only or (phase == "run-batch" and next(iter(event)) not in BATCH_EVENTS)
+            at = now  # the now of the event that caused the action
         else:
             if move is None:
                 move = {"read-body": Body(body), "sleep": Slept(now + action.get("sleep", 0)),
                         "run-handler": Answered()}[phase]
+            if phase == "run-handler" and action["run-handler"]["transaction"]:
+                # SPEC 10.2: the host opens the transaction; another request may change the table before the
+                # handler's first write; the handler writes inside the transaction.
+                table.begin()
+                if move.get("rows") is not None:
+                    table.replace(move["rows"])
+                    if database:
+                        extra["rows"] = sort_rows(move["rows"])
+                ticket = action["run-handler"]["ticket"]
+                writes = move.get("writes")
+                if writes is None:
+                    writes = [{"principal": ticket["principal"], "key": ticket["key"],
+                               "generation": ticket["generation"]}]
+                for w in writes:
+                    table.write(w)
+                if database and writes:
+                    extra["handler_writes"] = writes
+            else:
+                assert move.get("rows") is None and move.get("writes") is None, "rows or writes outside a transaction"
             event, feed = move["event"], True
             at = now if move.get("at") is None else move["at"]
         step["now"] = at
         if feed:
             step["feed"] = event
-        if "rows" in step:
-            step["rows"] = step.pop("rows")
+        step.update(extra)
         steps.append(step)
         now = at
         action = exchange.step(at, event)
     assert not moves, f"moves left over: {moves}"
-    return steps, (table.sorted() if database else None), stepped_only
+    # A transaction still open when the exchange ends is rolled back (the host drops its connection's
+    # transaction).
+    if table.tx is not None:
+        table.rollback()
+    if not database:
+        return steps, None, None, stepped_only
+    return steps, table.sorted(), table.sorted_writes(), stepped_only
 
 
 def trace(steps):
-    """How an exchange went, in short: its sleeps and the outcome of each final action (what the tables
-    state by hand)."""
+    """How an exchange went, in short: its sleeps, commits and rollbacks, and the outcome of each final action
+    (what the tables state by hand)."""
     out = []
     for step in steps:
         kind, value = next(iter(step["expect"].items()))
         if kind == "sleep":
             out.append(value)
+        elif kind in ("commit", "rollback"):
+            out.append(kind)
         elif kind == "pass-through":
             out.append("passed-through")
         elif kind in ("respond", "propagate"):
@@ -210,11 +273,12 @@ def exchange(spec, config=None, req=None, body=BODY_A, rows=(), moves=(), databa
     """One exchange vector. `model_rows`: the table a vector without database plays on (its batch
     results are scripted from it). `expect`: the hand-written trace (sleeps, then the outcome)."""
     config = {} if config is None else config
+    assert o.validate(dict(defaults(cfg(config, "profile")), **config)) is None, f"{spec}: an invalid config"
     req = request() if req is None else req
     assert database or not rows, "a vector without database has no rows"
     assert not database or "dialect" not in config, "a database vector runs in the runner's dialect"
-    steps, rows_after, stepped_only = play(config, req, body, rows if database else (model_rows or ()), database,
-                                           moves)
+    steps, rows_after, writes_after, stepped_only = play(config, req, body, rows if database else (model_rows or ()),
+                                                         database, moves)
     for rows_of_step in [rows, rows_after] + [step.get("rows") for step in steps]:
         check_rows(rows_of_step, spec)
     if expect is not None:
@@ -226,6 +290,8 @@ def exchange(spec, config=None, req=None, body=BODY_A, rows=(), moves=(), databa
         vector["stepped_only"] = True
     vector.update({"rows": sort_rows(rows) if database else [], "request": req, "steps": steps,
                    "rows_after": rows_after})
+    if database and req["transactional"]:
+        vector["writes_after"] = writes_after
     return vector
 
 
@@ -1485,6 +1551,349 @@ def sequence_vectors():
     return number(vectors, "sequence")
 
 
+# ---- SPEC 10: exactly once (the transactional completion, the lease the handler runs under) ----
+
+def transaction_vectors():
+    """A transactional request claims at CLAIMED_AT; its handler writes to `handler_writes` inside the
+    transaction and answers at NOW. `writes_after` proves whether its writes committed."""
+    busy = {"kind": "pool-exhausted", "message": "pool timed out"}
+    lost = {"kind": "outcome-unknown", "message": "connection reset"}
+    locked = db("SQLITE_BUSY", "database is locked")
+    taken_over = pending(created_at=CLAIMED_AT, updated_at=NOW - 5, generation=2)
+    completed_by_other = row(created_at=CLAIMED_AT, updated_at=NOW - 5, generation=2)
+    reclaimed = pending(created_at=NOW - 10, updated_at=NOW - 10)
+    other_request = pending(created_at=NOW - 10, updated_at=NOW - 10, fingerprint=FP_B)
+    I = IETF
+    vectors = []
+
+    def t(spec, config, expect, rows=(), moves=(), database=True, model_rows=(), **req):
+        r = request(**dict({"now": CLAIMED_AT, "transactional": True}, **req))
+        vectors.append(exchange(spec, config, r, rows=rows, moves=moves, database=database, model_rows=model_rows,
+                                expect=expect))
+
+    def fenced(rows):
+        """The handler answers at NOW, after another request left `rows` (before the handler's first write)."""
+        return Answered(at=NOW, rows=rows)
+
+    ok = ["commit", "executed"]
+    # The completion matched: the handler's writes and the stored answer commit together.
+    t("10.2: a fresh transactional request: its write and its completion commit together", {}, ok)
+    t("10.2: a takeover in a transaction: committed at generation 2", {}, ["commit", "taken-over"], rows=[stale()])
+    t("10.2: a takeover of generation 5: committed at generation 6", {}, ["commit", "taken-over"],
+      rows=[stale(generation=5)])
+    t("10.2: the handler writes two rows: both commit", {}, ok,
+      moves=[Answered(at=NOW, writes=[{"principal": PRINCIPAL, "key": KEY, "generation": 1},
+                                      {"principal": PRINCIPAL, "key": "line-2", "generation": 1}])])
+    t("10.2: the handler writes nothing: the completion commits alone", {}, ok, moves=[Answered(at=NOW, writes=[])])
+    t("10.2: ietf: committed, the handler's own response", I, ok)
+    t("10.2: another principal's row is never touched", {}, ok,
+      rows=[pending(principal="acct-2", created_at=CLAIMED_AT, updated_at=CLAIMED_AT)])
+    t("10.2: a 5xx under store is stored and committed like any answer", {}, ok,
+      moves=[Answered(503, [["content-type", "text/plain"]], "down", at=NOW)])
+    t("10.2: a 404 under release is stored and committed", REL, ok,
+      moves=[Answered(404, [["content-type", "text/plain"]], "missing", at=NOW)])
+    t("10.2: recipe: an unstorable body: the stored 500 commits with the writes, logged", {}, ok,
+      moves=[Answered(body="a" * 16_385, at=NOW)])
+    t("10.2: ietf: an unstorable body: the caller gets it, the row without it commits with the writes", I, ok,
+      moves=[Answered(body="a" * 16_385, at=NOW)])
+    t("10.2: sweep-every 1: a committed transactional execution asks for a sweep", {"sweep-every": 1}, ok)
+    t("10.2: a transactional request whose answer is stored: replayed, no transaction opened", {}, "replayed",
+      rows=[row()], now=NOW)
+    t("10.2: a transactional request in progress elsewhere: 409, no transaction opened", {}, "in-progress",
+      rows=[pending(updated_at=NOW - 10)], now=NOW)
+
+    # The fence fired: a takeover (or a sweep) superseded this owner before its completion.
+    fo = ["rollback", "fenced-out"]
+    t("10.2: fenced out: the new owner is running: rolled back, the in-progress 409", {}, fo,
+      moves=[fenced([taken_over])])
+    t("10.2: fenced out: the new owner completed: rolled back, its stored answer", {}, fo,
+      moves=[fenced([completed_by_other])])
+    t("10.2: fenced out: the row was swept: rolled back, the retry 409", {}, fo, moves=[fenced([])])
+    t("10.2: fenced out: swept and claimed anew by the same payload: the in-progress 409", {}, fo,
+      moves=[fenced([reclaimed])])
+    t("10.2: fenced out: swept and claimed anew by another payload: key reused", {}, fo,
+      moves=[fenced([other_request])])
+    t("10.2: ietf: fenced out, claimed anew by another payload: 422", I, fo, moves=[fenced([other_request])])
+    t("10.2: ietf: fenced out, the new owner running: the 409 problem", I, fo, moves=[fenced([taken_over])])
+    t("10.2: ietf: fenced out, the new owner completed: its answer with the replay marker", I, fo,
+      moves=[fenced([completed_by_other])])
+    t("10.2: fenced out: the new owner completed meanwhile: the lookup finds its answer", {}, fo,
+      moves=[fenced([taken_over]), Db([completed_by_other])])
+    t("10.2: fenced out: the new owner's answer cannot be replayed: 500 record-corrupt", {}, fo,
+      moves=[fenced([row(created_at=CLAIMED_AT, updated_at=NOW - 5, generation=2, response_headers="not json")])])
+    t("10.2: fenced out, no in-progress hint: the 409 says the time to the takeover", NO_HINT, fo,
+      moves=[fenced([taken_over])])
+    t("10.2: fenced out with wait-ms: a fenced-out owner never waits", {"wait-ms": 1_000}, fo,
+      moves=[fenced([taken_over])])
+    t("10.2: fenced out: a stale new owner: the 409 says 0 ms", {}, fo,
+      moves=[fenced([pending(created_at=CLAIMED_AT, updated_at=NOW - TTL - 1, generation=2)])])
+    t("10.2: a takeover owner (generation 2) fenced out by generation 3", {}, fo, rows=[stale()],
+      moves=[fenced([pending(created_at=NOW - 60_000, updated_at=NOW - 5, generation=3)])])
+    t("10.2: fenced out with replay-header: the new owner's answer carries it", {"replay-header": "Idempotent-Replayed"},
+      fo, moves=[fenced([completed_by_other])])
+    t("10.2: fenced out, the handler wrote nothing: rolled back all the same", {}, fo,
+      moves=[Answered(at=NOW, rows=[taken_over], writes=[])])
+    t("10.2: fenced out, the lookup fails (busy): 503, both lines logged", {}, fo, moves=[fenced([taken_over]), Fail(busy)])
+    t("10.2: fenced out, the lookup's outcome is unknown: 503", {}, fo, moves=[fenced([taken_over]), Fail(lost)])
+    t("10.2: fenced out, the lookup fails (schema): 500", {}, fo,
+      moves=[fenced([taken_over]), Fail(db("SQLITE_ERROR", "no such table: idempotency_keys"))])
+    t("10.2: fenced out, the lookup's result is malformed (no result): 500", {}, fo,
+      moves=[fenced([taken_over]), Done([])])
+    t("10.2: fenced out, the lookup's result is malformed (a row of 2 columns): 500", {}, fo,
+      moves=[fenced([taken_over]), Done([o.result([[FP_A, "pending"]])])])
+
+    # How the fence's failure is told from any other (scripted: each driver's words).
+    fence_cases = [
+        ("sqlite (rusqlite: the extended code)", "sqlite", db("1299", "NOT NULL constraint failed: idempotency_keys.status"), fo),
+        ("sqlite (better-sqlite3: the code's name)", "sqlite",
+         db("SQLITE_CONSTRAINT_NOTNULL", "NOT NULL constraint failed: idempotency_keys.status"), fo),
+        ("D1 (no code)", "sqlite", db(None, "D1_ERROR: NOT NULL constraint failed: idempotency_keys.status: SQLITE_CONSTRAINT"), fo),
+        ("postgres", "postgres",
+         db("23502", 'null value in column "status" of relation "idempotency_keys" violates not-null constraint'), fo),
+        ("postgres before 13 (no relation named)", "postgres",
+         db("23502", 'null value in column "status" violates not-null constraint'), fo),
+        ("sqlite: NOT NULL of another table is a failed write", "sqlite",
+         db("1299", "NOT NULL constraint failed: orders.status"), ["rollback", "rolled-back"]),
+        ("sqlite: NOT NULL of another column is a failed write", "sqlite",
+         db("1299", "NOT NULL constraint failed: idempotency_keys.fingerprint"), ["rollback", "rolled-back"]),
+        ("D1: a handler statement's UNIQUE constraint is a failed write", "sqlite",
+         db(None, "D1_ERROR: UNIQUE constraint failed: orders.id: SQLITE_CONSTRAINT"), ["rollback", "rolled-back"]),
+        ("postgres: NOT NULL of another column is a failed write", "postgres",
+         db("23502", 'null value in column "sku" of relation "orders" violates not-null constraint'),
+         ["rollback", "rolled-back"]),
+        ("postgres: a unique violation is a failed write", "postgres",
+         db("23505", 'duplicate key value violates unique constraint "orders_pkey"'), ["rollback", "rolled-back"]),
+        ("postgres: a serialization failure is a busy write", "postgres",
+         db("40001", "could not serialize access due to concurrent update"), ["rollback", "rolled-back"]),
+        ("postgres: the transaction was aborted by an earlier error", "postgres",
+         db("25P02", "current transaction is aborted, commands ignored until end of transaction block"),
+         ["rollback", "rolled-back"]),
+    ]
+    for name, dialect, error, expect in fence_cases:
+        # The lookup (when fenced out) finds the new owner's answer.
+        t(f"10.2: the fence, {name}", {"dialect": dialect}, expect, database=False,
+          moves=[Answered(at=NOW), InTx({"batch-failed": error})] + ([Db([completed_by_other])] if expect == fo else []))
+
+    # A write or the completion failed: rolled back, released, nothing changed.
+    rb = ["rollback", "rolled-back"]
+    t("10.2: a write failed (busy): rolled back, released: 503 Retry-After 1", {}, rb,
+      moves=[Answered(at=NOW), InTx({"batch-failed": locked})])
+    t("10.2: ietf: a write failed: the 503 problem", I, rb, moves=[Answered(at=NOW), InTx({"batch-failed": locked})])
+    t("10.2: a write failed (unreachable): released", {}, rb,
+      moves=[Answered(at=NOW), InTx({"batch-failed": {"kind": "unreachable", "message": "connection refused"}})])
+    t("10.2: a write failed, the release failed: 503 Retry-After of the TTL, the row stays pending", {}, rb,
+      moves=[Answered(at=NOW), InTx({"batch-failed": locked}), Fail(busy)])
+    t("10.2: a write failed, the release failed (ttl 5 s): Retry-After 5", {"pending-ttl-ms": 5_000}, rb,
+      moves=[Answered(at=NOW), InTx({"batch-failed": locked}), Fail(busy)])
+    t("10.2: a write failed, taken over before the release: nothing released", {}, rb,
+      moves=[Answered(at=NOW), InTx({"batch-failed": locked}), Db([taken_over])])
+    t("10.2: a write failed, the release's result is malformed", {}, rb,
+      moves=[Answered(at=NOW), InTx({"batch-failed": locked}), Done([])])
+    for name, results in (("1 result for 2 statements", [o.result([[1]], 1)]),
+                          ("3 results", [o.result([[1]], 1), o.result(), o.result()]),
+                          ("a completion row of 2 columns", [o.result([[1, 2]], 1), o.result()]),
+                          ("2 completion rows", [o.result([[1], [1]], 2), o.result()])):
+        t(f"10.2: a malformed transactional completion result ({name}): rolled back, released", {}, rb,
+          moves=[Answered(at=NOW), InTx({"batch-done": results})])
+    t("10.2: a completion result with no row (the fence did not abort): fenced out all the same", {}, fo,
+      database=False, moves=[Answered(at=NOW), InTx({"batch-done": [o.result(), o.result()]}), Db([completed_by_other])])
+    unknown = ["rollback", "completion-failed"]
+    t("10.2: the completion's batch broke (outcome unknown): 503 commit outcome unknown, never 'nothing changed'",
+      {}, unknown, moves=[Answered(at=NOW), InTx({"batch-failed": lost})])
+    t("10.2: D1's 'Network connection lost' on the completion's batch (which is D1's commit): outcome unknown", {},
+      unknown, moves=[Answered(at=NOW), InTx({"batch-failed": db(None, "D1_ERROR: Network connection lost.")})])
+    t("10.2: outcome unknown on the completion's batch after an unstorable response: both lines", {}, unknown,
+      moves=[Answered(body="a" * 16_385, at=NOW), InTx({"batch-failed": lost})])
+    t("10.2: ietf, ttl 1500 ms: the completion's batch broke: Retry-After 2", dict(I, **{"pending-ttl-ms": 1_500}),
+      unknown, moves=[Answered(at=NOW), InTx({"batch-failed": lost})])
+
+    # The commit.
+    crb, cu = ["commit"] + rb, ["commit", "completion-failed"]
+    t("10.2: the commit failed (busy): rolled back, released: 503", {}, crb, moves=[Answered(at=NOW), CommitFailed(locked)])
+    t("10.2: the commit failed (a deferred constraint, postgres)", {"dialect": "postgres"}, crb, database=False,
+      moves=[Answered(at=NOW), CommitFailed(db("23503", 'insert or update on table "orders" violates foreign key '
+                                                       'constraint "orders_customer_fkey"'))])
+    t("10.2: the commit failed (serialization, postgres): busy", {"dialect": "postgres"}, crb, database=False,
+      moves=[Answered(at=NOW), CommitFailed(db("40001", "could not serialize access due to read/write dependencies"))])
+    t("10.2: the commit failed, then the release failed", {}, crb,
+      moves=[Answered(at=NOW), CommitFailed(locked), Fail(busy)])
+    t("10.2: the commit failed, taken over before the release: nothing released", {}, crb,
+      moves=[Answered(at=NOW), CommitFailed(locked), Db([taken_over])])
+    t("10.2: the commit's outcome is unknown: 503, the key stays reserved (here: it did not commit)", {},
+      cu, moves=[Answered(at=NOW), CommitFailed(lost)])
+    t("10.2: the commit's outcome is unknown (ietf, a takeover owner)", I, cu, rows=[stale()],
+      moves=[Answered(at=NOW), CommitFailed(lost)])
+    t("10.2: the commit's outcome is unknown after an unstorable response: both lines", {}, cu,
+      moves=[Answered(body="a" * 16_385, at=NOW), CommitFailed(lost)])
+    t("10.2: the commit's outcome is unknown (ttl 1500 ms): Retry-After 2", {"pending-ttl-ms": 1_500},
+      cu, moves=[Answered(at=NOW), CommitFailed(lost)])
+
+    # No answer to store: rolled back, then released whatever the reason.
+    rel = ["rollback", "released"]
+    t("10.2: the handler raised: its writes rolled back, the key released, the failure propagated", {}, rel,
+      moves=[Raised(at=NOW)])
+    t("10.2: ietf: the handler raised: released", I, rel, moves=[Raised(at=NOW)])
+    t("10.2: the handler raised under release: released", REL, rel, moves=[Raised(at=NOW)])
+    t("10.2: the handler changed nothing: rolled back, released, its response sent", {}, rel,
+      moves=[NothingChanged(at=NOW)])
+    t("10.2: the framework declined the request: rolled back, released", {}, rel, moves=[Declined(at=NOW)])
+    t("10.2: a takeover owner raised: its generation-2 reservation released", {}, rel, rows=[stale()],
+      moves=[Raised(at=NOW)])
+    t("10.2: raised, taken over before the handler wrote: nothing released", {}, ["rollback", "fenced-out"],
+      moves=[Raised(at=NOW, rows=[taken_over])])
+    t("10.2: changed nothing, the row swept: nothing released", {}, ["rollback", "fenced-out"],
+      moves=[NothingChanged(at=NOW, rows=[])])
+    t("10.2: declined, completed by another owner: nothing released", {}, ["rollback", "fenced-out"],
+      moves=[Declined(at=NOW, rows=[completed_by_other])])
+    t("10.2: raised, the release failed: propagated, the row stays pending", {}, ["rollback", "completion-failed"],
+      moves=[Raised(at=NOW), Fail(busy)])
+    t("10.2: declined, the release failed: the handler's response", {}, ["rollback", "completion-failed"],
+      moves=[Declined(at=NOW), Fail(lost)])
+    t("10.2: a 5xx under release: rolled back, released, the handler's 5xx", REL, rel,
+      moves=[Answered(503, [["content-type", "text/plain"]], "down", at=NOW)])
+    t("10.2: ietf: a 5xx under release: released", dict(I, **REL), rel,
+      moves=[Answered(500, [], "", at=NOW)])
+    t("10.2: a 5xx under release, taken over before the handler wrote: nothing released, logged", REL,
+      ["rollback", "fenced-out"], moves=[Answered(503, [], "down", at=NOW, rows=[taken_over])])
+    t("10.2: a 5xx under release, the release failed", REL, ["rollback", "completion-failed"],
+      moves=[Answered(503, [], "down", at=NOW), Fail(busy)])
+    t("10.2: a 5xx under release whose body cannot be stored: released all the same", REL, rel,
+      moves=[Answered(503, [], "a" * 16_385, at=NOW)])
+
+    # 10.1: how often the handler's owner renews (run-handler.renew-every-ms).
+    t("10.1: lease-renewal off: renew-every-ms null", {"lease-renewal": False}, ok)
+    t("10.1: lease-renewal off, not transactional: renew-every-ms null", {"lease-renewal": False}, "executed",
+      transactional=False)
+    for ttl in (5_000, 3, 2, 1, MAX_DURATION_MS):
+        c = {"pending-ttl-ms": ttl, "retention-ms": max(ttl, RETENTION)}
+        t(f"10.1: ttl {ttl} ms: renew every {o.renew_every_ms(c)} ms", c, "executed", database=False,
+          transactional=False)
+    t("10.1: ietf: renew every 10000 ms (a third of the default TTL)", I, "executed", database=False,
+      transactional=False)
+
+    # Events the exchange was not waiting for in the new states: a 500, logged; the transaction is dropped.
+    # (At a run-batch, only a stepped host can feed them.)
+    for name, event in (("committed", {"committed": None}), ("rolled-back", {"rolled-back": None}),
+                        ("commit-failed", {"commit-failed": busy}), ("slept", {"slept": None}),
+                        ("handler-done", {"handler-done": {"nothing-changed": None}})):
+        t(f"wit step: {name} while completing in the transaction: 500 internal-error, rolled back", {},
+          "internal-error", moves=[Answered(at=NOW), Feed("complete-in-transaction", event)])
+    for name, event in (("batch-done", {"batch-done": [o.result([[1]], 1)]}), ("batch-failed", {"batch-failed": busy}),
+                        ("rolled-back", {"rolled-back": None}), ("body", {"body": ""})):
+        t(f"wit step: {name} while committing: 500 internal-error, rolled back", {}, ["commit", "internal-error"],
+          moves=[Answered(at=NOW), Feed("commit", event)])
+    for name, event in (("committed", {"committed": None}), ("commit-failed", {"commit-failed": lost}),
+                        ("batch-done", {"batch-done": []}), ("slept", {"slept": None})):
+        t(f"wit step: {name} while rolling back: 500 internal-error", {}, ["rollback", "internal-error"],
+          moves=[Raised(at=NOW), Feed("rollback", event)])
+    for name, event in (("rolled-back", {"rolled-back": None}), ("committed", {"committed": None})):
+        t(f"wit step: {name} while looking up (stepped only): 500 internal-error", {}, ["rollback", "internal-error"],
+          moves=[fenced([taken_over]), Feed("run-batch", event)])
+        t(f"wit step: {name} while releasing after a rollback (stepped only): 500 internal-error", {},
+          ["rollback", "internal-error"], moves=[Declined(at=NOW), Feed("run-batch", event)])
+    for name, event in (("committed", {"committed": None}), ("rolled-back", {"rolled-back": None}),
+                        ("commit-failed", {"commit-failed": busy})):
+        t(f"wit step: {name} while the handler runs: 500 internal-error, rolled back", {}, "internal-error",
+          moves=[Feed("run-handler", event)])
+        t(f"wit step: {name} while a non-transactional handler runs: 500 internal-error", {}, "internal-error",
+          moves=[Feed("run-handler", event)], transactional=False)
+        t(f"wit step: {name} while reading the body: 500 internal-error", {}, "internal-error", database=False,
+          moves=[Feed("read-body", event)])
+        t(f"wit step: {name} while deciding (stepped only): 500 internal-error", {}, "internal-error", database=False,
+          moves=[Feed("run-batch", event)])
+    t("wit step: committed while a non-transactional completion runs (stepped only): 500 internal-error", {},
+      "internal-error", database=False, transactional=False, moves=[Answered(), Feed("run-batch", {"committed": None})])
+    t("wit step: rolled-back while sleeping: 500 internal-error", {"wait-ms": 1_000}, [10, "internal-error"],
+      rows=[pending(updated_at=NOW - 10)], now=NOW, moves=[Db(), Feed("sleep", {"rolled-back": None})])
+    t("wit step: committed after the final respond of a committed exchange: 500, the writes stay committed", {},
+      ["commit", "executed", "internal-error"], moves=[Feed("final", {"committed": None})])
+    t("wit step: rolled-back after a fenced-out answer: 500 internal-error", {}, fo + ["internal-error"],
+      moves=[fenced([taken_over]), Feed("final", {"rolled-back": None})])
+    return number(vectors, "transaction")
+
+
+# ---- SPEC 10.1: lease renewal (session.renewal, session.renewed; session.renew driven) ----
+
+def renewal_vectors():
+    ticket = {"principal": PRINCIPAL, "key": KEY, "fingerprint": FP_A, "generation": 1, "created_at": CLAIMED_AT}
+    own = pending(created_at=CLAIMED_AT, updated_at=CLAIMED_AT)
+    gen3 = dict(ticket, generation=3, created_at=NOW - 60_000)
+    odd = dict(ticket, principal="acct\n1", key='k"ey\\1')
+    busy = {"kind": "pool-exhausted", "message": "pool timed out"}
+    cases = [
+        # (spec, config, rows, ticket, now, feed or None, expected state)
+        ("10.1: held: the renewal moves updated_at to now", {}, [own], ticket, NOW, None, "held"),
+        ("10.1: held (ietf)", IETF, [own], ticket, NOW, None, "held"),
+        ("10.1: held: a takeover owner (generation 3) renews", {},
+         [pending(generation=3, created_at=NOW - 60_000, updated_at=CLAIMED_AT)], gen3, NOW, None, "held"),
+        ("10.1: held: a row gone stale that nobody took over is renewed", {},
+         [pending(created_at=CLAIMED_AT, updated_at=CLAIMED_AT - 10 * TTL)], ticket, NOW, None, "held"),
+        ("10.1: held: a clock behind the row's never moves updated_at back", {},
+         [pending(created_at=CLAIMED_AT, updated_at=NOW + 10_000)], ticket, NOW, None, "held"),
+        ("10.1: held: renewed at the very time of the last renewal", {},
+         [pending(created_at=CLAIMED_AT, updated_at=NOW)], ticket, NOW, None, "held"),
+        ("10.1: held: another principal's and another key's rows are never touched", {},
+         [own, pending(principal="acct-2", created_at=CLAIMED_AT, updated_at=CLAIMED_AT),
+          pending(key="key-0", created_at=CLAIMED_AT, updated_at=CLAIMED_AT)], ticket, NOW, None, "held"),
+        ("10.1: lost: taken over (generation 2)", {},
+         [pending(created_at=CLAIMED_AT, updated_at=NOW - 5, generation=2)], ticket, NOW, None, "lost"),
+        ("10.1: lost: taken over and completed by the new owner", {},
+         [row(created_at=CLAIMED_AT, updated_at=NOW - 5, generation=2)], ticket, NOW, None, "lost"),
+        ("10.1: lost: the row was swept", {}, [], ticket, NOW, None, "lost"),
+        ("10.1: lost: swept and claimed anew by the same payload (newer created_at)", {},
+         [pending(created_at=NOW - 10, updated_at=NOW - 10)], ticket, NOW, None, "lost"),
+        ("10.1: lost: swept and claimed anew by another payload", {},
+         [pending(created_at=CLAIMED_AT, updated_at=NOW - 10, fingerprint=FP_B)], ticket, NOW, None, "lost"),
+        ("10.1: lost: completed at this generation (a renewal after the handler ended finds no pending row)", {},
+         [row(created_at=CLAIMED_AT, updated_at=NOW - 5)], ticket, NOW, None, "lost"),
+        ("10.1: lost: only another principal's row", {},
+         [pending(principal="acct-2", created_at=CLAIMED_AT, updated_at=CLAIMED_AT)], ticket, NOW, None, "lost"),
+        ("10.1: lost: a takeover owner taken over in turn (generation 4)", {},
+         [pending(generation=4, created_at=NOW - 60_000, updated_at=NOW - 5)], gen3, NOW, None, "lost"),
+        ("10.1: lost: the log line escapes the principal and key", {}, [], odd, NOW, None, "lost"),
+        ("10.1: unknown: busy (sqlite)", {"dialect": "sqlite"}, [own], ticket, NOW,
+         {"batch-failed": db("SQLITE_BUSY", "database is locked")}, "unknown"),
+        ("10.1: unknown: a lock timeout (postgres) is busy", {"dialect": "postgres"}, [own], ticket, NOW,
+         {"batch-failed": db("55P03", "canceling statement due to lock timeout")}, "unknown"),
+        ("10.1: unknown: an exhausted pool", {}, [own], ticket, NOW, {"batch-failed": busy}, "unknown"),
+        ("10.1: unknown: unreachable", {}, [own], ticket, NOW,
+         {"batch-failed": {"kind": "unreachable", "message": "connect ECONNREFUSED"}}, "unknown"),
+        ("10.1: unknown: the renewal's outcome is unknown", {}, [own], ticket, NOW,
+         {"batch-failed": {"kind": "outcome-unknown", "message": "connection reset"}}, "unknown"),
+        ("10.1: unknown: ttl 5 s: the line says when the reservation can be taken over",
+         {"pending-ttl-ms": 5_000, "dialect": "sqlite"}, [own], ticket, NOW,
+         {"batch-failed": db(None, "D1_ERROR: database is locked")}, "unknown"),
+        ("10.1: unknown: a malformed result (no result)", {}, [own], ticket, NOW, {"batch-done": []}, "unknown"),
+        ("10.1: unknown: a malformed result (2 results)", {}, [own], ticket, NOW,
+         {"batch-done": [o.result([[1]], 1), o.result([[1]], 1)]}, "unknown"),
+        ("10.1: unknown: a malformed result (a row of 2 columns)", {}, [own], ticket, NOW,
+         {"batch-done": [o.result([[1, 2]], 1)]}, "unknown"),
+        ("10.1: unknown: a malformed result (2 rows)", {}, [own], ticket, NOW,
+         {"batch-done": [o.result([[1], [1]], 2)]}, "unknown"),
+        ("10.1: held: D1 hands the generation over as a real", {}, [own], ticket, NOW,
+         {"batch-done": [o.result([[{"real": 1.0}]], 1)]}, "held"),
+        ("10.1: lost: a scripted empty result", {}, [own], ticket, NOW, {"batch-done": [o.result()]}, "lost"),
+    ]
+    vectors = []
+    for spec, config, rows, tk, now, feed, state in cases:
+        check_rows(rows, spec)
+        table = o.Table(rows)
+        statements = o.renewal_batch(tk, now)
+        if feed is None:
+            outcome = ("done", table.run(statements))
+        else:
+            kind, value = next(iter(feed.items()))
+            outcome = ("failed" if kind == "batch-failed" else "done", value)
+        lease = o.renewed(config, tk, outcome)
+        assert lease["state"] == state, (spec, lease)
+        vector = {"id": None, "spec": spec, "config": config, "rows": sort_rows(rows), "ticket": tk, "now": now}
+        if feed is not None:
+            vector["feed"] = feed
+        vector.update({"expect": lease, "rows_after": table.sorted()})
+        vectors.append(vector)
+    return number(vectors, "renewal")
+
+
 # ---- SPEC 8: sweep ----
 
 def sweep_vectors():
@@ -1561,7 +1970,10 @@ def config_vectors():
             "protected-methods": ["PUT", "POST"], "fingerprint-headers": ["x-tenant"], "replay-headers": ["etag"],
             "pending-ttl-ms": 5_000, "retention-ms": 5_000, "body-cap-bytes": 0, "request-body-cap-bytes": 0,
             "sweep-batch": 1, "sweep-every": 1, "key-required": False, "replay-header": "Idempotent-Replayed",
-            "in-progress-retry-ms": 0, "wait-ms": 5_000, "on-server-error": "release"}, None),
+            "in-progress-retry-ms": 0, "wait-ms": 5_000, "on-server-error": "release", "lease-renewal": False}, None),
+        ("Settings: lease renewal off", R, {"lease-renewal": False}, None),
+        ("Settings: lease renewal off (ietf), with the shortest TTL", I, {"lease-renewal": False, "pending-ttl-ms": 1,
+                                                                          "retention-ms": 1}, None),
         ("Settings: empty lists are valid", R, {"protected-methods": [], "fingerprint-headers": [], "replay-headers": []},
          None),
         ("Settings: upper limits (2^53 ms, 16 MiB, 10 000, 2^32-1)", I, {
@@ -1632,9 +2044,10 @@ def build():
         "log": log_vectors(),
         "body": body_vectors(),
         "sequence": sequence_vectors(),
+        "transaction": transaction_vectors(),
     }
     exchanges = [v for vs in families.values() for v in vs]
-    kinds = {"exchange": exchanges, "sweep": sweep_vectors(), "config": config_vectors()}
+    kinds = {"exchange": exchanges, "sweep": sweep_vectors(), "renewal": renewal_vectors(), "config": config_vectors()}
     ids = [v["id"] for vs in kinds.values() for v in vs]
     assert len(ids) == len(set(ids)), "duplicate vector ids"
     doc = {

@@ -7,8 +7,9 @@ sf-string parser (SPEC 1), the decision batch and its reading (SPEC 3, 5, 6),
 the shaping of a mutation's response (SPEC 7), the sweep and its FNV-1a
 choice (SPEC 8), the classification of batch errors and the error answers
 (SPEC 9, "Profiles"), a model of the `idempotency_keys` table the statements
-run on, and the exchange itself (wit/exchange.wit): which action answers
-which event in which state.
+run on (with the handler's transaction and its side table, SPEC 10), lease
+renewal and the transactional completion (SPEC 10), and the exchange itself
+(wit/exchange.wit): which action answers which event in which state.
 
 The texts the SPEC does not word are copied from the core, since the core is
 where they are worded once: log lines (guest/core/src/log.rs), the error
@@ -16,7 +17,8 @@ texts they embed (types.rs `Display`, the malformed-result messages of
 machine.rs), the sf-string parser's 400 details (headers.rs), and the
 answers the SPEC's table does not list yet (responses.rs: the 411, the 400
 for a broken body, the 500s for a consumed body, an unstorable response, a
-failed handler and an internal error). Standard library only.
+failed handler and an internal error, and SPEC 10's 503s). Standard library
+only.
 """
 
 import hashlib
@@ -49,6 +51,7 @@ def defaults(profile="recipe"):
         "in-progress-retry-ms": 1_000,
         "wait-ms": 0,
         "on-server-error": "store",
+        "lease-renewal": True,
     }
 
 
@@ -103,6 +106,14 @@ def validate(config):
 
 def ceil_div(a, b):
     return -(-a // b)
+
+
+def renew_every_ms(config):
+    """SPEC 10.1: a running owner renews every third of the TTL (at least every millisecond, at most a
+    u32 of milliseconds apart); None when `lease-renewal` is off."""
+    if not cfg(config, "lease-renewal"):
+        return None
+    return min(max(cfg(config, "pending-ttl-ms") // 3, 1), 2 ** 32 - 1)
 
 
 def json_text(value):
@@ -258,6 +269,29 @@ def internal_error_answer(config):
 def handler_failed_answer(config):
     return answer(config, 500, "idempotency_handler_failed", "The request failed while it was being handled.",
                   "Request failed")
+
+
+ROLLED_BACK = "The request's writes were rolled back because its completion could not be committed; nothing changed."
+
+
+def rolled_back_answer(config, released):
+    """SPEC 10.2: a transactional handler's writes were rolled back. Released: the retry runs at once;
+    else the key may stay reserved for the TTL."""
+    ttl = cfg(config, "pending-ttl-ms")
+    if released:
+        return answer(config, 503, "idempotency_rolled_back", f"{ROLLED_BACK} Retry the request.", "Request rolled back",
+                      retry_after=1)
+    return answer(config, 503, "idempotency_rolled_back",
+                  f"{ROLLED_BACK} Its Idempotency-Key may stay reserved for up to {ttl} ms.", "Request rolled back",
+                  retry_after=ceil_div(ttl, 1000))
+
+
+def commit_outcome_unknown_answer(config):
+    """SPEC 10.2: the transaction may or may not have committed; a retry with the same key replays it if it did."""
+    return answer(config, 503, "idempotency_commit_outcome_unknown",
+                  "The connection to the database broke while the request was committing; it may or may not have "
+                  "been executed. Retry with the same Idempotency-Key: the retry replays its answer if it was.",
+                  "Commit outcome unknown", retry_after=ceil_div(cfg(config, "pending-ttl-ms"), 1000))
 
 
 def unstorable_reason(config, status, why):
@@ -479,6 +513,30 @@ def release_batch(ticket):
                       ticket["fingerprint"])]
 
 
+def complete_statement(ticket, stored, now):
+    """SPEC 6.2: the fenced completion of `ticket` with the stored (status, body, headers JSON)."""
+    status, body, headers = stored
+    return statement("complete", status, body, headers, now, ticket["principal"], ticket["key"], ticket["generation"],
+                     ticket["created_at"], ticket["fingerprint"])
+
+
+def fence_statement(ticket):
+    """SPEC 10.2: the fence after a transactional completion: the row's identity to insert, then the completed
+    row it looks for."""
+    p, k, f, g, c = (ticket[n] for n in ("principal", "key", "fingerprint", "generation", "created_at"))
+    return statement("fence", p, k, f, g, c, p, k, g, c, f)
+
+
+def lookup_batch(ticket):
+    return [statement("lookup", ticket["principal"], ticket["key"])]
+
+
+def renewal_batch(ticket, now):
+    """SPEC 10.1: the fenced renewal of `ticket`'s lease at `now`."""
+    return [statement("renew", now, ticket["principal"], ticket["key"], ticket["generation"], ticket["created_at"],
+                      ticket["fingerprint"])]
+
+
 def sweep_batch(config, now):
     return [statement("sweep", now - cfg(config, "retention-ms"), cfg(config, "sweep-batch"))]
 
@@ -491,17 +549,69 @@ COLUMNS = ["principal", "key", "fingerprint", "status", "generation", "response_
            "response_headers", "created_at", "updated_at"]
 
 
+# SQLite's answer to the fence (SPEC 10.2): its NOT NULL constraint on `status`, as a driver reports it.
+FENCE_FAILURE = {"kind": "database", "code": "SQLITE_CONSTRAINT_NOTNULL",
+                 "message": "NOT NULL constraint failed: idempotency_keys.status"}
+
+
+class StatementFailed(Exception):
+    """A statement the database refused: args[0] is the batch-error a host would report."""
+
+
 class Table:
-    """The `idempotency_keys` table as SPEC 2, 3, 6 and 8 describe it, with each query's
-    effect and result: what a real database answers to the core's statements."""
+    """The `idempotency_keys` table as SPEC 2, 3, 6, 8 and 10 describe it, with each query's
+    effect and result: what a real database answers to the core's statements. Beside it, the
+    `handler_writes` side table a transactional handler writes to, and the handler's transaction
+    (opened at `run-handler`, committed or rolled back when the exchange says)."""
 
     def __init__(self, rows=()):
         self.rows = [dict(r) for r in rows]
+        self.writes = []
         # A sweep that had more candidates than its limit deleted rows the SQL leaves unspecified.
         self.uncertain = False
+        # The handler's open transaction: None, or what the tables held before its first statement
+        # (None until it ran one).
+        self.tx = None
+        self.before = None
 
     def replace(self, rows):
+        """Another request changed the table (on another connection, committed). Never once the open
+        transaction has run a statement: on SQLite it holds the write lock from its first write."""
+        assert self.tx is None or self.before is None, "rows replaced after the transaction's first statement"
         self.rows = [dict(r) for r in rows]
+
+    def begin(self):
+        assert self.tx is None, "a transaction is already open"
+        self.tx, self.before = True, None
+
+    def touch(self):
+        """The open transaction runs a statement: remember the tables as they were."""
+        if self.tx is not None and self.before is None:
+            self.before = ([dict(r) for r in self.rows], [dict(w) for w in self.writes])
+
+    def write(self, row):
+        """One of the handler's writes inside its transaction: a row of `handler_writes`."""
+        assert self.tx is not None, "a handler write outside a transaction"
+        self.touch()
+        self.writes.append({"principal": row["principal"], "key": row["key"], "generation": row["generation"]})
+
+    def in_transaction(self, statements):
+        """`complete-in-transaction`: the statements inside the open transaction, in order; a statement that
+        fails ends the batch with its error (the transaction stays open, to be rolled back)."""
+        assert self.tx is not None, "complete-in-transaction without a transaction"
+        self.touch()
+        try:
+            return {"batch-done": self.run(statements)}
+        except StatementFailed as e:
+            return {"batch-failed": e.args[0]}
+
+    def commit(self):
+        self.tx, self.before = None, None
+
+    def rollback(self):
+        if self.before is not None:
+            self.rows, self.writes = self.before
+        self.tx, self.before = None, None
 
     def find(self, principal, key):
         return [r for r in self.rows if r["principal"] == principal and r["key"] == key]
@@ -542,6 +652,22 @@ class Table:
                          updated_at=now)
                 return result([[generation]], 1)
             return result()
+        if query == "renew":
+            now, principal, key, generation, created_at, fingerprint = params
+            for r in self.owned(principal, key, generation, created_at, fingerprint):
+                # SPEC 10.1: a renewal never moves updated_at back.
+                r["updated_at"] = max(r["updated_at"], now)
+                return result([[generation]], 1)
+            return result()
+        if query == "fence":
+            principal, key, fingerprint, generation, created_at = params[:5]
+            assert params[5:] == [principal, key, generation, created_at, fingerprint], params
+            done = [r for r in self.find(principal, key) if r["status"] == "completed" and r["generation"] == generation
+                    and r["created_at"] == created_at and r["fingerprint"] == fingerprint]
+            if done:
+                return result()
+            # It inserts a row whose status is NULL: the NOT NULL constraint refuses it.
+            raise StatementFailed(FENCE_FAILURE)
         if query == "release":
             matched = self.owned(*params)
             self.rows = [r for r in self.rows if not any(r is m for m in matched)]
@@ -558,6 +684,9 @@ class Table:
 
     def sorted(self):
         return None if self.uncertain else sort_rows(self.rows)
+
+    def sorted_writes(self):
+        return sorted((dict(w) for w in self.writes), key=lambda w: (w["principal"], w["key"], w["generation"]))
 
 
 def sort_rows(rows):
@@ -627,6 +756,16 @@ def classify(dialect, error):
                                                     "database or disk is full", "readonly database")):
         return {"kind": "io", "message": described}
     return {"kind": "other", "message": described}
+
+
+def is_fence_violation(dialect, error):
+    """SPEC 10.2: a transactional completion's batch failed on its fence (the completion matched no row), told
+    apart from every other failure by the NOT NULL violation on idempotency_keys.status."""
+    if error["kind"] != "database":
+        return False
+    if dialect == "postgres":
+        return error["code"] == "23502" and '"status"' in error["message"]
+    return "NOT NULL constraint failed: idempotency_keys.status" in error["message"]
 
 
 def error_text(error):
@@ -719,21 +858,61 @@ def fenced_out_log(ticket):
                         "was not stored and its mutation may have run twice")
 
 
-def abandoned_log(config, ticket, reason, released, detail):
+def abandoned_log(config, ticket, reason, released, attempted, detail):
+    """A handler that left no stored response: `attempted` says whether a release ran, `released` whether it
+    freed the row."""
     what = {
         "raised": f"mutation failed for {owner(ticket)}: {detail}",
         "nothing-changed": f"mutation changed nothing for {owner(ticket)}",
         "declined": f"the framework refused the request before its handler ran for {owner(ticket)}",
     }[reason]
-    releases = reason != "raised" or cfg(config, "on-server-error") == "release"
     if released and reason != "raised":
         return log("info", f"[idempotency] {what}; the reservation was released")
     if released:
         return log("warn", f"[idempotency] {what}; the reservation was released, so a retry runs the mutation again")
-    if releases:
+    if attempted:
         return log("warn", f"[idempotency] {what}; the reservation was no longer this owner's, so nothing was released")
     return log("warn", f"[idempotency] {what}; the row stays pending, and a retry after "
                        f"{cfg(config, 'pending-ttl-ms')} ms takes it over")
+
+
+def fenced_out_rolled_back_log(ticket):
+    return log("error", f"[idempotency] fenced out: {owner(ticket)}: a takeover superseded this owner, so its "
+                        "transaction (the handler's writes and its completion) was rolled back and the caller gets the "
+                        "current owner's answer")
+
+
+def fenced_out_server_error_log(ticket):
+    return log("error", f"[idempotency] fenced out: {owner(ticket)}: a takeover superseded this owner, so its "
+                        "transaction (the handler's writes) was rolled back and its 5xx released nothing; the caller "
+                        "gets the handler's 5xx")
+
+
+def rolled_back_log(config, ticket, cause, error, released):
+    why = {"write": f"its completion or one of its writes failed: {error_text(error)}",
+           "commit": f"its commit failed: {error_text(error)}"}[cause]
+    if released:
+        after = "the reservation was released, so a retry runs the handler again"
+    else:
+        after = (f"the reservation could not be released; a retry after {cfg(config, 'pending-ttl-ms')} ms takes it "
+                 "over")
+    return log("error", f"[idempotency] rolled back for {owner(ticket)}: {why}; nothing changed, and {after}")
+
+
+def commit_outcome_unknown_log(ticket, error):
+    return log("error", f"[idempotency] commit outcome unknown for {owner(ticket)}: {error_text(error)}; the "
+                        "handler's writes and its stored answer committed together or not at all")
+
+
+def lease_lost_log(ticket):
+    return log("error", f"[idempotency] lease lost: {owner(ticket)}: its renewal matched no row, so another request "
+                        "took the reservation over; this owner's completion will be fenced out")
+
+
+def renewal_failed_log(config, ticket, error):
+    return log("warn", f"[idempotency] lease renewal failed for {owner(ticket)}: {error_text(error)}; renewals go on, "
+                       f"and the reservation can be taken over {cfg(config, 'pending-ttl-ms')} ms after the last one "
+                       "that succeeded")
 
 
 def unstorable_log(config, ticket, status, why):
@@ -878,14 +1057,21 @@ def decide(config, claim, now, results):
         if t["generation"] < 2:
             raise Malformed(f"takeover: generation {t['generation']} below 2")
         return ("execute", t)
-    row = single_row(results[2], 7, "lookup")
+    return existing(config, claim["fingerprint"], results[2],
+                    lambda updated_at: in_progress(config, claim["since"], now, updated_at))
+
+
+def existing(config, fingerprint, lookup, when_pending):
+    """SPEC 5.1: the row a lookup found, for a request that neither claimed nor took it over; a fresh pending
+    row of this fingerprint is `when_pending(updated_at)`'s to answer. Raises Malformed."""
+    row = single_row(lookup, 7, "lookup")
     if row is None:
         return ("reject", "retry", retry_answer(config))
-    fingerprint = text_column(row[0], "lookup", "fingerprint")
+    stored = text_column(row[0], "lookup", "fingerprint")
     status = text_column(row[1], "lookup", "status")
     integer_column(row[2], "lookup", "generation")
     updated_at = integer_column(row[6], "lookup", "updated_at")
-    if fingerprint != claim["fingerprint"]:
+    if stored != fingerprint:
         return ("reject", "key-reused", reused_answer(config))
     if status == "completed":
         response = replay_response(config, row[3], row[4], row[5])
@@ -894,7 +1080,40 @@ def decide(config, claim, now, results):
         return ("replay", response)
     if status != "pending":
         return ("reject", "record-corrupt", corrupt_answer(config))
-    return in_progress(config, claim["since"], now, updated_at)
+    return when_pending(updated_at)
+
+
+def fenced_lookup(config, ticket, now, results):
+    """SPEC 10.2: the lookup a fenced-out transactional owner answers with: the current owner's stored answer,
+    or the 409 (in progress, or retry when the row is gone); never a wait, its handler already ran. Raises
+    Malformed."""
+    if len(results) != 1:
+        raise Malformed(f"lookup batch: expected 1 result, got {len(results)}")
+
+    def busy(updated_at):
+        fresh = fresh_for(config, updated_at, now)
+        hint = cfg(config, "in-progress-retry-ms")
+        return ("reject", "in-progress", in_progress_answer(config, fresh if hint is None else min(hint, fresh)))
+
+    return existing(config, ticket["fingerprint"], results[0], busy)
+
+
+def renewed(config, ticket, outcome):
+    """SPEC 10.1 `session.renewed`: a renewal batch's results ("done", results) or failure ("failed", error) ->
+    the lease {state, log}."""
+    kind, value = outcome
+    try:
+        if kind == "failed":
+            raise LedgerFailure(("ledger", classify(cfg(config, "dialect"), value)))
+        if len(value) != 1:
+            raise Malformed(f"renewal batch: expected 1 result, got {len(value)}")
+        held = single_row(value[0], 1, "renewal") is not None
+    except (Malformed, LedgerFailure) as e:
+        error = e.args[0] if isinstance(e, LedgerFailure) else ("malformed", e.args[0])
+        return {"state": "unknown", "log": renewal_failed_log(config, ticket, error)}
+    if held:
+        return {"state": "held", "log": None}
+    return {"state": "lost", "log": lease_lost_log(ticket)}
 
 
 def fresh_for(config, updated_at, now):
@@ -1002,6 +1221,10 @@ STATE_NAMES = {
     "sleeping": "sleeping",
     "running": "running the handler",
     "completing": "completing",
+    "completing-tx": "completing in the handler's transaction",
+    "committing": "committing",
+    "rolling-back": "rolling back",
+    "looking-up": "looking up the current owner's answer",
     "releasing": "releasing",
     "done": "done",
 }
@@ -1024,10 +1247,12 @@ class Exchange:
     def __init__(self, config):
         self.config = config
         self.state = ("done",)
+        self.transactional = False
 
     def start(self, request):
         config = self.config
         method, headers, principal = request["method"], request["headers"], request["principal"]
+        self.transactional = request["transactional"]
         admitted = admit(config, method, headers, principal)
         kind = admitted[0]
         if kind == "pass-through":
@@ -1052,6 +1277,7 @@ class Exchange:
         state, self.state = self.state, ("done",)
         name, value = next(iter(event.items()))
         where = state[0]
+        batch = name in ("batch-done", "batch-failed")
         if where == "reading":
             _, principal, key, prefix = state
             if name == "body":
@@ -1082,7 +1308,8 @@ class Exchange:
                 return self.decision_failed(claim, ("malformed", e.args[0]))
             if decided[0] == "execute":
                 self.state = ("running", decided[1])
-                return {"run-handler": decided[1]}
+                return {"run-handler": {"ticket": decided[1], "renew-every-ms": renew_every_ms(config),
+                                        "transaction": self.transactional}}
             if decided[0] == "replay":
                 return respond(decided[1], "replayed-after-wait" if claim["waited"] else "replayed")
             if decided[0] == "wait":
@@ -1095,10 +1322,18 @@ class Exchange:
             return self.plan_decision(dict(state[1], at=now))
         elif where == "running" and name == "handler-done":
             return self.handler_done(now, state[1], value)
-        elif where == "completing" and name in ("batch-done", "batch-failed"):
+        elif where == "completing" and batch:
             return self.completed(state[1], name, value)
-        elif where == "releasing" and name in ("batch-done", "batch-failed"):
-            return self.released(state[1], name, value)
+        elif where == "completing-tx" and batch:
+            return self.completed_in_transaction(state[1], name, value)
+        elif where == "committing" and name in ("committed", "commit-failed"):
+            return self.commit_ended(state[1], name, value)
+        elif where == "rolling-back" and name == "rolled-back":
+            return self.rolled_back(state[1], state[2])
+        elif where == "looking-up" and batch:
+            return self.looked_up(now, state[1], name, value)
+        elif where == "releasing" and batch:
+            return self.released(state[1], state[2], name, value)
         return self.internal_error(f"the host fed {name} while the exchange was {STATE_NAMES[where]}")
 
     def internal_error(self, what):
@@ -1121,23 +1356,34 @@ class Exchange:
             body = bytes.fromhex(value["body_hex"]) if "body_hex" in value else value["body_text"]
             plan = {"ticket": ticket, "sweep": sweep_due(config, ticket), "log": []}
             if releases_5xx(config, status):
+                if self.transactional:
+                    # SPEC 10.2: its writes are undone first, then the reservation is released.
+                    return self.roll_back(ticket, ("release", ("server-error",)))
                 plan.update(action="release", answer="handler")
-                statements = release_batch(ticket)
-            else:
-                send, (s_status, s_body, s_headers), why = shape(config, status, headers, body)
-                if why is not None:
-                    plan["log"].append(unstorable_log(config, ticket, status, why))
-                plan.update(action="store", answer=send)
-                statements = [statement("complete", s_status, s_body, s_headers, now, ticket["principal"],
-                                        ticket["key"], ticket["generation"], ticket["created_at"],
-                                        ticket["fingerprint"])]
+                self.state = ("completing", plan)
+                return {"run-batch": release_batch(ticket)}
+            send, stored, why = shape(config, status, headers, body)
+            if why is not None:
+                plan["log"].append(unstorable_log(config, ticket, status, why))
+            plan.update(action="store", answer=send)
+            complete = complete_statement(ticket, stored, now)
+            if self.transactional:
+                self.state = ("completing-tx", plan)
+                return {"complete-in-transaction": [complete, fence_statement(ticket)]}
             self.state = ("completing", plan)
-            return {"run-batch": statements}
+            return {"run-batch": [complete]}
         reason, detail = how, value if how == "raised" else ""
+        if self.transactional:
+            # SPEC 10.2: the writes are rolled back, so nothing happened: the key is released whatever the reason.
+            return self.roll_back(ticket, ("release", ("abandoned", reason, detail)))
         if how == "raised" and cfg(config, "on-server-error") == "store":
-            return self.ended(reason, [abandoned_log(config, ticket, reason, False, detail)], "abandoned")
-        self.state = ("releasing", dict(ticket=ticket, reason=reason, detail=detail))
+            return self.ended(reason, [abandoned_log(config, ticket, reason, False, False, detail)], "abandoned")
+        self.state = ("releasing", ticket, ("abandoned", reason, detail))
         return {"run-batch": release_batch(ticket)}
+
+    def roll_back(self, ticket, then):
+        self.state = ("rolling-back", ticket, then)
+        return {"rollback": None}
 
     def completed(self, plan, name, value):
         config, ticket = self.config, plan["ticket"]
@@ -1164,18 +1410,92 @@ class Exchange:
             outcome = "taken-over" if ticket["generation"] > 1 else "executed"
         return respond(plan["answer"], outcome, log, sweep=plan["sweep"])
 
-    def released(self, release, name, value):
-        config, ticket, reason = self.config, release["ticket"], release["reason"]
+    def completed_in_transaction(self, plan, name, value):
+        """SPEC 10.2: [complete, fence] ran inside the handler's transaction."""
+        dialect, ticket = cfg(self.config, "dialect"), plan["ticket"]
+        if name == "batch-failed":
+            if is_fence_violation(dialect, value):
+                return self.roll_back(ticket, ("lookup",))
+            error = ("ledger", classify(dialect, value))
+            if error[1]["kind"] == "outcome-unknown":
+                # On D1 this batch is the commit: it may have committed, so never "nothing changed".
+                return self.roll_back(ticket, ("unknown", error, plan["log"]))
+            return self.roll_back(ticket, ("release", ("rolled-back", "write", error)))
+        try:
+            if len(value) != 2:
+                raise Malformed(f"transactional completion: expected 2 results, got {len(value)}")
+            matched = single_row(value[0], 1, "completion") is not None
+        except Malformed as e:
+            return self.roll_back(ticket, ("release", ("rolled-back", "write", ("malformed", e.args[0]))))
+        if not matched:
+            return self.roll_back(ticket, ("lookup",))
+        self.state = ("committing", plan)
+        return {"commit": None}
+
+    def commit_ended(self, plan, name, value):
+        config, ticket = self.config, plan["ticket"]
+        if name == "committed":
+            outcome = "taken-over" if ticket["generation"] > 1 else "executed"
+            return respond(plan["answer"], outcome, plan["log"], sweep=plan["sweep"])
+        error = ("ledger", classify(cfg(config, "dialect"), value))
+        if error[1]["kind"] == "outcome-unknown":
+            return respond(commit_outcome_unknown_answer(config), "completion-failed",
+                           plan["log"] + [commit_outcome_unknown_log(ticket, error)])
+        # Nothing committed; the transaction may still be open: roll it back, then release.
+        return self.roll_back(ticket, ("release", ("rolled-back", "commit", error)))
+
+    def rolled_back(self, ticket, then):
+        if then[0] == "lookup":
+            self.state = ("looking-up", ticket)
+            return {"run-batch": lookup_batch(ticket)}
+        if then[0] == "unknown":
+            _, error, log = then
+            return respond(commit_outcome_unknown_answer(self.config), "completion-failed",
+                           list(log) + [commit_outcome_unknown_log(ticket, error)])
+        self.state = ("releasing", ticket, then[1])
+        return {"run-batch": release_batch(ticket)}
+
+    def looked_up(self, now, ticket, name, value):
+        config = self.config
+        log = [fenced_out_rolled_back_log(ticket)]
+        try:
+            if name == "batch-failed":
+                raise LedgerFailure(("ledger", classify(cfg(config, "dialect"), value)))
+            decided = fenced_lookup(config, ticket, now, value)
+        except (Malformed, LedgerFailure) as e:
+            error = e.args[0] if isinstance(e, LedgerFailure) else ("malformed", e.args[0])
+            log.append(decision_failed_log(config, ticket["principal"], ticket["key"], error))
+            return respond(error_answer(config, error), "fenced-out", log)
+        return respond(decided[1] if decided[0] == "replay" else decided[2], "fenced-out", log)
+
+    def released(self, ticket, ending, name, value):
+        config = self.config
         try:
             if name == "batch-failed":
                 raise LedgerFailure(("ledger", classify(cfg(config, "dialect"), value)))
             released = release_result(value)
         except (Malformed, LedgerFailure) as e:
             error = e.args[0] if isinstance(e, LedgerFailure) else ("malformed", e.args[0])
+            failed = release_failed_log(config, ticket, error)
             # wit exchange.step: a ledger failure after the handler ran is `completion-failed`.
-            return self.ended(reason, [release_failed_log(config, ticket, error)], "completion-failed")
-        outcome = "released" if released else "fenced-out"
-        return self.ended(reason, [abandoned_log(config, ticket, reason, released, release["detail"])], outcome)
+            if ending[0] == "abandoned":
+                return self.ended(ending[1], [failed], "completion-failed")
+            if ending[0] == "server-error":
+                return respond("handler", "completion-failed", [failed])
+            _, cause, why = ending
+            return respond(rolled_back_answer(config, False), "rolled-back",
+                           [rolled_back_log(config, ticket, cause, why, False), failed])
+        if ending[0] == "abandoned":
+            _, reason, detail = ending
+            return self.ended(reason, [abandoned_log(config, ticket, reason, released, True, detail)],
+                              "released" if released else "fenced-out")
+        if ending[0] == "server-error":
+            if released:
+                return respond("handler", "released")
+            return respond("handler", "fenced-out", [fenced_out_server_error_log(ticket)])
+        _, cause, why = ending
+        return respond(rolled_back_answer(config, released), "rolled-back",
+                       [rolled_back_log(config, ticket, cause, why, released)])
 
     def ended(self, reason, log, outcome):
         if reason == "raised":

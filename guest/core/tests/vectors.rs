@@ -5,17 +5,23 @@
 //! driven (`driven::drive` with a ledger closure that checks each batch against
 //! the vector's `run-batch` step, then runs it or returns the scripted result).
 //! A vector with `database: true` runs on a fresh SQLite file per way, migrated
-//! with the core's own DDL; its table must end as `rows_after`. Unknown kinds and
-//! fields fail; every count is asserted at the end.
+//! with the core's own DDL; its table must end as `rows_after`. A transactional
+//! one runs its handler in a real transaction on that file in every way (the
+//! transactional actions are the host's in driven mode too): `BEGIN` at
+//! `run-handler`, the handler's writes to `handler_writes`, the
+//! `complete-in-transaction` statements, then `COMMIT` or `ROLLBACK` as the
+//! exchange says; `handler_writes` must end as `writes_after`. The renewal
+//! vectors run stepped (`renewal`, `renewed`) and driven (`renew`). Unknown
+//! kinds and fields fail; every count is asserted at the end.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use idempotency_ledger_core::driven;
 use idempotency_ledger_core::{
-    Action, Answer, BatchError, BodyProblem, Config, DatabaseError, Dialect, Event, HandlerResult, Header,
-    LogLine, MutationResponse, OnServerError, Profile, ProtocolError, Query, RequestHead, Response, ResponseBody,
-    Session, Statement, StatementResult, Value,
+    Action, Answer, BatchError, BodyProblem, Config, DatabaseError, Dialect, Event, HandlerResult, Header, Lease,
+    LeaseState, LogLine, MutationResponse, OnServerError, Profile, ProtocolError, Query, RequestHead, Response,
+    ResponseBody, Session, Statement, StatementResult, Ticket, Value,
 };
 use rusqlite::types::{Value as SqlValue, ValueRef};
 use serde_json::{json, Map, Value as J};
@@ -25,9 +31,9 @@ fn doc() -> J {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../conformance/vectors.json");
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
     let doc: J = serde_json::from_str(&text).expect("vectors.json is JSON");
-    fields(&doc, "vectors.json", &["format", "counts", "families", "exchange", "sweep", "config"], &[]);
+    fields(&doc, "vectors.json", &["format", "counts", "families", "exchange", "sweep", "renewal", "config"], &[]);
     assert_eq!(doc["format"], 3, "vectors.json format");
-    fields(&doc["counts"], "counts", &["exchange", "sweep", "config"], &[]);
+    fields(&doc["counts"], "counts", &["exchange", "sweep", "renewal", "config"], &[]);
     doc
 }
 
@@ -107,6 +113,7 @@ fn config(overrides: &J, profile: Option<Profile>) -> Config {
                     _ => panic!("{what}: {v}"),
                 }
             }
+            "lease-renewal" => c.lease_renewal = v.as_bool().expect("bool"),
             "dialect" => {
                 c.dialect = match v.as_str() {
                     Some("sqlite") => Dialect::Sqlite,
@@ -138,6 +145,7 @@ fn config_json(c: &Config) -> J {
         "in-progress-retry-ms": c.in_progress_retry_ms,
         "wait-ms": c.wait_ms,
         "on-server-error": match c.on_server_error { OnServerError::Store => "store", OnServerError::Release => "release" },
+        "lease-renewal": c.lease_renewal,
     })
 }
 
@@ -177,6 +185,8 @@ fn query_name(q: Query) -> &'static str {
         Query::Complete => "complete",
         Query::Release => "release",
         Query::Sweep => "sweep",
+        Query::Renew => "renew",
+        Query::Fence => "fence",
     }
 }
 
@@ -213,14 +223,32 @@ fn log_json(lines: &[LogLine]) -> J {
     )
 }
 
+fn ticket_json(t: &Ticket) -> J {
+    json!({ "principal": t.principal, "key": t.key, "fingerprint": t.fingerprint,
+            "generation": t.generation, "created_at": t.created_at })
+}
+
+fn ticket_from(v: &J, what: &str) -> Ticket {
+    fields(v, what, &["principal", "key", "fingerprint", "generation", "created_at"], &[]);
+    Ticket {
+        principal: s(&v["principal"], what),
+        key: s(&v["key"], what),
+        fingerprint: s(&v["fingerprint"], what),
+        generation: i(&v["generation"], what),
+        created_at: i(&v["created_at"], what),
+    }
+}
+
 fn action_json(a: &Action) -> J {
     match a {
         Action::ReadBody(r) => json!({ "read-body": { "cap": r.cap, "prefix": r.prefix } }),
         Action::RunBatch(statements) => json!({ "run-batch": statements_json(statements) }),
         Action::Sleep(ms) => json!({ "sleep": ms }),
-        Action::RunHandler(t) => json!({ "run-handler": {
-            "principal": t.principal, "key": t.key, "fingerprint": t.fingerprint,
-            "generation": t.generation, "created_at": t.created_at } }),
+        Action::RunHandler(run) => json!({ "run-handler": {
+            "ticket": ticket_json(&run.ticket), "renew-every-ms": run.renew_every_ms, "transaction": run.transaction } }),
+        Action::CompleteInTransaction(statements) => json!({ "complete-in-transaction": statements_json(statements) }),
+        Action::Commit => json!({ "commit": null }),
+        Action::Rollback => json!({ "rollback": null }),
         Action::PassThrough => json!({ "pass-through": null }),
         Action::Respond(r) => json!({ "respond": {
             "send": match &r.send { Answer::Core(response) => response_json(response), Answer::Handler => json!("handler") },
@@ -297,6 +325,15 @@ fn event_from(v: &J, what: &str) -> Event {
             assert!(value.is_null(), "{what}: slept takes null");
             Event::Slept
         }
+        "committed" => {
+            assert!(value.is_null(), "{what}: committed takes null");
+            Event::Committed
+        }
+        "commit-failed" => Event::CommitFailed(batch_error(&value, what)),
+        "rolled-back" => {
+            assert!(value.is_null(), "{what}: rolled-back takes null");
+            Event::RolledBack
+        }
         "handler-done" => Event::HandlerDone(match one(&value, what) {
             (k, r) if k == "answered" => {
                 let map = fields(&r, what, &["status", "headers"], &["body_text", "body_hex"]);
@@ -334,9 +371,27 @@ const COLUMNS: [&str; 10] = [
 
 static FILES: AtomicUsize = AtomicUsize::new(0);
 
+/// The side table a transactional handler writes to (conformance/README.md).
+const HANDLER_WRITES: &str = "CREATE TABLE handler_writes (principal TEXT NOT NULL, key TEXT NOT NULL, generation BIGINT NOT NULL)";
+
+fn sqlite_failed(e: rusqlite::Error) -> BatchError {
+    match e {
+        rusqlite::Error::SqliteFailure(f, m) => BatchError::Database(DatabaseError {
+            code: Some(f.extended_code.to_string()),
+            message: m.unwrap_or_else(|| f.to_string()),
+        }),
+        other => BatchError::Host(other.to_string()),
+    }
+}
+
 struct Db {
+    /// The host's connection: its batches, and the handler's transaction.
     conn: rusqlite::Connection,
+    /// Another request's connection: the `rows` replacements.
+    other: rusqlite::Connection,
     path: PathBuf,
+    /// The handler's transaction is open on `conn`.
+    in_transaction: bool,
 }
 
 impl Db {
@@ -347,15 +402,18 @@ impl Db {
         let _ = std::fs::remove_file(&path);
         let conn = rusqlite::Connection::open(&path).expect("open a SQLite file");
         conn.pragma_update(None, "synchronous", "OFF").expect("pragma");
-        let mut db = Db { conn, path };
+        let other = rusqlite::Connection::open(&path).expect("open a second connection");
+        let mut db = Db { conn, other, path, in_transaction: false };
         db.run(&session.migration()).expect("migration");
+        db.conn.execute(HANDLER_WRITES, []).expect("create handler_writes");
         db.replace(rows);
         db
     }
 
-    /// Replaces the whole table with `rows` (another request changed it).
+    /// Replaces the whole table with `rows`: another request changed it, on
+    /// another connection (committed before the host's next statement).
     fn replace(&mut self, rows: &J) {
-        let tx = self.conn.transaction().expect("begin");
+        let tx = self.other.transaction().expect("begin");
         tx.execute("DELETE FROM idempotency_keys", []).expect("delete");
         let sql = format!("INSERT INTO idempotency_keys ({}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", COLUMNS.join(", "));
         for r in rows.as_array().expect("rows is a list") {
@@ -366,31 +424,88 @@ impl Db {
         tx.commit().expect("commit");
     }
 
-    /// One atomic batch, as a host runs it: one result per statement.
-    fn run(&mut self, statements: &[Statement]) -> Result<Vec<StatementResult>, BatchError> {
-        let failed = |e: rusqlite::Error| match e {
-            rusqlite::Error::SqliteFailure(f, m) => BatchError::Database(DatabaseError {
-                code: Some(f.extended_code.to_string()),
-                message: m.unwrap_or_else(|| f.to_string()),
-            }),
-            other => BatchError::Host(other.to_string()),
-        };
-        let tx = self.conn.transaction().map_err(failed)?;
+    /// Runs `statements` on the host's connection, in whatever transaction is open.
+    fn statements(&self, statements: &[Statement]) -> Result<Vec<StatementResult>, BatchError> {
         let mut results = Vec::new();
         for st in statements {
-            let mut prepared = tx.prepare(st.sql(Dialect::Sqlite)).map_err(failed)?;
+            let mut prepared = self.conn.prepare(st.sql(Dialect::Sqlite)).map_err(sqlite_failed)?;
             let columns = prepared.column_count();
             let readonly = prepared.readonly();
             let mut rows = Vec::new();
-            let mut cursor = prepared.query(rusqlite::params_from_iter(st.params.iter().map(sql_value))).map_err(failed)?;
-            while let Some(r) = cursor.next().map_err(failed)? {
+            let mut cursor = prepared.query(rusqlite::params_from_iter(st.params.iter().map(sql_value))).map_err(sqlite_failed)?;
+            while let Some(r) = cursor.next().map_err(sqlite_failed)? {
                 rows.push((0..columns).map(|c| core_value(r.get_ref(c).expect("column"))).collect());
             }
             drop(cursor);
-            results.push(StatementResult { rows, changes: if readonly { 0 } else { tx.changes() } });
+            results.push(StatementResult { rows, changes: if readonly { 0 } else { self.conn.changes() } });
         }
-        tx.commit().map_err(failed)?;
         Ok(results)
+    }
+
+    /// One atomic batch, as a host runs it: one result per statement.
+    fn run(&mut self, statements: &[Statement]) -> Result<Vec<StatementResult>, BatchError> {
+        assert!(!self.in_transaction, "a batch while the handler's transaction is open");
+        self.conn.execute_batch("BEGIN").map_err(sqlite_failed)?;
+        match self.statements(statements) {
+            Ok(results) => match self.conn.execute_batch("COMMIT") {
+                Ok(()) => Ok(results),
+                Err(e) => {
+                    let _ = self.conn.execute_batch("ROLLBACK");
+                    Err(sqlite_failed(e))
+                }
+            },
+            Err(error) => {
+                self.conn.execute_batch("ROLLBACK").expect("rollback a failed batch");
+                Err(error)
+            }
+        }
+    }
+
+    /// `run-handler` with `transaction: true`: a deferred `BEGIN` on the host's connection.
+    fn begin(&mut self) {
+        assert!(!self.in_transaction, "a transaction is already open");
+        self.conn.execute_batch("BEGIN").expect("begin the handler's transaction");
+        self.in_transaction = true;
+    }
+
+    /// One of the handler's writes, inside its transaction.
+    fn write(&mut self, w: &J, what: &str) {
+        assert!(self.in_transaction, "{what}: a handler write outside a transaction");
+        fields(w, what, &["principal", "key", "generation"], &[]);
+        self.conn
+            .execute(
+                "INSERT INTO handler_writes (principal, key, generation) VALUES (?, ?, ?)",
+                rusqlite::params![s(&w["principal"], what), s(&w["key"], what), i(&w["generation"], what)],
+            )
+            .expect("a handler write");
+    }
+
+    /// `complete-in-transaction`: the statements inside the open transaction
+    /// (a failure leaves it open, for the `rollback` the exchange asks next).
+    fn in_transaction(&mut self, statements: &[Statement]) -> Result<Vec<StatementResult>, BatchError> {
+        assert!(self.in_transaction, "complete-in-transaction without a transaction");
+        self.statements(statements)
+    }
+
+    fn commit(&mut self) -> Result<(), BatchError> {
+        assert!(self.in_transaction, "commit without a transaction");
+        self.conn.execute_batch("COMMIT").map_err(sqlite_failed)?;
+        self.in_transaction = false;
+        Ok(())
+    }
+
+    fn rollback(&mut self) {
+        assert!(self.in_transaction, "rollback without a transaction");
+        self.conn.execute_batch("ROLLBACK").expect("rollback");
+        self.in_transaction = false;
+    }
+
+    /// The exchange ended: a transaction still open is rolled back (the host
+    /// drops it with its connection).
+    fn end(&mut self) {
+        if self.in_transaction {
+            self.rollback();
+        }
     }
 
     fn rows(&self) -> J {
@@ -404,6 +519,17 @@ impl Db {
                 map.insert(name.to_string(), value_json(&core_value(r.get_ref(c).expect("column"))));
             }
             out.push(J::Object(map));
+        }
+        J::Array(out)
+    }
+
+    fn writes(&self) -> J {
+        let mut st = self.conn.prepare("SELECT principal, key, generation FROM handler_writes ORDER BY principal, key, generation").expect("select");
+        let mut cursor = st.query([]).expect("query");
+        let mut out = Vec::new();
+        while let Some(r) = cursor.next().expect("row") {
+            let (p, k, g): (String, String, i64) = (r.get(0).expect("principal"), r.get(1).expect("key"), r.get(2).expect("generation"));
+            out.push(json!({ "principal": p, "key": k, "generation": g }));
         }
         J::Array(out)
     }
@@ -452,23 +578,43 @@ struct Vector<'a> {
     session: Session,
     head: RequestHead,
     principal: Option<String>,
+    transactional: bool,
     database: bool,
     rows: &'a J,
     steps: &'a [J],
     rows_after: &'a J,
+    writes_after: Option<&'a J>,
+}
+
+/// The actions a host performs on its database: in a database vector, a step
+/// with one of these and no `feed` is performed there.
+fn is_db_action(expect: &J) -> bool {
+    ["run-batch", "complete-in-transaction", "commit", "rollback"].iter().any(|k| expect.get(*k).is_some())
+}
+
+/// A `run-handler` step whose handler runs in a transaction.
+fn opens_transaction(expect: &J) -> bool {
+    expect.get("run-handler").is_some_and(|run| run["transaction"] == J::Bool(true))
 }
 
 fn vector(v: &J) -> Vector<'_> {
     let id = s(&v["id"], "id");
-    let map = fields(v, &id, &["id", "spec", "config", "database", "rows", "request", "steps", "rows_after"], &["stepped_only"]);
+    let map = fields(
+        v,
+        &id,
+        &["id", "spec", "config", "database", "rows", "request", "steps", "rows_after"],
+        &["stepped_only", "writes_after"],
+    );
     if let Some(flag) = map.get("stepped_only") {
         assert_eq!(flag, &J::Bool(true), "{id}: stepped_only is only ever true");
     }
     let req = &v["request"];
-    fields(req, &format!("{id}.request"), &["method", "path_and_query", "headers", "principal", "now"], &[]);
+    fields(req, &format!("{id}.request"), &["method", "path_and_query", "headers", "principal", "now", "transactional"], &[]);
+    let transactional = req["transactional"].as_bool().unwrap_or_else(|| panic!("{id}: request.transactional is a bool"));
     let database = v["database"].as_bool().expect("database is a bool");
     assert!(database || v["rows"].as_array().is_some_and(Vec::is_empty), "{id}: rows without a database");
     assert!(database || v["rows_after"].is_null(), "{id}: rows_after without a database");
+    assert_eq!(map.contains_key("writes_after"), database && transactional, "{id}: writes_after exactly in the transactional database vectors");
     let config = config(&v["config"], None);
     assert!(!database || !v["config"].as_object().expect("config").contains_key("dialect"), "{id}: a database vector names a dialect");
     let steps = v["steps"].as_array().expect("steps").as_slice();
@@ -478,13 +624,16 @@ fn vector(v: &J) -> Vector<'_> {
         let what = format!("{id} step {n}");
         if n + 1 == steps.len() {
             fields(step, &what, &["expect"], &[]);
-        } else {
-            fields(step, &what, &["expect", "now"], &["feed", "rows"]);
-            assert!(step.get("rows").is_none() || database, "{what}: rows without a database");
-            let feed = step.get("feed").map(|f| one(f, &what).0);
-            unbatched |= step["expect"].get("run-batch").is_some()
-                && feed.is_some_and(|f| f != "batch-done" && f != "batch-failed");
+            continue;
         }
+        fields(step, &what, &["expect", "now"], &["feed", "rows", "handler_writes"]);
+        let expect = &step["expect"];
+        let feed = step.get("feed").map(|f| one(f, &what).0);
+        assert!(feed.is_some() || (database && is_db_action(expect)), "{what}: no feed");
+        let batch_rows = expect.get("run-batch").is_some() && feed.is_none();
+        assert!(step.get("rows").is_none() || (database && (batch_rows || opens_transaction(expect))), "{what}: rows where none may be");
+        assert!(step.get("handler_writes").is_none() || (database && opens_transaction(expect)), "{what}: handler_writes outside a transaction");
+        unbatched |= expect.get("run-batch").is_some() && feed.is_some_and(|f| f != "batch-done" && f != "batch-failed");
     }
     assert_eq!(map.contains_key("stepped_only"), unbatched, "{id}: stepped_only marks exactly the vectors a driven host cannot feed");
     Vector {
@@ -495,10 +644,12 @@ fn vector(v: &J) -> Vector<'_> {
             headers: headers_from(&req["headers"], "headers"),
         },
         principal: (!req["principal"].is_null()).then(|| s(&req["principal"], "principal")),
+        transactional,
         database,
         rows: &v["rows"],
         steps,
         rows_after: &v["rows_after"],
+        writes_after: map.get("writes_after"),
         id,
     }
 }
@@ -534,10 +685,63 @@ fn check(what: &str, action: &Action, expect: &J) -> Result<(), String> {
     }
 }
 
-fn run_stepped(v: &Vector<'_>, way: Way) -> Result<(), String> {
+/// What one run of an exchange did on its database.
+#[derive(Default)]
+struct Ran {
+    /// Handler transactions opened on the SQLite file.
+    transactions: usize,
+}
+
+/// Performs a host action that is not a `run-batch` (in both modes) and
+/// returns the event to feed: the step's `feed`, or, for a transactional
+/// action of a database vector without one, what the database answered.
+fn host_event(step: &J, what: &str, way: Way, action: &Action, db: &mut Option<Db>, ran: &mut Ran) -> Result<Event, String> {
+    let feed = step.get("feed");
+    match (action, feed) {
+        (Action::RunHandler(run), Some(_)) if run.transaction => {
+            if let Some(db) = db.as_mut() {
+                // SPEC 10.2: the transaction opens (deferred: no lock yet), another request
+                // may change the table, then the handler writes inside the transaction.
+                db.begin();
+                ran.transactions += 1;
+                if let Some(rows) = step.get("rows") {
+                    db.replace(rows);
+                }
+                for w in step.get("handler_writes").and_then(J::as_array).into_iter().flatten() {
+                    db.write(w, what);
+                }
+            }
+            Ok(fed(step, what, way, action))
+        }
+        (_, Some(_)) => Ok(fed(step, what, way, action)),
+        (Action::CompleteInTransaction(statements), None) => {
+            let db = db.as_mut().ok_or(format!("{what}: no feed and no database"))?;
+            Ok(match db.in_transaction(statements) {
+                Ok(results) => Event::BatchDone(results),
+                Err(error) => Event::BatchFailed(error),
+            })
+        }
+        (Action::Commit, None) => {
+            let db = db.as_mut().ok_or(format!("{what}: no feed and no database"))?;
+            Ok(match db.commit() {
+                Ok(()) => Event::Committed,
+                Err(error) => Event::CommitFailed(error),
+            })
+        }
+        (Action::Rollback, None) => {
+            let db = db.as_mut().ok_or(format!("{what}: no feed and no database"))?;
+            db.rollback();
+            Ok(Event::RolledBack)
+        }
+        (_, None) => Err(format!("{what}: no feed")),
+    }
+}
+
+fn run_stepped(v: &Vector<'_>, way: Way) -> Result<Ran, String> {
     let session = &v.session;
     let mut db = v.database.then(|| Db::new(session, v.rows));
-    let (mut action, mut exchange) = session.start(&v.head, v.principal.as_deref());
+    let mut ran = Ran::default();
+    let (mut action, mut exchange) = session.start(&v.head, v.principal.as_deref(), v.transactional);
     let mut cause = None;
     for (n, step) in v.steps.iter().enumerate() {
         let what = format!("{} step {n} ({way:?})", v.id);
@@ -560,9 +764,7 @@ fn run_stepped(v: &Vector<'_>, way: Way) -> Result<(), String> {
                     Err(error) => Event::BatchFailed(error),
                 }
             }
-            (_, Some(_)) if step.get("rows").is_some() => return Err(format!("{what}: rows with a scripted feed")),
-            (_, Some(_)) => fed(step, &what, way, &action),
-            (_, None) => return Err(format!("{what}: no feed")),
+            _ => host_event(step, &what, way, &action, &mut db, &mut ran)?,
         };
         if matches!(action, Action::RunBatch(_)) && cause != Some(now) {
             return Err(format!("{what}: a batch's now must be the now of the event that caused it"));
@@ -573,26 +775,37 @@ fn run_stepped(v: &Vector<'_>, way: Way) -> Result<(), String> {
         action = exchange.step(session, now, event);
         cause = Some(now);
     }
-    check_rows(v, db.as_ref())
+    check_tables(v, db.as_mut())?;
+    Ok(ran)
 }
 
-fn check_rows(v: &Vector<'_>, db: Option<&Db>) -> Result<(), String> {
-    match db {
-        Some(db) if !v.rows_after.is_null() => {
-            let got = db.rows();
-            if &got != v.rows_after {
-                return Err(format!("{}: rows_after:\n  expected {}\n  got      {got}", v.id, v.rows_after));
-            }
-            Ok(())
+/// After the last step: a transaction still open is rolled back, then both
+/// tables must be as the vector says.
+fn check_tables(v: &Vector<'_>, db: Option<&mut Db>) -> Result<(), String> {
+    let Some(db) = db else { return Ok(()) };
+    db.end();
+    if !v.rows_after.is_null() {
+        let got = db.rows();
+        if &got != v.rows_after {
+            return Err(format!("{}: rows_after:\n  expected {}\n  got      {got}", v.id, v.rows_after));
         }
-        _ => Ok(()),
     }
+    if let Some(expected) = v.writes_after {
+        let got = db.writes();
+        if &got != expected {
+            return Err(format!("{}: writes_after:\n  expected {expected}\n  got      {got}", v.id));
+        }
+    } else if db.writes() != json!([]) {
+        return Err(format!("{}: handler_writes changed in a vector without writes_after", v.id));
+    }
+    Ok(())
 }
 
-fn run_driven(v: &Vector<'_>) -> Result<(), String> {
+fn run_driven(v: &Vector<'_>) -> Result<Ran, String> {
     let session = &v.session;
     let mut db = v.database.then(|| Db::new(session, v.rows));
-    let (mut action, mut exchange) = session.start(&v.head, v.principal.as_deref());
+    let mut ran = Ran::default();
+    let (mut action, mut exchange) = session.start(&v.head, v.principal.as_deref(), v.transactional);
     let mut n = 0;
     loop {
         let step = v.steps.get(n).ok_or(format!("{}: the exchange went on past the last step", v.id))?;
@@ -604,11 +817,12 @@ fn run_driven(v: &Vector<'_>) -> Result<(), String> {
             }
             break;
         }
-        if step.get("feed").is_none() {
-            return Err(format!("{what}: no feed"));
+        if matches!(action, Action::RunBatch(_)) {
+            return Err(format!("{what}: a driven exchange handed the host a run-batch"));
         }
         let now = i(&step["now"], &what);
-        let event = fed(step, &what, Way::Driven, &action);
+        // Every other action is the host's in driven mode too (the transactional ones included).
+        let event = host_event(step, &what, Way::Driven, &action, &mut db, &mut ran)?;
         let Some(exchange) = exchange.as_mut() else {
             return Err(format!("{what}: start answered a final action; there is no exchange to feed"));
         };
@@ -651,13 +865,16 @@ fn run_driven(v: &Vector<'_>) -> Result<(), String> {
             return Err(failure);
         }
     }
-    check_rows(v, db.as_ref())
+    check_tables(v, db.as_mut())?;
+    Ok(ran)
 }
 
-/// Runs every exchange vector `way`; returns how many ran.
-fn run_exchanges(way: Way) -> usize {
+/// Runs every exchange vector `way`; returns how many ran, and how many
+/// handler transactions they opened on SQLite files.
+fn run_exchanges(way: Way) -> (usize, usize) {
     let doc = doc();
     let mut ran = 0;
+    let mut transactions = 0;
     let mut failures = Vec::new();
     for v in doc["exchange"].as_array().expect("exchange") {
         let stepped_only = v.get("stepped_only").is_some();
@@ -669,13 +886,26 @@ fn run_exchanges(way: Way) -> usize {
             Way::Driven => run_driven(&vector),
             _ => run_stepped(&vector, way),
         };
-        if let Err(e) = outcome {
-            failures.push(e);
+        match outcome {
+            Ok(r) => transactions += r.transactions,
+            Err(e) => failures.push(e),
         }
         ran += 1;
     }
     assert!(failures.is_empty(), "{} of {ran} exchange vectors failed ({way:?}):\n{}", failures.len(), failures.join("\n"));
-    ran
+    (ran, transactions)
+}
+
+/// The handler transactions the database vectors open (`run-handler` with
+/// `transaction: true`), counted from the file; `driven`: without the stepped-only vectors.
+fn transactions_in(doc: &J, driven: bool) -> usize {
+    doc["exchange"]
+        .as_array()
+        .expect("exchange")
+        .iter()
+        .filter(|v| v["database"] == J::Bool(true) && !(driven && v.get("stepped_only").is_some()))
+        .map(|v| v["steps"].as_array().expect("steps").iter().filter(|st| opens_transaction(&st["expect"])).count())
+        .sum()
 }
 
 fn stepped_only(doc: &J) -> usize {
@@ -685,24 +915,28 @@ fn stepped_only(doc: &J) -> usize {
 #[test]
 fn exchanges_stepped() {
     let doc = doc();
-    let ran = run_exchanges(Way::Stepped);
+    let (ran, transactions) = run_exchanges(Way::Stepped);
     assert_eq!(ran as u64, u(&doc["counts"]["exchange"], "counts.exchange"), "exchange vectors run (stepped)");
+    assert_eq!(transactions, transactions_in(&doc, false), "handler transactions opened on SQLite (stepped)");
+    assert!(transactions > 0, "the transactional database vectors ran real transactions");
 }
 
 #[test]
 fn exchanges_stepped_with_the_body_hashed_by_the_host() {
     let doc = doc();
-    let ran = run_exchanges(Way::SteppedHashed);
+    let (ran, transactions) = run_exchanges(Way::SteppedHashed);
     assert_eq!(ran as u64, u(&doc["counts"]["exchange"], "counts.exchange"), "exchange vectors run (body-hashed)");
+    assert_eq!(transactions, transactions_in(&doc, false), "handler transactions opened on SQLite (body-hashed)");
 }
 
 #[test]
 fn exchanges_driven() {
     let doc = doc();
-    let ran = run_exchanges(Way::Driven);
+    let (ran, transactions) = run_exchanges(Way::Driven);
     let expected = u(&doc["counts"]["exchange"], "counts.exchange") as usize - stepped_only(&doc);
     assert_eq!(ran, expected, "exchange vectors run (driven: all but the stepped-only ones)");
     assert!(stepped_only(&doc) < expected / 10, "stepped-only vectors are the exception");
+    assert_eq!(transactions, transactions_in(&doc, true), "handler transactions opened on SQLite (driven)");
 }
 
 #[test]
@@ -774,6 +1008,69 @@ fn sweeps_stepped_and_driven() {
     }
     let expected = u(&doc["counts"]["sweep"], "counts.sweep") as usize;
     assert_eq!(ran, [expected, expected], "sweep vectors run (stepped, driven)");
+}
+
+// ---- renewal ----
+
+fn lease_json(lease: &Lease) -> J {
+    let state = match lease.state {
+        LeaseState::Held => "held",
+        LeaseState::Lost => "lost",
+        LeaseState::Unknown => "unknown",
+    };
+    json!({ "state": state, "log": lease.log.as_ref().map(|l| log_json(std::slice::from_ref(l))[0].clone()) })
+}
+
+#[test]
+fn renewals_stepped_and_driven() {
+    let doc = doc();
+    let mut ran = [0, 0];
+    for v in doc["renewal"].as_array().expect("renewal") {
+        let id = s(&v["id"], "id");
+        fields(v, &id, &["id", "spec", "config", "rows", "ticket", "now", "expect", "rows_after"], &["feed"]);
+        fields(&v["expect"], &id, &["state", "log"], &[]);
+        let session = Session::open(config(&v["config"], None)).expect("session");
+        let ticket = ticket_from(&v["ticket"], &id);
+        let now = i(&v["now"], &id);
+        let feed = v.get("feed").map(|f| event_from(f, &id));
+        assert!(feed.is_none() || v["rows_after"] == v["rows"], "{id}: a scripted renewal changes no row");
+        for (way, count) in ran.iter_mut().enumerate() {
+            let mut db = Db::new(&session, &v["rows"]);
+            let planned = session.plan_renewal(&ticket, now).unwrap_or_else(|e| panic!("{id}: renewal: {e}"));
+            let lease = if way == 0 {
+                match &feed {
+                    None => match db.run(&planned) {
+                        Ok(results) => session.renewed(&ticket, Ok(&results)),
+                        Err(error) => session.renewed(&ticket, Err(&error)),
+                    },
+                    Some(Event::BatchDone(results)) => session.renewed(&ticket, Ok(results)),
+                    Some(Event::BatchFailed(error)) => session.renewed(&ticket, Err(error)),
+                    Some(other) => panic!("{id}: a renewal is fed a batch result, not {other:?}"),
+                }
+            } else {
+                let mut ledger = |statements: &[Statement]| -> Result<Vec<StatementResult>, BatchError> {
+                    assert_eq!(statements, planned.as_slice(), "{id}: the driven renewal's batch");
+                    match &feed {
+                        None => db.run(statements),
+                        Some(Event::BatchDone(results)) => Ok(results.clone()),
+                        Some(Event::BatchFailed(error)) => Err(error.clone()),
+                        Some(other) => panic!("{id}: {other:?}"),
+                    }
+                };
+                session.renew(&mut ledger, &ticket, now)
+            };
+            assert_eq!(planned.len(), 1, "{id}: one statement");
+            assert_eq!(planned[0].query, Query::Renew, "{id}: the renew query");
+            assert_eq!(lease_json(&lease), v["expect"], "{id} ({})", ["stepped", "driven"][way]);
+            if !v["rows_after"].is_null() {
+                assert_eq!(db.rows(), v["rows_after"], "{id}: rows_after ({})", ["stepped", "driven"][way]);
+            }
+            *count += 1;
+        }
+    }
+    let expected = u(&doc["counts"]["renewal"], "counts.renewal") as usize;
+    assert_eq!(ran, [expected, expected], "renewal vectors run (stepped, driven)");
+    assert!(expected > 0, "renewal vectors exist");
 }
 
 // ---- config ----
