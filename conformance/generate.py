@@ -288,6 +288,10 @@ def exchange(spec, config=None, req=None, body=BODY_A, rows=(), moves=(), databa
     vector = {"id": None, "spec": spec, "config": config, "database": database}
     if stepped_only:
         vector["stepped_only"] = True
+    # A database vector that scripts the commit of a completion its database ran: on D1 that completion's
+    # batch() is the commit, which cannot then fail or be left open.
+    if database and any("commit" in step["expect"] and "feed" in step for step in steps):
+        vector["interactive_only"] = True
     vector.update({"rows": sort_rows(rows) if database else [], "request": req, "steps": steps,
                    "rows_after": rows_after})
     if database and req["transactional"]:

@@ -603,10 +603,12 @@ fn vector(v: &J) -> Vector<'_> {
         v,
         &id,
         &["id", "spec", "config", "database", "rows", "request", "steps", "rows_after"],
-        &["stepped_only", "writes_after"],
+        &["stepped_only", "interactive_only", "writes_after"],
     );
-    if let Some(flag) = map.get("stepped_only") {
-        assert_eq!(flag, &J::Bool(true), "{id}: stepped_only is only ever true");
+    for flag in ["stepped_only", "interactive_only"] {
+        if let Some(value) = map.get(flag) {
+            assert_eq!(value, &J::Bool(true), "{id}: {flag} is only ever true");
+        }
     }
     let req = &v["request"];
     fields(req, &format!("{id}.request"), &["method", "path_and_query", "headers", "principal", "now", "transactional"], &[]);
@@ -620,6 +622,7 @@ fn vector(v: &J) -> Vector<'_> {
     let steps = v["steps"].as_array().expect("steps").as_slice();
     assert!(!steps.is_empty(), "{id}: no steps");
     let mut unbatched = false;
+    let mut scripted_commit = false;
     for (n, step) in steps.iter().enumerate() {
         let what = format!("{id} step {n}");
         if n + 1 == steps.len() {
@@ -633,9 +636,11 @@ fn vector(v: &J) -> Vector<'_> {
         let batch_rows = expect.get("run-batch").is_some() && feed.is_none();
         assert!(step.get("rows").is_none() || (database && (batch_rows || opens_transaction(expect))), "{what}: rows where none may be");
         assert!(step.get("handler_writes").is_none() || (database && opens_transaction(expect)), "{what}: handler_writes outside a transaction");
-        unbatched |= expect.get("run-batch").is_some() && feed.is_some_and(|f| f != "batch-done" && f != "batch-failed");
+        unbatched |= expect.get("run-batch").is_some() && feed.as_deref().is_some_and(|f| f != "batch-done" && f != "batch-failed");
+        scripted_commit |= database && expect.get("commit").is_some() && feed.is_some();
     }
     assert_eq!(map.contains_key("stepped_only"), unbatched, "{id}: stepped_only marks exactly the vectors a driven host cannot feed");
+    assert_eq!(map.contains_key("interactive_only"), scripted_commit, "{id}: interactive_only marks exactly the database vectors that script a commit");
     Vector {
         session: Session::open(config).unwrap_or_else(|e| panic!("{id}: session: {e}")),
         head: RequestHead {
