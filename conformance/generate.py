@@ -1881,6 +1881,7 @@ def renewal_vectors():
     vectors = []
     for spec, config, rows, tk, now, feed, state in cases:
         check_rows(rows, spec)
+        assert feed is not None or "dialect" not in config, f"{spec}: a database renewal runs in the runner's dialect"
         table = o.Table(rows)
         statements = o.renewal_batch(tk, now)
         if feed is None:

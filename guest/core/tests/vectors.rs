@@ -1039,6 +1039,7 @@ fn renewals_stepped_and_driven() {
         let now = i(&v["now"], &id);
         let feed = v.get("feed").map(|f| event_from(f, &id));
         assert!(feed.is_none() || v["rows_after"] == v["rows"], "{id}: a scripted renewal changes no row");
+        assert!(feed.is_some() || !v["config"].as_object().expect("config").contains_key("dialect"), "{id}: a dialect without a feed");
         for (way, count) in ran.iter_mut().enumerate() {
             let mut db = Db::new(&session, &v["rows"]);
             let planned = session.plan_renewal(&ticket, now).unwrap_or_else(|e| panic!("{id}: renewal: {e}"));
