@@ -1036,6 +1036,10 @@ mod tests {
         let pg = session(Config { dialect: crate::Dialect::Postgres, ..Config::default() });
         let message = "null value in column \"status\" of relation \"idempotency_keys\" violates not-null constraint";
         assert!(pg.is_fence_violation(&BatchError::database("23502", message)));
+        // A server whose lc_messages is German (Debian's initdb takes the system locale).
+        let german = "NULL-Wert in Spalte »status« von Relation »idempotency_keys« verletzt Not-Null-Constraint";
+        assert!(pg.is_fence_violation(&BatchError::database("23502", german)));
+        assert!(!pg.is_fence_violation(&BatchError::database("23502", "null value in column \"sku\" of relation \"orders\" violates not-null constraint")));
         assert!(!pg.is_fence_violation(&BatchError::database("23505", "duplicate key value violates unique constraint")));
     }
 

@@ -412,12 +412,15 @@ impl Session {
     }
 
     /// True when a transactional completion's batch failed on its fence (the
-    /// completion matched no row), not on anything else.
+    /// completion matched no row), not on anything else. PostgreSQL words its
+    /// messages in the server's `lc_messages` (German quotes the column as
+    /// `»status«`), so only the SQLSTATE and the column's name, never
+    /// translated, are read there.
     pub fn is_fence_violation(&self, error: &BatchError) -> bool {
         let BatchError::Database(db) = error else { return false };
         match self.config.dialect {
             crate::Dialect::Sqlite => db.message.contains("NOT NULL constraint failed: idempotency_keys.status"),
-            crate::Dialect::Postgres => db.code.as_deref() == Some("23502") && db.message.contains("\"status\""),
+            crate::Dialect::Postgres => db.code.as_deref() == Some("23502") && db.message.contains("status"),
         }
     }
 
