@@ -1656,6 +1656,8 @@ def transaction_vectors():
          db("23502", 'null value in column "status" of relation "idempotency_keys" violates not-null constraint'), fo),
         ("postgres before 13 (no relation named)", "postgres",
          db("23502", 'null value in column "status" violates not-null constraint'), fo),
+        ("postgres with German messages (lc_messages de_DE)", "postgres",
+         db("23502", "NULL-Wert in Spalte »status« von Relation »idempotency_keys« verletzt Not-Null-Constraint"), fo),
         ("sqlite: NOT NULL of another table is a failed write", "sqlite",
          db("1299", "NOT NULL constraint failed: orders.status"), ["rollback", "rolled-back"]),
         ("sqlite: NOT NULL of another column is a failed write", "sqlite",

@@ -764,7 +764,8 @@ def is_fence_violation(dialect, error):
     if error["kind"] != "database":
         return False
     if dialect == "postgres":
-        return error["code"] == "23502" and '"status"' in error["message"]
+        # The server words the message in its lc_messages; the column's name is never translated.
+        return error["code"] == "23502" and "status" in error["message"]
     return "NOT NULL constraint failed: idempotency_keys.status" in error["message"]
 
 
