@@ -220,7 +220,7 @@ export async function handleNode(api, options, parts, req, res, run, { framework
   const ledger = api.ledgerFor(await dbOf(req), options);
   if (!ledger.session.protects(req.method)) return run({ bypass: true });
   const principal = principalValue(await principalOf(req));
-  const state = { error: undefined, held: null, settle: null, routeAtStart: req.route, framework };
+  const state = { error: undefined, held: null, check: null, routeAtStart: req.route, framework };
   const handlerResult = (captured) => {
     const error = state.error;
     if (error instanceof NothingChangedError) return { tag: "nothing-changed" };
@@ -228,7 +228,7 @@ export async function handleNode(api, options, parts, req, res, run, { framework
     if (error !== undefined) return raisedResult(error);
     return { tag: "answered", val: { status: captured.status, headers: captured.headers, body: { tag: "bytes", val: captured.body } } };
   };
-  const { action, error } = await ledger.exchange(nodeHead(req), principal, {
+  const { action } = await ledger.exchange(nodeHead(req), principal, {
     readBody: async (cap) => {
       const body = await readNodeBody(req, cap);
       if (typeof body !== "string") req.rawBody = body;
@@ -237,14 +237,31 @@ export async function handleNode(api, options, parts, req, res, run, { framework
     runHandler: () =>
       new Promise((resolve) => {
         req[STATE] = state;
-        // Settled by the end of the held response, or by a failure reported
-        // without one (a node:http handler that threw).
-        state.settle = (captured) => {
-          state.settle = null;
+        // The handler is over once its response ended and (node:http) its
+        // function returned, or once it failed: a framework reports that
+        // through its error middleware and then answers it (held too).
+        let captured = null;
+        let returned = framework;
+        state.check = () => {
+          if (state.check === null) return;
+          const failed = state.error !== undefined && !framework;
+          if (!failed && (captured === null || !returned)) return;
+          state.check = null;
           resolve(handlerResult(captured));
         };
-        state.held = holdResponse(res, (captured) => state.settle?.(captured));
-        Promise.resolve(run({ bypass: false, state })).catch((thrown) => fail(req, thrown));
+        state.held = holdResponse(res, (c) => {
+          captured = c;
+          state.check?.();
+        });
+        Promise.resolve()
+          .then(() => run({ bypass: false, state }))
+          .then(
+            () => {
+              returned = true;
+              state.check?.();
+            },
+            (thrown) => fail(req, thrown),
+          );
       }),
   });
   if (action.tag === "pass-through") return run({ bypass: true });
@@ -267,8 +284,8 @@ export async function handleNode(api, options, parts, req, res, run, { framework
   else {
     // The handler made no response: a NothingChangedError with one of its own, or nothing to send.
     held?.restore();
-    if (error?.response !== undefined) sendObject(res, error.response);
-    else res.destroy(error);
+    if (state.error?.response !== undefined) sendObject(res, state.error.response);
+    else res.destroy(state.error);
   }
   return undefined;
 }
@@ -282,7 +299,7 @@ export function fail(req, error) {
   const state = req?.[STATE];
   if (!state || state.error !== undefined) return state;
   state.error = error ?? new Error("the handler failed");
-  if (!state.framework && !state.held?.ended) state.settle?.(null);
+  state.check?.();
   return state;
 }
 
