@@ -34,10 +34,10 @@ check-imports: $(COMPONENT_WASM) ## Fail unless the component imports only the l
 
 PG_URL ?=
 demo: $(COMPONENT_WASM) ## Run the demo against an embedded SQLite file (PG_URL=postgresql://...: on that server)
-	$(CARGO) run --locked --quiet -p idempotency-ledger --bin idempotency-ledger -- demo $(if $(PG_URL),--postgres $(PG_URL),--db target/demo.sqlite)
+	$(CARGO) run --locked --quiet -p idempotency-ledger-cli -- demo $(if $(PG_URL),--postgres $(PG_URL),--db target/demo.sqlite)
 
 demo-postgres: $(COMPONENT_WASM) ## Run the demo on a throwaway local PostgreSQL (installed with apt-get if missing)
-	$(CARGO) build --locked --quiet -p idempotency-ledger --bin idempotency-ledger
+	$(CARGO) build --locked --quiet -p idempotency-ledger-cli
 	./scripts/postgres.sh run -- sh -c 'target/debug/idempotency-ledger demo --postgres "$$IDEMPOTENCY_PG_URL"'
 
 serve-node: $(COMPONENT_WASM) ## The example Hono server on Node (PORT=8080, DATABASE_URL=file or postgresql://, IDEMPOTENCY_*) until SIGTERM/SIGINT
