@@ -102,6 +102,7 @@ postgres-suites:
 	@test -n "$$IDEMPOTENCY_PG_URL" || { echo "error: IDEMPOTENCY_PG_URL is not set (use make test-postgres)" >&2; exit 1; }
 	IDEMPOTENCY_TEST_BACKEND=postgres $(CARGO) test --locked -p idempotency-ledger-host-test --features postgres-tests \
 	  --test spec --test vectors --test concurrency --test failures --test hostile --test postgres
+	$(CARGO) test --locked -p idempotency-ledger-cli --features postgres-tests --test postgres
 	$(MAKE) -C bindings/python test-postgres
 	$(MAKE) -C bindings/js test-postgres
 	bindings/python/.venv/bin/python host-test/pg_race.py --rust-worker target/debug/pg-race-worker --keys $(RACE_KEYS)
