@@ -7,7 +7,7 @@ import { matchedRoutes } from "hono/route";
 import { drainRequestBody, mutationOf, readFetchBody, requestHead, toFetchResponse } from "./fetch.js";
 import { raisedResult } from "./ledger.js";
 import { adapterOptions, nodeHead, principalValue } from "./middleware.js";
-import { readNodeBody } from "./node-http.js";
+import { closeAfterAnswer, readNodeBody } from "./node-http.js";
 
 function waitUntilOf(c) {
   try {
@@ -143,6 +143,7 @@ export function makeHonoIdempotency(api) {
         return undefined;
       }
       if (close && !incoming) await drainRequestBody(request);
+      if (close && incoming) closeAfterAnswer(incoming);
       const response = toFetchResponse(send.val, close && incoming !== undefined);
       if (c.finalized) {
         c.res = undefined;

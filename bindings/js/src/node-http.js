@@ -160,13 +160,46 @@ export function holdResponse(res, onEnd) {
   };
 }
 
+// How long a connection closed after an answer keeps discarding what the
+// client still sends, at most (see closeAfterAnswer).
+const LINGER_MS = 5000;
+
+/**
+ * Makes the connection of `req` close after its answer without losing the
+ * answer: the rest of the request body is read and discarded, and when Node
+ * closes the connection (after a `Connection: close` response) it sends its
+ * FIN but keeps reading until the client closes its side (or LINGER_MS
+ * passed) before letting go of the socket. Closing a socket at once while
+ * the client is still sending makes the kernel answer the client's data with
+ * a reset, which can wipe the answer from the client's receive buffer: a
+ * client still uploading a chunked body over the cap then sees no 413.
+ */
+export function closeAfterAnswer(req) {
+  const socket = req.socket;
+  if (!socket || socket.destroyed || typeof socket.destroySoon !== "function") return;
+  req.resume();
+  const destroySoon = socket.destroySoon;
+  socket.destroySoon = function lingeringDestroySoon() {
+    socket.destroySoon = destroySoon;
+    const timer = setTimeout(() => socket.destroy(), LINGER_MS);
+    timer.unref?.();
+    socket.once("close", () => clearTimeout(timer));
+    socket.once("end", () => socket.destroy());
+    socket.end();
+    socket.resume();
+  };
+}
+
 /** Sends the core's response (a WIT `response`) as the whole response: every header the handler set is dropped. */
 export function sendCore(res, response, close) {
   for (const name of res.getHeaderNames()) res.removeHeader(name);
   res.statusCode = response.status;
   for (const { name, value } of response.headers) res.appendHeader(name, value);
   // Node closes the connection after a response that says so.
-  if (close) res.setHeader("connection", "close");
+  if (close) {
+    res.setHeader("connection", "close");
+    if (res.req) closeAfterAnswer(res.req);
+  }
   if (response.body === undefined || response.body === null) res.end();
   else res.end(response.body);
 }
