@@ -34,10 +34,10 @@ check-imports: $(COMPONENT_WASM) ## Fail unless the component imports only the l
 
 PG_URL ?=
 demo: $(COMPONENT_WASM) ## Run the demo against an embedded SQLite file (PG_URL=postgresql://...: on that server)
-	$(CARGO) run --locked --quiet -p idempotency-ledger --bin idempotency-ledger -- demo $(if $(PG_URL),--postgres $(PG_URL),--db target/demo.sqlite)
+	$(CARGO) run --locked --quiet -p idempotency-ledger-cli -- demo $(if $(PG_URL),--postgres $(PG_URL),--db target/demo.sqlite)
 
 demo-postgres: $(COMPONENT_WASM) ## Run the demo on a throwaway local PostgreSQL (installed with apt-get if missing)
-	$(CARGO) build --locked --quiet -p idempotency-ledger --bin idempotency-ledger
+	$(CARGO) build --locked --quiet -p idempotency-ledger-cli
 	./scripts/postgres.sh run -- sh -c 'target/debug/idempotency-ledger demo --postgres "$$IDEMPOTENCY_PG_URL"'
 
 serve-node: $(COMPONENT_WASM) ## The example Hono server on Node (PORT=8080, DATABASE_URL=file or postgresql://, IDEMPOTENCY_*) until SIGTERM/SIGINT
@@ -102,6 +102,7 @@ postgres-suites:
 	@test -n "$$IDEMPOTENCY_PG_URL" || { echo "error: IDEMPOTENCY_PG_URL is not set (use make test-postgres)" >&2; exit 1; }
 	IDEMPOTENCY_TEST_BACKEND=postgres $(CARGO) test --locked -p idempotency-ledger-host-test --features postgres-tests \
 	  --test spec --test vectors --test concurrency --test failures --test hostile --test postgres
+	$(CARGO) test --locked -p idempotency-ledger-cli --features postgres-tests --test postgres
 	$(MAKE) -C bindings/python test-postgres
 	$(MAKE) -C bindings/js test-postgres
 	bindings/python/.venv/bin/python host-test/pg_race.py --rust-worker target/debug/pg-race-worker --keys $(RACE_KEYS)

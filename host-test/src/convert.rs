@@ -1,5 +1,7 @@
 //! Conversions between the native core's types and the component's WIT
-//! types, so the tests compare both through one set of core types.
+//! types, for the simulation: it checks both engines through one set of
+//! types (the core's), so the component's answers are converted here and
+//! the events it is fed converted back.
 
 use idempotency_ledger::wit;
 use idempotency_ledger_core as core;
@@ -24,8 +26,37 @@ pub fn value_to_core(v: wit::Value) -> core::Value {
     }
 }
 
-pub fn statements_to_wit(statements: &[core::Statement]) -> Vec<wit::Statement> {
-    statements.iter().map(|s| wit::Statement { sql: s.sql.into(), params: s.params.iter().map(value_to_wit).collect() }).collect()
+pub fn query_to_wit(q: core::Query) -> wit::Query {
+    match q {
+        core::Query::CreateTable => wit::Query::CreateTable,
+        core::Query::CreateIndex => wit::Query::CreateIndex,
+        core::Query::Claim => wit::Query::Claim,
+        core::Query::Takeover => wit::Query::Takeover,
+        core::Query::Lookup => wit::Query::Lookup,
+        core::Query::Complete => wit::Query::Complete,
+        core::Query::Release => wit::Query::Release,
+        core::Query::Sweep => wit::Query::Sweep,
+    }
+}
+
+pub fn query_to_core(q: wit::Query) -> core::Query {
+    match q {
+        wit::Query::CreateTable => core::Query::CreateTable,
+        wit::Query::CreateIndex => core::Query::CreateIndex,
+        wit::Query::Claim => core::Query::Claim,
+        wit::Query::Takeover => core::Query::Takeover,
+        wit::Query::Lookup => core::Query::Lookup,
+        wit::Query::Complete => core::Query::Complete,
+        wit::Query::Release => core::Query::Release,
+        wit::Query::Sweep => core::Query::Sweep,
+    }
+}
+
+pub fn statements_to_core(statements: Vec<wit::Statement>) -> Vec<core::Statement> {
+    statements
+        .into_iter()
+        .map(|s| core::Statement { query: query_to_core(s.query), params: s.params.into_iter().map(value_to_core).collect() })
+        .collect()
 }
 
 pub fn results_to_core(results: Vec<wit::StatementResult>) -> Vec<core::StatementResult> {
@@ -45,16 +76,6 @@ pub fn results_to_wit(results: &[core::StatementResult]) -> Vec<wit::StatementRe
         .collect()
 }
 
-pub fn batch_error_to_core(e: wit::BatchError) -> core::BatchError {
-    match e {
-        wit::BatchError::Database(d) => core::BatchError::Database(core::DatabaseError { code: d.code, message: d.message }),
-        wit::BatchError::PoolExhausted(m) => core::BatchError::PoolExhausted(m),
-        wit::BatchError::Unreachable(m) => core::BatchError::Unreachable(m),
-        wit::BatchError::OutcomeUnknown(m) => core::BatchError::OutcomeUnknown(m),
-        wit::BatchError::Host(m) => core::BatchError::Host(m),
-    }
-}
-
 pub fn batch_error_to_wit(e: &core::BatchError) -> wit::BatchError {
     match e.clone() {
         core::BatchError::Database(d) => wit::BatchError::Database(wit::DatabaseError { code: d.code, message: d.message }),
@@ -65,53 +86,21 @@ pub fn batch_error_to_wit(e: &core::BatchError) -> wit::BatchError {
     }
 }
 
-pub fn ledger_error_to_core(e: wit::LedgerError) -> core::LedgerError {
+pub fn batch_error_to_core(e: wit::BatchError) -> core::BatchError {
     match e {
-        wit::LedgerError::Busy => core::LedgerError::Busy,
-        wit::LedgerError::Constraint(m) => core::LedgerError::Constraint(m),
-        wit::LedgerError::Schema(m) => core::LedgerError::Schema(m),
-        wit::LedgerError::Io(m) => core::LedgerError::Io(m),
-        wit::LedgerError::OutcomeUnknown(m) => core::LedgerError::OutcomeUnknown(m),
-        wit::LedgerError::Other(m) => core::LedgerError::Other(m),
+        wit::BatchError::Database(d) => core::BatchError::Database(core::DatabaseError { code: d.code, message: d.message }),
+        wit::BatchError::PoolExhausted(m) => core::BatchError::PoolExhausted(m),
+        wit::BatchError::Unreachable(m) => core::BatchError::Unreachable(m),
+        wit::BatchError::OutcomeUnknown(m) => core::BatchError::OutcomeUnknown(m),
+        wit::BatchError::Host(m) => core::BatchError::Host(m),
     }
 }
 
-pub fn ledger_error_to_wit(e: &core::LedgerError) -> wit::LedgerError {
-    match e.clone() {
-        core::LedgerError::Busy => wit::LedgerError::Busy,
-        core::LedgerError::Constraint(m) => wit::LedgerError::Constraint(m),
-        core::LedgerError::Schema(m) => wit::LedgerError::Schema(m),
-        core::LedgerError::Io(m) => wit::LedgerError::Io(m),
-        core::LedgerError::OutcomeUnknown(m) => wit::LedgerError::OutcomeUnknown(m),
-        core::LedgerError::Other(m) => wit::LedgerError::Other(m),
-    }
-}
-
-pub fn error_to_core(e: wit::ProtocolError) -> core::ProtocolError {
-    match e {
-        wit::ProtocolError::Ledger(l) => core::ProtocolError::Ledger(ledger_error_to_core(l)),
-        wit::ProtocolError::MalformedResult(m) => core::ProtocolError::MalformedResult(m),
-        wit::ProtocolError::InvalidConfig(m) => core::ProtocolError::InvalidConfig(m),
-        wit::ProtocolError::InvalidArgument(m) => core::ProtocolError::InvalidArgument(m),
-    }
-}
-
-pub fn error_to_wit(e: &core::ProtocolError) -> wit::ProtocolError {
-    match e {
-        core::ProtocolError::Ledger(l) => wit::ProtocolError::Ledger(ledger_error_to_wit(l)),
-        core::ProtocolError::MalformedResult(m) => wit::ProtocolError::MalformedResult(m.clone()),
-        core::ProtocolError::InvalidConfig(m) => wit::ProtocolError::InvalidConfig(m.clone()),
-        core::ProtocolError::InvalidArgument(m) => wit::ProtocolError::InvalidArgument(m.clone()),
-    }
-}
-
-pub fn ticket_to_wit(t: &core::Ticket) -> wit::Ticket {
-    wit::Ticket {
-        principal: t.principal.clone(),
-        key: t.key.clone(),
-        fingerprint: t.fingerprint.clone(),
-        generation: t.generation,
-        created_at: t.created_at,
+pub fn head_to_wit(h: &core::RequestHead) -> wit::RequestHead {
+    wit::RequestHead {
+        method: h.method.clone(),
+        path_and_query: h.path_and_query.clone(),
+        headers: h.headers.iter().map(|x| wit::Header { name: x.name.clone(), value: x.value.clone() }).collect(),
     }
 }
 
@@ -127,49 +116,44 @@ pub fn response_to_core(r: wit::Response) -> core::Response {
     }
 }
 
-pub fn reason_to_core(r: wit::RejectionReason) -> core::RejectionReason {
-    use core::RejectionReason as C;
-    use wit::RejectionReason as W;
-    match r {
-        W::PrincipalRequired => C::PrincipalRequired,
-        W::KeyRequired => C::KeyRequired,
-        W::KeyInvalid => C::KeyInvalid,
-        W::BodyTooLarge => C::BodyTooLarge,
+pub fn log_line_to_core(l: wit::LogLine) -> core::LogLine {
+    let level = match l.level {
+        wit::LogLevel::Error => core::LogLevel::Error,
+        wit::LogLevel::Warn => core::LogLevel::Warn,
+        wit::LogLevel::Info => core::LogLevel::Info,
+    };
+    core::LogLine { level, message: l.message }
+}
+
+pub fn outcome_to_core(o: wit::Outcome) -> core::Outcome {
+    use core::Outcome as C;
+    use wit::Outcome as W;
+    match o {
+        W::PassedThrough => C::PassedThrough,
+        W::Executed => C::Executed,
+        W::TakenOver => C::TakenOver,
+        W::Replayed => C::Replayed,
+        W::ReplayedAfterWait => C::ReplayedAfterWait,
         W::KeyReused => C::KeyReused,
         W::InProgress => C::InProgress,
         W::Retry => C::Retry,
         W::RecordCorrupt => C::RecordCorrupt,
-    }
-}
-
-pub fn rejection_to_core(r: wit::Rejection) -> core::Rejection {
-    core::Rejection { reason: reason_to_core(r.reason), response: response_to_core(r.response) }
-}
-
-pub fn decision_to_core(d: wit::Decision) -> core::Decision {
-    match d {
-        wit::Decision::Execute(t) => core::Decision::Execute(ticket_to_core(t)),
-        wit::Decision::Replay(r) => core::Decision::Replay(response_to_core(r)),
-        wit::Decision::Reject(r) => core::Decision::Reject(rejection_to_core(r)),
-        wit::Decision::Wait(ms) => core::Decision::Wait(ms),
-    }
-}
-
-pub fn admission_to_core(a: wit::Admission) -> core::Admission {
-    match a {
-        wit::Admission::PassThrough => core::Admission::PassThrough,
-        wit::Admission::Reject(r) => core::Admission::Reject(rejection_to_core(r)),
-        wit::Admission::Protected(p) => {
-            core::Admission::Protected(core::ProtectedRequest { key: p.key, fingerprint_prefix: p.fingerprint_prefix })
-        }
-    }
-}
-
-pub fn head_to_wit(h: &core::RequestHead) -> wit::RequestHead {
-    wit::RequestHead {
-        method: h.method.clone(),
-        path_and_query: h.path_and_query.clone(),
-        headers: h.headers.iter().map(|x| wit::Header { name: x.name.clone(), value: x.value.clone() }).collect(),
+        W::PrincipalRequired => C::PrincipalRequired,
+        W::PrincipalInvalid => C::PrincipalInvalid,
+        W::KeyRequired => C::KeyRequired,
+        W::KeyInvalid => C::KeyInvalid,
+        W::BodyTooLarge => C::BodyTooLarge,
+        W::LengthRequired => C::LengthRequired,
+        W::BodyIncomplete => C::BodyIncomplete,
+        W::BodyUnavailable => C::BodyUnavailable,
+        W::Released => C::Released,
+        W::Abandoned => C::Abandoned,
+        W::FencedOut => C::FencedOut,
+        W::CompletionFailed => C::CompletionFailed,
+        W::LedgerBusy => C::LedgerBusy,
+        W::LedgerFailed => C::LedgerFailed,
+        W::LedgerOutcomeUnknown => C::LedgerOutcomeUnknown,
+        W::InternalError => C::InternalError,
     }
 }
 
@@ -184,73 +168,57 @@ pub fn mutation_to_wit(m: &core::MutationResponse) -> wit::MutationResponse {
     }
 }
 
-pub fn action_to_core(a: wit::CompletionAction) -> core::CompletionAction {
-    match a {
-        wit::CompletionAction::Store => core::CompletionAction::Store,
-        wit::CompletionAction::Release => core::CompletionAction::Release,
-    }
-}
-
-pub fn action_to_wit(a: core::CompletionAction) -> wit::CompletionAction {
-    match a {
-        core::CompletionAction::Store => wit::CompletionAction::Store,
-        core::CompletionAction::Release => wit::CompletionAction::Release,
-    }
-}
-
-pub fn outcome_to_core(o: wit::CompletionOutcome) -> core::CompletionOutcome {
-    match o {
-        wit::CompletionOutcome::Stored => core::CompletionOutcome::Stored,
-        wit::CompletionOutcome::Released => core::CompletionOutcome::Released,
-        wit::CompletionOutcome::FencedOut => core::CompletionOutcome::FencedOut,
-    }
-}
-
-pub fn log_line_to_core(l: wit::LogLine) -> core::LogLine {
-    let level = match l.level {
-        wit::LogLevel::Error => core::LogLevel::Error,
-        wit::LogLevel::Warn => core::LogLevel::Warn,
-        wit::LogLevel::Info => core::LogLevel::Info,
-    };
-    core::LogLine { level, message: l.message }
-}
-
-pub fn abandon_to_wit(r: core::AbandonReason) -> wit::AbandonReason {
-    match r {
-        core::AbandonReason::Raised => wit::AbandonReason::Raised,
-        core::AbandonReason::NothingChanged => wit::AbandonReason::NothingChanged,
-    }
-}
-
-pub fn plan_to_core(p: wit::CompletionPlan) -> core::CompletionPlan {
-    core::CompletionPlan {
-        statements: Vec::new(),
-        action: action_to_core(p.action),
-        response: response_to_core(p.response),
-        send_mutation_body: p.send_mutation_body,
-        sweep_due: p.sweep_due,
-        log: p.log.map(log_line_to_core),
-    }
-}
-
-pub fn log_event_to_wit(e: &core::LogEvent) -> wit::LogEvent {
-    match e.clone() {
-        core::LogEvent::DecisionFailed { principal, key, error } => {
-            wit::LogEvent::DecisionFailed(wit::RequestFailure { principal, key, error: error_to_wit(&error) })
-        }
-        core::LogEvent::CompletionFailed { ticket, error } => {
-            wit::LogEvent::CompletionFailed(wit::TicketFailure { ticket: ticket_to_wit(&ticket), error: error_to_wit(&error) })
-        }
-        core::LogEvent::FencedOut(ticket) => wit::LogEvent::FencedOut(ticket_to_wit(&ticket)),
-        core::LogEvent::Abandoned { ticket, reason, released, detail } => wit::LogEvent::Abandoned(wit::Abandonment {
-            ticket: ticket_to_wit(&ticket),
-            reason: abandon_to_wit(reason),
-            released,
-            detail,
+pub fn event_to_wit(e: &core::Event) -> wit::Event {
+    match e {
+        core::Event::Body(b) => wit::Event::Body(b.clone()),
+        core::Event::BodyHashed(h) => wit::Event::BodyHashed(h.clone()),
+        core::Event::BodyTooLarge => wit::Event::BodyTooLarge,
+        core::Event::BodyUnreadable(p) => wit::Event::BodyUnreadable(match p {
+            core::BodyProblem::LengthUnknown => wit::BodyProblem::LengthUnknown,
+            core::BodyProblem::Incomplete => wit::BodyProblem::Incomplete,
+            core::BodyProblem::Consumed => wit::BodyProblem::Consumed,
         }),
-        core::LogEvent::ReleaseFailed { ticket, error } => {
-            wit::LogEvent::ReleaseFailed(wit::TicketFailure { ticket: ticket_to_wit(&ticket), error: error_to_wit(&error) })
-        }
-        core::LogEvent::SweepFailed(error) => wit::LogEvent::SweepFailed(error_to_wit(&error)),
+        core::Event::BatchDone(results) => wit::Event::BatchDone(results_to_wit(results)),
+        core::Event::BatchFailed(error) => wit::Event::BatchFailed(batch_error_to_wit(error)),
+        core::Event::Slept => wit::Event::Slept,
+        core::Event::HandlerDone(result) => wit::Event::HandlerDone(match result {
+            core::HandlerResult::Answered(m) => wit::HandlerResult::Answered(mutation_to_wit(m)),
+            core::HandlerResult::Raised(detail) => wit::HandlerResult::Raised(detail.clone()),
+            core::HandlerResult::NothingChanged => wit::HandlerResult::NothingChanged,
+            core::HandlerResult::Declined => wit::HandlerResult::Declined,
+        }),
     }
+}
+
+pub fn reply_to_core(r: wit::Reply) -> core::Reply {
+    core::Reply {
+        send: match r.send {
+            wit::Answer::Core(response) => core::Answer::Core(response_to_core(response)),
+            wit::Answer::Handler => core::Answer::Handler,
+        },
+        close: r.close,
+        log: r.log.into_iter().map(log_line_to_core).collect(),
+        sweep: r.sweep,
+        outcome: outcome_to_core(r.outcome),
+    }
+}
+
+pub fn action_to_core(a: wit::Action) -> core::Action {
+    match a {
+        wit::Action::ReadBody(r) => core::Action::ReadBody(core::ReadBody { cap: r.cap, prefix: r.prefix }),
+        wit::Action::RunBatch(statements) => core::Action::RunBatch(statements_to_core(statements)),
+        wit::Action::Sleep(ms) => core::Action::Sleep(ms),
+        wit::Action::RunHandler(t) => core::Action::RunHandler(ticket_to_core(t)),
+        wit::Action::PassThrough => core::Action::PassThrough,
+        wit::Action::Respond(reply) => core::Action::Respond(reply_to_core(reply)),
+        wit::Action::Propagate(f) => core::Action::Propagate(core::Failure {
+            log: f.log.into_iter().map(log_line_to_core).collect(),
+            outcome: outcome_to_core(f.outcome),
+            response: response_to_core(f.response),
+        }),
+    }
+}
+
+pub fn sweep_report_to_core(r: wit::SweepReport) -> core::SweepReport {
+    core::SweepReport { deleted: r.deleted, more: r.more, log: r.log.map(log_line_to_core) }
 }

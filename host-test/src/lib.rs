@@ -10,8 +10,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use idempotency_ledger::wit::{self, BatchError, Statement, StatementResult};
-use idempotency_ledger::{Config, Ledger, LedgerPool, ManualClock, PostgresPool, Runtime, SqlBackend, SqliteBackend};
+use idempotency_ledger::wit::{self, BatchError, StatementResult};
+use idempotency_ledger::{
+    Dialect, Ledger, LedgerPool, ManualClock, PostgresPool, Runtime, Settings, SqlBackend, SqlStatement, SqliteBackend,
+};
 use serde_json::{json, Map, Value as Json};
 
 pub use idempotency_ledger;
@@ -74,8 +76,15 @@ pub fn url_with_schema(url: &str, schema: &str) -> String {
 
 static SCHEMAS: AtomicUsize = AtomicUsize::new(0);
 
-fn sql(sql: &str, params: Vec<wit::Value>) -> Statement {
-    Statement { sql: sql.to_string(), params }
+/// A statement of raw SQL (arranging and inspecting rows; the protocol's own
+/// statements come from the component as named queries).
+pub fn sql(sql: &str, params: Vec<wit::Value>) -> SqlStatement {
+    SqlStatement { sql: sql.into(), params }
+}
+
+/// The migration of `dialect`, as the component states it.
+pub fn migration(dialect: Dialect) -> Vec<SqlStatement> {
+    idempotency_ledger::schema(dialect).expect("the component's schema").iter().map(|s| sql(s, vec![])).collect()
 }
 
 impl TestDb {
@@ -93,8 +102,8 @@ impl TestDb {
         let path = dir.path().join("ledger.sqlite");
         let db = TestDb { _dir: dir, path, postgres: None };
         let conn = db.conn();
-        for statement in idempotency_ledger_core::sql::SQLITE.schema {
-            conn.execute_batch(statement).expect("schema");
+        for statement in idempotency_ledger::schema(Dialect::Sqlite).expect("the component's schema") {
+            conn.execute_batch(&statement).expect("schema");
         }
         db
     }
@@ -111,9 +120,7 @@ impl TestDb {
         let pool = PostgresPool::connect(&url_with_schema(&url, &name), 8).expect("postgres pool");
         let mut backend = pool.backend();
         backend.execute_batch(&[sql(&format!("CREATE SCHEMA {name}"), vec![])]).expect("create schema");
-        let schema: Vec<Statement> =
-            idempotency_ledger_core::sql::POSTGRES.schema.iter().map(|s| sql(s, vec![])).collect();
-        backend.execute_batch(&schema).expect("postgres schema");
+        backend.execute_batch(&migration(Dialect::Postgres)).expect("postgres schema");
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("unused.sqlite");
         TestDb { _dir: dir, path, postgres: Some(PgSchema { pool, name }) }
@@ -121,6 +128,15 @@ impl TestDb {
 
     pub fn is_postgres(&self) -> bool {
         self.postgres.is_some()
+    }
+
+    /// The SQL dialect of this database.
+    pub fn dialect(&self) -> Dialect {
+        if self.is_postgres() {
+            Dialect::Postgres
+        } else {
+            Dialect::Sqlite
+        }
     }
 
     /// The PostgreSQL schema, when this is a PostgreSQL ledger.
@@ -150,18 +166,18 @@ impl TestDb {
     }
 
     pub fn ledger(&self, clock: &ManualClock) -> Ledger {
-        self.ledger_with(clock, Config::default())
+        self.ledger_with(clock, Settings::default())
     }
 
-    pub fn ledger_with(&self, clock: &ManualClock, config: Config) -> Ledger {
-        Ledger::new(runtime(), self.backend(), config, clock.clone()).expect("ledger")
+    pub fn ledger_with(&self, clock: &ManualClock, settings: Settings) -> Ledger {
+        Ledger::new(runtime(), self.backend(), settings, clock.clone()).expect("ledger")
     }
 
     /// A ledger whose backend counts batches and can be told to fail them.
-    pub fn instrumented(&self, clock: &ManualClock, config: Config) -> (Ledger, Probe) {
+    pub fn instrumented(&self, clock: &ManualClock, settings: Settings) -> (Ledger, Probe) {
         let probe = Probe::default();
         let backend = Instrumented { inner: self.backend(), probe: probe.clone() };
-        (Ledger::new(runtime(), backend, config, clock.clone()).expect("ledger"), probe)
+        (Ledger::new(runtime(), backend, settings, clock.clone()).expect("ledger"), probe)
     }
 
     pub fn insert_rows(&self, rows: &[Json]) {
@@ -176,17 +192,23 @@ impl TestDb {
                 insert_rows(&self.conn(), rows);
                 Ok(())
             }
-            Some(pg) => {
-                let placeholders: Vec<String> = (1..=COLUMNS.len()).map(|i| format!("${i}")).collect();
-                let insert =
-                    format!("INSERT INTO idempotency_keys ({}) VALUES ({})", COLUMNS.join(", "), placeholders.join(", "));
-                let statements: Vec<Statement> = rows
-                    .iter()
-                    .map(|row| sql(&insert, COLUMNS.iter().map(|c| json_to_value(&row[*c])).collect()))
-                    .collect();
-                pg.pool.backend().execute_batch(&statements).map(|_| ())
-            }
+            Some(pg) => pg.pool.backend().execute_batch(&self.inserts(rows)).map(|_| ()),
         }
+    }
+
+    /// Replaces the whole table with `rows` (inserted verbatim), in one batch.
+    pub fn replace_rows(&self, rows: &[Json]) {
+        let mut batch = vec![sql("DELETE FROM idempotency_keys", vec![])];
+        batch.extend(self.inserts(rows));
+        self.backend().execute_batch(&batch).expect("replace rows");
+    }
+
+    /// One INSERT per row, in this database's placeholders.
+    fn inserts(&self, rows: &[Json]) -> Vec<SqlStatement> {
+        let placeholders: Vec<String> =
+            (1..=COLUMNS.len()).map(|i| if self.is_postgres() { format!("${i}") } else { "?".into() }).collect();
+        let insert = format!("INSERT INTO idempotency_keys ({}) VALUES ({})", COLUMNS.join(", "), placeholders.join(", "));
+        rows.iter().map(|row| sql(&insert, COLUMNS.iter().map(|c| json_to_value(&row[*c])).collect())).collect()
     }
 
     /// Runs SQL without parameters on either database.
@@ -246,14 +268,14 @@ impl Opener {
     }
 
     pub fn ledger(&self, clock: ManualClock) -> Ledger {
-        Ledger::new(runtime(), self.backend(), Config::default(), clock).expect("ledger")
+        Ledger::new(runtime(), self.backend(), Settings::default(), clock).expect("ledger")
     }
 
     /// A [`LedgerPool`] on this database (migrating it again, harmlessly).
     pub fn ledger_pool(&self, clock: ManualClock) -> LedgerPool {
         match self {
-            Opener::Sqlite(path) => LedgerPool::with_settings(path, Config::default(), clock),
-            Opener::Postgres(pool) => LedgerPool::postgres(pool, Config::default(), clock),
+            Opener::Sqlite(path) => LedgerPool::with_settings(path, Settings::default(), clock),
+            Opener::Postgres(pool) => LedgerPool::postgres(pool, Settings::default(), clock),
         }
         .expect("ledger pool")
     }
@@ -373,7 +395,7 @@ pub struct Instrumented {
 }
 
 impl SqlBackend for Instrumented {
-    fn execute_batch(&mut self, statements: &[Statement]) -> Result<Vec<StatementResult>, BatchError> {
+    fn execute_batch(&mut self, statements: &[SqlStatement]) -> Result<Vec<StatementResult>, BatchError> {
         let n = self.probe.batches.fetch_add(1, Ordering::SeqCst) + 1;
         if self.probe.panics.lock().expect("panics").contains(&n) {
             panic!("injected backend panic on batch {n}");

@@ -1,103 +1,143 @@
-//! Runs every vector of conformance/vectors.json three ways: the native core
-//! (no wasm), the component's driven methods (`run-*`, through the ledger
-//! import), and the component's steps (`plan-*` / `decide` / `finish-*`),
-//! the database kinds each over a fresh real SQLite file. Fails on an
-//! unknown kind or field and when the number run differs from `counts`.
+//! Runs every vector of conformance/vectors.json (format 3, conformance/README.md)
+//! through the COMPONENT under wasmtime, each exchange three ways:
 //!
-//! With `IDEMPOTENCY_TEST_BACKEND=postgres` (make test-postgres) the kinds
-//! that touch the database (decision, completion, abandon, sweep) run the
-//! same three ways over a fresh PostgreSQL schema each, in the `postgres` dialect.
+//! - `stepped`: raw WIT calls on a `Ledger`'s instance (`session.start` in
+//!   `stepped` mode, then `exchange.step`); this runner performs every
+//!   `run-batch` on the database (its SQL from the component's `queries`);
+//! - `stepped` again, feeding `body-hashed` (SHA-256 of the prefix and the
+//!   body, as hosts that hash natively do) instead of `body`;
+//! - `driven`: the same calls in `driven` mode on a `Ledger` whose backend
+//!   checks each batch the component sends through its ledger import against
+//!   the vector's `run-batch` step, then runs it on the database or returns
+//!   the step's scripted result.
+//!
+//! A vector with `database: true` runs on a fresh SQLite file per way, or,
+//! with `IDEMPOTENCY_TEST_BACKEND=postgres` (make test-postgres), on a fresh
+//! PostgreSQL schema per way in the `postgres` dialect; its table must end as
+//! `rows_after`. Sweep and config vectors too. Unknown kinds and fields fail;
+//! every count is asserted. (The native core runs the same vectors in
+//! guest/core/tests/vectors.rs.)
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use idempotency_ledger::wit;
-use idempotency_ledger::{Config, Dialect, Ledger, ManualClock, OnServerError, Profile, SqlBackend};
-use idempotency_ledger_core as core;
-use idempotency_ledger_host_test::convert::*;
+use idempotency_ledger::{Dialect, Ledger, ManualClock, OnServerError, Profile, Settings, SqlBackend, SqlStatement};
 use idempotency_ledger_host_test::{runtime, test_backend_is_postgres, TestDb};
-use serde_json::{json, Value as Json};
+use serde_json::{json, Map, Value as J};
 
-fn load() -> Json {
+fn doc() -> J {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../conformance/vectors.json");
-    serde_json::from_str(&std::fs::read_to_string(path).expect("read vectors.json")).expect("parse vectors.json")
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let doc: J = serde_json::from_str(&text).expect("vectors.json is JSON");
+    fields(&doc, "vectors.json", &["format", "counts", "families", "exchange", "sweep", "config"], &[]);
+    assert_eq!(doc["format"], 3, "vectors.json format");
+    fields(&doc["counts"], "counts", &["exchange", "sweep", "config"], &[]);
+    doc
 }
 
-const KINDS: [&str; 10] =
-    ["fingerprint", "admission", "decision", "completion", "abandon", "sweep", "classify", "error", "log", "config"];
-/// The kinds that run against a database (the PostgreSQL pass runs only these).
-const DATABASE_KINDS: [&str; 4] = ["decision", "completion", "abandon", "sweep"];
-
-fn fields(v: &Json, allowed: &[&str]) {
-    for key in v.as_object().expect("vector object").keys() {
-        assert!(allowed.contains(&key.as_str()), "{}: unknown field {key:?}", v["id"]);
+/// The object's fields, after checking that it has every `required` one and
+/// nothing beyond `required` and `optional`.
+fn fields<'a>(v: &'a J, what: &str, required: &[&str], optional: &[&str]) -> &'a Map<String, J> {
+    let map = v.as_object().unwrap_or_else(|| panic!("{what}: not an object: {v}"));
+    for key in map.keys() {
+        assert!(required.contains(&key.as_str()) || optional.contains(&key.as_str()), "{what}: unknown field {key:?}");
     }
+    for key in required {
+        assert!(map.contains_key(*key), "{what}: missing field {key:?}");
+    }
+    map
 }
 
-fn str_of<'a>(v: &'a Json, field: &str) -> &'a str {
-    v[field].as_str().unwrap_or_else(|| panic!("{field} must be a string in {v}"))
+/// The one key of an object like `{"body": "..."}`, and its value.
+fn one(v: &J, what: &str) -> (String, J) {
+    let map = v.as_object().unwrap_or_else(|| panic!("{what}: not an object: {v}"));
+    assert_eq!(map.len(), 1, "{what}: exactly one key expected: {v}");
+    let (k, v) = map.iter().next().expect("one key");
+    (k.clone(), v.clone())
+}
+
+fn s(v: &J, what: &str) -> String {
+    v.as_str().unwrap_or_else(|| panic!("{what}: not a string: {v}")).to_string()
+}
+
+fn i(v: &J, what: &str) -> i64 {
+    v.as_i64().unwrap_or_else(|| panic!("{what}: not an integer: {v}"))
+}
+
+fn u(v: &J, what: &str) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("{what}: not an unsigned integer: {v}"))
+}
+
+fn strings(v: &J, what: &str) -> Vec<String> {
+    v.as_array().unwrap_or_else(|| panic!("{what}: not a list: {v}")).iter().map(|x| s(x, what)).collect()
+}
+
+fn runner_dialect() -> Dialect {
+    if test_backend_is_postgres() {
+        Dialect::Postgres
+    } else {
+        Dialect::Sqlite
+    }
 }
 
 // ---- settings ----
 
-fn profile(name: &str) -> Profile {
-    match name {
-        "recipe" => Profile::Recipe,
-        "ietf" => Profile::Ietf,
-        other => panic!("unknown profile {other:?}"),
+fn profile_of(v: &J) -> Profile {
+    match v.as_str() {
+        Some("recipe") => Profile::Recipe,
+        Some("ietf") => Profile::Ietf,
+        _ => panic!("unknown profile {v}"),
     }
 }
 
-/// `default-config(profile)` with the vector's overrides applied.
-fn config_from(profile_name: Option<&str>, overrides: &Json) -> Config {
-    let mut c = Config::for_profile(profile(profile_name.unwrap_or("recipe")));
-    for (name, value) in overrides.as_object().expect("config object") {
-        let strings = || value.as_array().expect("list").iter().map(|s| s.as_str().expect("string").to_string()).collect();
-        let number = || value.as_u64().unwrap_or_else(|| panic!("{name}: a number"));
-        match name.as_str() {
-            "protected-methods" => c.protected_methods = strings(),
-            "fingerprint-headers" => c.fingerprint_headers = strings(),
-            "replay-headers" => c.replay_headers = strings(),
-            "pending-ttl-ms" => c.pending_ttl_ms = number(),
-            "retention-ms" => c.retention_ms = number(),
-            "body-cap-bytes" => c.body_cap_bytes = u32::try_from(number()).expect("u32"),
-            "request-body-cap-bytes" => c.request_body_cap_bytes = number(),
-            "sweep-batch" => c.sweep_batch = u32::try_from(number()).expect("u32"),
-            "sweep-every" => c.sweep_every = u32::try_from(number()).expect("u32"),
-            "profile" => {} // read above
-            "key-required" => c.key_required = value.as_bool().expect("bool"),
-            "replay-header" => c.replay_header = value.as_str().map(str::to_string),
-            "in-progress-retry-ms" => c.in_progress_retry_ms = value.as_u64(),
-            "wait-ms" => c.wait_ms = number(),
+fn dialect_of(v: &J, what: &str) -> Dialect {
+    match v.as_str() {
+        Some("sqlite") => Dialect::Sqlite,
+        Some("postgres") => Dialect::Postgres,
+        _ => panic!("{what}: unknown dialect {v}"),
+    }
+}
+
+/// A vector's `config` (overrides of `default-config(profile)`) as the Rust
+/// host's settings, and the dialect it names (the backend's otherwise).
+fn settings(overrides: &J, profile: Option<Profile>) -> (Settings, Option<Dialect>) {
+    let map = overrides.as_object().unwrap_or_else(|| panic!("config: not an object: {overrides}"));
+    let profile = profile.unwrap_or_else(|| map.get("profile").map_or(Profile::Recipe, profile_of));
+    let mut c = Settings::profile(profile);
+    let mut dialect = None;
+    for (key, v) in map {
+        let what = format!("config.{key}");
+        match key.as_str() {
+            "protected-methods" => c.protected_methods = Some(strings(v, &what)),
+            "fingerprint-headers" => c.fingerprint_headers = Some(strings(v, &what)),
+            "replay-headers" => c.replay_headers = Some(strings(v, &what)),
+            "pending-ttl-ms" => c.pending_ttl_ms = Some(u(v, &what)),
+            "retention-ms" => c.retention_ms = Some(u(v, &what)),
+            "body-cap-bytes" => c.body_cap_bytes = Some(u32::try_from(u(v, &what)).expect("u32")),
+            "request-body-cap-bytes" => c.request_body_cap_bytes = Some(u(v, &what)),
+            "sweep-batch" => c.sweep_batch = Some(u32::try_from(u(v, &what)).expect("u32")),
+            "sweep-every" => c.sweep_every = Some(u32::try_from(u(v, &what)).expect("u32")),
+            "profile" => assert_eq!(profile_of(v), profile, "{what}"),
+            "key-required" => c.key_required = Some(v.as_bool().expect("bool")),
+            "replay-header" => c.replay_header = Some((!v.is_null()).then(|| s(v, &what))),
+            "in-progress-retry-ms" => c.in_progress_retry_ms = Some((!v.is_null()).then(|| u(v, &what))),
+            "wait-ms" => c.wait_ms = Some(u(v, &what)),
             "on-server-error" => {
-                c.on_server_error = match value.as_str() {
+                c.on_server_error = Some(match v.as_str() {
                     Some("store") => OnServerError::Store,
                     Some("release") => OnServerError::Release,
-                    other => panic!("on-server-error {other:?}"),
-                }
+                    _ => panic!("{what}: {v}"),
+                })
             }
-            "dialect" => {
-                c.dialect = match value.as_str() {
-                    Some("sqlite") => Dialect::Sqlite,
-                    Some("postgres") => Dialect::Postgres,
-                    other => panic!("dialect {other:?}"),
-                }
-            }
-            other => panic!("unknown config field {other:?}"),
+            "dialect" => dialect = Some(dialect_of(v, &what)),
+            _ => panic!("unknown config field {key:?}"),
         }
     }
-    c
+    (c, dialect)
 }
 
-/// The vector's config in the test database's dialect.
-fn config(v: &Json) -> Config {
-    let mut c = config_from(v["config"].get("profile").and_then(Json::as_str), &v["config"]);
-    if test_backend_is_postgres() {
-        c.dialect = Dialect::Postgres;
-    }
-    c
-}
-
-fn config_json(c: &Config) -> Json {
+fn config_json(c: &wit::Config) -> J {
     json!({
         "protected-methods": c.protected_methods,
         "fingerprint-headers": c.fingerprint_headers,
@@ -118,604 +158,837 @@ fn config_json(c: &Config) -> Json {
     })
 }
 
-// ---- inputs ----
+// ---- values, actions and events in the vectors' JSON ----
 
-fn headers(v: &Json) -> Vec<core::Header> {
+fn value_json(v: &wit::Value) -> J {
+    match v {
+        wit::Value::Null => J::Null,
+        wit::Value::Integer(n) => json!(n),
+        wit::Value::Real(r) => json!({ "real": r }),
+        wit::Value::Text(t) => json!(t),
+        wit::Value::Blob(b) => json!({ "blob": hex::encode(b) }),
+    }
+}
+
+fn value_from(j: &J, what: &str) -> wit::Value {
+    match j {
+        J::Null => wit::Value::Null,
+        J::Number(_) => wit::Value::Integer(i(j, what)),
+        J::String(t) => wit::Value::Text(t.clone()),
+        J::Object(_) => match one(j, what) {
+            (k, r) if k == "real" => wit::Value::Real(r.as_f64().unwrap_or_else(|| panic!("{what}: real {r}"))),
+            (k, b) if k == "blob" => wit::Value::Blob(hex::decode(s(&b, what)).expect("blob hex")),
+            (k, _) => panic!("{what}: unknown value kind {k:?}"),
+        },
+        _ => panic!("{what}: not a SQL value: {j}"),
+    }
+}
+
+const QUERIES: [(wit::Query, &str); 8] = [
+    (wit::Query::CreateTable, "create-table"),
+    (wit::Query::CreateIndex, "create-index"),
+    (wit::Query::Claim, "claim"),
+    (wit::Query::Takeover, "takeover"),
+    (wit::Query::Lookup, "lookup"),
+    (wit::Query::Complete, "complete"),
+    (wit::Query::Release, "release"),
+    (wit::Query::Sweep, "sweep"),
+];
+
+fn query_name(q: wit::Query) -> &'static str {
+    QUERIES.iter().find(|(query, _)| std::mem::discriminant(query) == std::mem::discriminant(&q)).expect("every query is named").1
+}
+
+fn statements_json(statements: &[wit::Statement]) -> J {
+    J::Array(
+        statements
+            .iter()
+            .map(|st| json!({ "query": query_name(st.query), "params": st.params.iter().map(value_json).collect::<Vec<_>>() }))
+            .collect(),
+    )
+}
+
+fn headers_json(headers: &[wit::Header]) -> J {
+    J::Array(headers.iter().map(|h| json!([h.name, h.value])).collect())
+}
+
+fn response_json(r: &wit::Response) -> J {
+    json!({ "status": r.status, "headers": headers_json(&r.headers), "body": r.body })
+}
+
+fn log_line_json(l: &wit::LogLine) -> J {
+    let level = match l.level {
+        wit::LogLevel::Error => "error",
+        wit::LogLevel::Warn => "warn",
+        wit::LogLevel::Info => "info",
+    };
+    json!({ "level": level, "message": l.message })
+}
+
+fn log_json(lines: &[wit::LogLine]) -> J {
+    J::Array(lines.iter().map(log_line_json).collect())
+}
+
+fn action_json(a: &wit::Action) -> J {
+    match a {
+        wit::Action::ReadBody(r) => json!({ "read-body": { "cap": r.cap, "prefix": r.prefix } }),
+        wit::Action::RunBatch(statements) => json!({ "run-batch": statements_json(statements) }),
+        wit::Action::Sleep(ms) => json!({ "sleep": ms }),
+        wit::Action::RunHandler(t) => json!({ "run-handler": {
+            "principal": t.principal, "key": t.key, "fingerprint": t.fingerprint,
+            "generation": t.generation, "created_at": t.created_at } }),
+        wit::Action::PassThrough => json!({ "pass-through": null }),
+        wit::Action::Respond(r) => json!({ "respond": {
+            "send": match &r.send { wit::Answer::Core(response) => response_json(response), wit::Answer::Handler => json!("handler") },
+            "close": r.close, "log": log_json(&r.log), "sweep": r.sweep,
+            "outcome": idempotency_ledger::outcome_name(r.outcome) } }),
+        wit::Action::Propagate(f) => json!({ "propagate": {
+            "log": log_json(&f.log), "outcome": idempotency_ledger::outcome_name(f.outcome),
+            "response": response_json(&f.response) } }),
+    }
+}
+
+fn is_final(a: &wit::Action) -> bool {
+    matches!(a, wit::Action::PassThrough | wit::Action::Respond(_) | wit::Action::Propagate(_))
+}
+
+fn headers_from(v: &J, what: &str) -> Vec<wit::Header> {
     v.as_array()
-        .expect("headers")
+        .unwrap_or_else(|| panic!("{what}: not a list"))
         .iter()
-        .map(|pair| core::Header::new(pair[0].as_str().expect("name"), pair[1].as_str().expect("value")))
+        .map(|pair| match pair.as_array().map(Vec::as_slice) {
+            Some([n, v]) => wit::Header { name: s(n, what), value: s(v, what) },
+            _ => panic!("{what}: not a [name, value] pair: {pair}"),
+        })
         .collect()
 }
 
-fn head(v: &Json) -> core::RequestHead {
-    core::RequestHead {
-        method: str_of(v, "method").into(),
-        path_and_query: str_of(v, "path_and_query").into(),
-        headers: headers(&v["headers"]),
+fn batch_error(v: &J, what: &str) -> wit::BatchError {
+    let kind = s(&v["kind"], what);
+    if kind == "database" {
+        fields(v, what, &["kind", "code", "message"], &[]);
+        let code = (!v["code"].is_null()).then(|| s(&v["code"], what));
+        return wit::BatchError::Database(wit::DatabaseError { code, message: s(&v["message"], what) });
+    }
+    fields(v, what, &["kind", "message"], &[]);
+    let message = s(&v["message"], what);
+    match kind.as_str() {
+        "pool-exhausted" => wit::BatchError::PoolExhausted(message),
+        "unreachable" => wit::BatchError::Unreachable(message),
+        "outcome-unknown" => wit::BatchError::OutcomeUnknown(message),
+        "host" => wit::BatchError::Host(message),
+        _ => panic!("{what}: unknown batch-error kind {kind:?}"),
     }
 }
 
-fn ticket(v: &Json) -> core::Ticket {
-    core::Ticket {
-        principal: str_of(v, "principal").into(),
-        key: str_of(v, "key").into(),
-        fingerprint: str_of(v, "fingerprint").into(),
-        generation: v["generation"].as_i64().expect("generation"),
-        created_at: v["created_at"].as_i64().expect("created_at"),
+fn results_from(v: &J, what: &str) -> Vec<wit::StatementResult> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("{what}: not a list"))
+        .iter()
+        .map(|r| {
+            fields(r, what, &["rows", "changes"], &[]);
+            let rows = r["rows"]
+                .as_array()
+                .expect("rows")
+                .iter()
+                .map(|row| row.as_array().expect("a row is a list").iter().map(|x| value_from(x, what)).collect())
+                .collect();
+            wit::StatementResult { rows, changes: u(&r["changes"], what) }
+        })
+        .collect()
+}
+
+fn event_from(v: &J, what: &str) -> wit::Event {
+    let (kind, value) = one(v, what);
+    match kind.as_str() {
+        "body" => wit::Event::Body(hex::decode(s(&value, what)).expect("body hex")),
+        "body-hashed" => wit::Event::BodyHashed(s(&value, what)),
+        "body-too-large" => {
+            assert!(value.is_null(), "{what}: body-too-large takes null");
+            wit::Event::BodyTooLarge
+        }
+        "body-unreadable" => wit::Event::BodyUnreadable(match s(&value, what).as_str() {
+            "length-unknown" => wit::BodyProblem::LengthUnknown,
+            "incomplete" => wit::BodyProblem::Incomplete,
+            "consumed" => wit::BodyProblem::Consumed,
+            other => panic!("{what}: unknown body-problem {other:?}"),
+        }),
+        "batch-done" => wit::Event::BatchDone(results_from(&value, what)),
+        "batch-failed" => wit::Event::BatchFailed(batch_error(&value, what)),
+        "slept" => {
+            assert!(value.is_null(), "{what}: slept takes null");
+            wit::Event::Slept
+        }
+        "handler-done" => wit::Event::HandlerDone(match one(&value, what) {
+            (k, r) if k == "answered" => {
+                let map = fields(&r, what, &["status", "headers"], &["body_text", "body_hex"]);
+                let body = match (map.get("body_text"), map.get("body_hex")) {
+                    (Some(t), None) => wit::ResponseBody::Text(s(t, what)),
+                    (None, Some(h)) => wit::ResponseBody::Bytes(hex::decode(s(h, what)).expect("body_hex")),
+                    _ => panic!("{what}: exactly one of body_text, body_hex"),
+                };
+                let status = u16::try_from(u(&r["status"], what)).expect("status is a u16");
+                wit::HandlerResult::Answered(wit::MutationResponse { status, headers: headers_from(&r["headers"], what), body })
+            }
+            (k, d) if k == "raised" => wit::HandlerResult::Raised(s(&d, what)),
+            (k, n) if k == "nothing-changed" && n.is_null() => wit::HandlerResult::NothingChanged,
+            (k, n) if k == "declined" && n.is_null() => wit::HandlerResult::Declined,
+            (k, _) => panic!("{what}: unknown handler result {k:?}"),
+        }),
+        _ => panic!("{what}: unknown event {kind:?}"),
     }
 }
 
-fn mutation(v: &Json) -> core::MutationResponse {
-    fields(v, &["status", "headers", "body_text", "body_hex"]);
-    let body = match (v.get("body_text"), v.get("body_hex")) {
-        (Some(t), None) => core::ResponseBody::Text(t.as_str().expect("text").into()),
-        (None, Some(h)) => core::ResponseBody::Bytes(hex::decode(h.as_str().expect("hex")).expect("hex")),
-        _ => panic!("response needs exactly one of body_text, body_hex"),
-    };
-    core::MutationResponse { status: v["status"].as_u64().expect("status") as u16, headers: headers(&v["headers"]), body }
+// ---- the component ----
+
+/// Raw WIT calls on a ledger's component instance; a trap fails the test.
+fn call<T>(
+    ledger: &mut Ledger,
+    f: impl FnOnce(&wit::Core, &mut wasmtime::Store<idempotency_ledger::HostState>, wasmtime::component::ResourceAny) -> wasmtime::Result<T>,
+) -> T {
+    ledger.with_component(f).expect("a component instance").expect("the component does not trap")
 }
 
-fn protocol_error(v: &Json) -> core::ProtocolError {
-    let message = || v["message"].as_str().unwrap_or_default().to_string();
-    match str_of(v, "kind") {
-        "ledger" => core::ProtocolError::Ledger(ledger_error(&v["ledger"])),
-        "malformed-result" => core::ProtocolError::MalformedResult(message()),
-        "invalid-config" => core::ProtocolError::InvalidConfig(message()),
-        "invalid-argument" => core::ProtocolError::InvalidArgument(message()),
-        other => panic!("unknown protocol error kind {other:?}"),
+fn start(ledger: &mut Ledger, start: &wit::RequestStart) -> wit::Started {
+    call(ledger, |core, store, session| core.idempotency_ledger_session().session().call_start(store, session, start))
+}
+
+fn feed(ledger: &mut Ledger, exchange: wasmtime::component::ResourceAny, now: i64, event: &wit::Event) -> wit::Action {
+    call(ledger, |core, store, _| core.idempotency_ledger_exchange().exchange().call_step(store, exchange, now, event))
+}
+
+fn drop_exchange(ledger: &mut Ledger, exchange: Option<wasmtime::component::ResourceAny>) {
+    if let Some(x) = exchange {
+        call(ledger, |_, store, _| x.resource_drop(store));
     }
 }
 
-fn ledger_error(v: &Json) -> core::LedgerError {
-    let message = || v["message"].as_str().unwrap_or_default().to_string();
-    match str_of(v, "kind") {
-        "busy" => core::LedgerError::Busy,
-        "constraint" => core::LedgerError::Constraint(message()),
-        "schema" => core::LedgerError::Schema(message()),
-        "io" => core::LedgerError::Io(message()),
-        "outcome-unknown" => core::LedgerError::OutcomeUnknown(message()),
-        "other" => core::LedgerError::Other(message()),
-        other => panic!("unknown ledger error kind {other:?}"),
-    }
+/// The SQL the component states for each query, in `dialect`, and back.
+fn sql_of(dialect: Dialect) -> (Vec<(wit::Query, Arc<str>)>, HashMap<String, wit::Query>) {
+    let queries = runtime().queries(dialect).clone();
+    let table: Vec<(wit::Query, Arc<str>)> = QUERIES.iter().map(|(q, _)| (*q, queries.sql(*q).clone())).collect();
+    let back = table.iter().map(|(q, sql)| (sql.to_string(), *q)).collect();
+    (table, back)
 }
 
-fn batch_error(v: &Json) -> core::BatchError {
-    let message = str_of(v, "message").to_string();
-    match str_of(v, "kind") {
-        "database" => core::BatchError::Database(core::DatabaseError { code: v["code"].as_str().map(str::to_string), message }),
-        "pool-exhausted" => core::BatchError::PoolExhausted(message),
-        "unreachable" => core::BatchError::Unreachable(message),
-        "outcome-unknown" => core::BatchError::OutcomeUnknown(message),
-        "host" => core::BatchError::Host(message),
-        other => panic!("unknown batch error kind {other:?}"),
-    }
+/// The batch as a backend runs it: each query's SQL from the component.
+fn sql_batch(table: &[(wit::Query, Arc<str>)], statements: &[wit::Statement]) -> Vec<SqlStatement> {
+    statements
+        .iter()
+        .map(|st| {
+            let sql = table.iter().find(|(q, _)| query_name(*q) == query_name(st.query)).expect("every query").1.clone();
+            SqlStatement { sql, params: st.params.clone() }
+        })
+        .collect()
 }
 
-fn abandon_reason(v: &Json) -> core::AbandonReason {
-    match v.as_str() {
-        Some("raised") => core::AbandonReason::Raised,
-        Some("nothing-changed") => core::AbandonReason::NothingChanged,
-        other => panic!("abandon reason {other:?}"),
-    }
+/// The ledger of a stepped runner: its import must never be called.
+struct NoImport {
+    dialect: Dialect,
+    called: Arc<Mutex<bool>>,
 }
 
-fn log_event(v: &Json) -> core::LogEvent {
-    let error = || protocol_error(&v["error"]);
-    match str_of(v, "kind") {
-        "decision-failed" => core::LogEvent::DecisionFailed {
-            principal: str_of(v, "principal").into(),
-            key: str_of(v, "key").into(),
-            error: error(),
-        },
-        "completion-failed" => core::LogEvent::CompletionFailed { ticket: ticket(&v["ticket"]), error: error() },
-        "release-failed" => core::LogEvent::ReleaseFailed { ticket: ticket(&v["ticket"]), error: error() },
-        "fenced-out" => core::LogEvent::FencedOut(ticket(&v["ticket"])),
-        "abandoned" => core::LogEvent::Abandoned {
-            ticket: ticket(&v["ticket"]),
-            reason: abandon_reason(&v["reason"]),
-            released: v["released"].as_bool().expect("released"),
-            detail: str_of(v, "detail").into(),
-        },
-        "sweep-failed" => core::LogEvent::SweepFailed(error()),
-        other => panic!("unknown log event {other:?}"),
-    }
-}
-
-// ---- answers as JSON ----
-
-fn j_response(r: core::Response) -> Json {
-    json!({
-        "status": r.status,
-        "headers": r.headers.into_iter().map(|h| json!([h.name, h.value])).collect::<Vec<_>>(),
-        "body": r.body,
-    })
-}
-
-fn j_reason(r: core::RejectionReason) -> &'static str {
-    use core::RejectionReason as R;
-    match r {
-        R::PrincipalRequired => "principal-required",
-        R::KeyRequired => "key-required",
-        R::KeyInvalid => "key-invalid",
-        R::BodyTooLarge => "body-too-large",
-        R::KeyReused => "key-reused",
-        R::InProgress => "in-progress",
-        R::Retry => "retry",
-        R::RecordCorrupt => "record-corrupt",
-    }
-}
-
-fn j_decision(d: core::Decision) -> Json {
-    match d {
-        core::Decision::Execute(t) => json!({"kind": "execute", "generation": t.generation, "created_at": t.created_at}),
-        core::Decision::Replay(r) => json!({"kind": "replay", "response": j_response(r)}),
-        core::Decision::Reject(r) => json!({"kind": "reject", "reason": j_reason(r.reason), "response": j_response(r.response)}),
-        core::Decision::Wait(ms) => json!({"kind": "wait", "ms": ms}),
-    }
-}
-
-/// The error kind only: the vectors name it, and messages are the core's own.
-fn j_error_kind(e: &core::ProtocolError) -> Json {
-    match e {
-        core::ProtocolError::Ledger(l) => json!({"kind": "ledger", "ledger": j_ledger_error(l)}),
-        core::ProtocolError::MalformedResult(_) => json!({"kind": "malformed-result"}),
-        core::ProtocolError::InvalidConfig(_) => json!({"kind": "invalid-config"}),
-        core::ProtocolError::InvalidArgument(_) => json!({"kind": "invalid-argument"}),
-    }
-}
-
-fn j_admission(a: Result<core::Admission, core::ProtocolError>) -> Json {
-    match a {
-        Ok(core::Admission::PassThrough) => json!({"kind": "pass-through"}),
-        Ok(core::Admission::Protected(p)) => json!({"kind": "protected", "key": p.key}),
-        Ok(core::Admission::Reject(r)) => json!({"kind": "reject", "reason": j_reason(r.reason), "response": j_response(r.response)}),
-        Err(e) => json!({"kind": "error", "error": j_error_kind(&e)}),
-    }
-}
-
-fn j_ledger_error(e: &core::LedgerError) -> Json {
-    match e {
-        core::LedgerError::Busy => json!({"kind": "busy"}),
-        core::LedgerError::Constraint(m) => json!({"kind": "constraint", "message": m}),
-        core::LedgerError::Schema(m) => json!({"kind": "schema", "message": m}),
-        core::LedgerError::Io(m) => json!({"kind": "io", "message": m}),
-        core::LedgerError::OutcomeUnknown(m) => json!({"kind": "outcome-unknown", "message": m}),
-        core::LedgerError::Other(m) => json!({"kind": "other", "message": m}),
-    }
-}
-
-fn j_log(l: &core::LogLine) -> Json {
-    let level = match l.level {
-        core::LogLevel::Error => "error",
-        core::LogLevel::Warn => "warn",
-        core::LogLevel::Info => "info",
-    };
-    json!({"level": level, "message": l.message})
-}
-
-fn j_action(a: core::CompletionAction) -> &'static str {
-    match a {
-        core::CompletionAction::Store => "store",
-        core::CompletionAction::Release => "release",
-    }
-}
-
-fn j_outcome(o: core::CompletionOutcome) -> &'static str {
-    match o {
-        core::CompletionOutcome::Stored => "stored",
-        core::CompletionOutcome::Released => "released",
-        core::CompletionOutcome::FencedOut => "fenced-out",
-    }
-}
-
-fn j_plan(plan: core::CompletionPlan, outcome: core::CompletionOutcome) -> Json {
-    json!({
-        "action": j_action(plan.action),
-        "outcome": j_outcome(outcome),
-        "response": j_response(plan.response),
-        "send_mutation_body": plan.send_mutation_body,
-        "sweep_due": plan.sweep_due,
-        "log": plan.log.as_ref().map(j_log),
-    })
-}
-
-fn j_sweep(s: core::SweepResult, db: &TestDb) -> Json {
-    json!({"deleted": s.deleted, "remaining": db.rows().len(), "more": s.more})
-}
-
-// ---- the three ways ----
-
-#[derive(Clone, Copy, Debug)]
-enum Way {
-    Native,
-    Driven,
-    Steps,
-}
-
-const WAYS: [Way; 3] = [Way::Native, Way::Driven, Way::Steps];
-
-/// Vectors whose rows hold values of the wrong type, which only SQLite stores.
-const POSTGRES_UNREPRESENTABLE: [&str; 1] = ["decision-035"];
-
-/// The native core's SQL run on the same backend the component uses.
-struct NativeLedger(Box<dyn SqlBackend>);
-
-impl core::driven::Ledger for NativeLedger {
-    fn execute_batch(&mut self, statements: &[core::Statement]) -> Result<Vec<core::StatementResult>, core::BatchError> {
-        self.0.execute_batch(&statements_to_wit(statements)).map(results_to_core).map_err(batch_error_to_core)
-    }
-}
-
-fn native(c: &Config) -> core::Session {
-    core::Session::open(c.clone()).expect("the vector's config is valid")
-}
-
-/// A backend that only states a dialect (for the kinds that never run SQL).
-struct DialectOnly(Dialect);
-
-impl SqlBackend for DialectOnly {
-    fn execute_batch(&mut self, _: &[wit::Statement]) -> Result<Vec<wit::StatementResult>, wit::BatchError> {
-        Err(wit::BatchError::Host("this test backend runs no SQL".into()))
+impl SqlBackend for NoImport {
+    fn execute_batch(&mut self, _: &[SqlStatement]) -> Result<Vec<wit::StatementResult>, wit::BatchError> {
+        *self.called.lock().expect("flag") = true;
+        Err(wit::BatchError::Host("a stepped exchange called the ledger import".into()))
     }
 
     fn dialect(&self) -> Dialect {
-        self.0
+        self.dialect
     }
 }
 
-fn ledger_without_db(c: &Config) -> Ledger {
-    Ledger::new(runtime(), DialectOnly(c.dialect), c.clone(), ManualClock::new(0)).expect("ledger")
+// ---- a fresh database per vector and way ----
+
+struct Db {
+    db: TestDb,
+    table: Vec<(wit::Query, Arc<str>)>,
+    backend: Box<dyn SqlBackend>,
 }
 
-/// Calls one method of the component's session; a trap fails the test.
-macro_rules! session {
-    ($ledger:expr, |$s:ident, $store:ident, $session:ident| $call:expr) => {
-        $ledger
-            .with_component(|core, $store, $session| {
-                let $s = core.idempotency_ledger_session().session();
-                $call
-            })
-            .expect("instance")
-            .expect("no trap")
-    };
-}
+impl Db {
+    fn new(rows: &J) -> Db {
+        let db = TestDb::new();
+        db.replace_rows(rows.as_array().expect("rows is a list"));
+        let (table, _) = sql_of(db.dialect());
+        let backend = db.backend();
+        Db { db, table, backend }
+    }
 
-fn run_fingerprint(v: &Json) {
-    fields(v, &["id", "spec", "config", "method", "path_and_query", "headers", "body_hex", "prefix", "fingerprint"]);
-    let (c, h) = (config(v), head(v));
-    let body = hex::decode(str_of(v, "body_hex")).expect("hex body");
-    let session = native(&c);
-    assert_eq!(session.fingerprint_prefix(&h), v["prefix"], "{}: native prefix", v["id"]);
-    assert_eq!(session.fingerprint(&h, &body), v["fingerprint"], "{}: native", v["id"]);
-    let mut ledger = ledger_without_db(&c);
-    let mut request = idempotency_ledger::Request::new(h.method.clone(), h.path_and_query.clone()).body(body);
-    request.headers = h.headers.iter().map(|x| (x.name.clone(), x.value.clone())).collect();
-    assert_eq!(ledger.fingerprint(&request).expect("prefix + native sha256"), v["fingerprint"], "{}: prefix path", v["id"]);
-    assert_eq!(ledger.fingerprint_in_component(&request).expect("component"), v["fingerprint"], "{}: component", v["id"]);
-}
+    fn run(&mut self, statements: &[wit::Statement]) -> Result<Vec<wit::StatementResult>, wit::BatchError> {
+        self.backend.execute_batch(&sql_batch(&self.table, statements))
+    }
 
-fn run_admission(v: &Json) {
-    fields(v, &["id", "spec", "config", "method", "path_and_query", "headers", "principal", "expect"]);
-    let (c, h) = (config(v), head(v));
-    let principal = v["principal"].as_str();
-    assert_eq!(j_admission(native(&c).admit(&h, principal)), v["expect"], "{}: native: {}", v["id"], v["spec"]);
-    let wit_head = head_to_wit(&h);
-    let got = session!(ledger_without_db(&c), |s, store, session| s.call_admit(store, session, &wit_head, principal));
-    let got = got.map(admission_to_core).map_err(error_to_core);
-    assert_eq!(j_admission(got), v["expect"], "{}: component: {}", v["id"], v["spec"]);
-}
-
-/// The vector's rows in a fresh database; `None` when PostgreSQL's typed
-/// columns cannot hold them (rows only SQLite's dynamic typing admits).
-fn arranged(v: &Json) -> Option<TestDb> {
-    let db = TestDb::new();
-    match db.try_insert_rows(v["rows"].as_array().expect("rows")) {
-        Ok(()) => Some(db),
-        Err(e) if db.is_postgres() => {
-            println!("{}: rows not representable in PostgreSQL ({e:?})", v["id"]);
-            None
+    fn replace(&self, rows: &J) {
+        for r in rows.as_array().expect("rows is a list") {
+            fields(r, "row", &idempotency_ledger_host_test::COLUMNS, &[]);
         }
-        Err(e) => panic!("{}: insert rows: {e:?}", v["id"]),
+        self.db.replace_rows(rows.as_array().expect("rows"));
+    }
+
+    fn rows(&self) -> J {
+        J::Array(self.db.rows())
     }
 }
 
-fn check_rows(v: &Json, db: &TestDb, way: Way) {
-    if !v["rows_after"].is_null() {
-        assert_eq!(Json::Array(db.rows()), v["rows_after"], "{} ({way:?}): rows after", v["id"]);
+// ---- exchanges ----
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Way {
+    /// This runner performs each `run-batch` and feeds its result.
+    Stepped,
+    /// As `Stepped`, feeding `body-hashed` where a vector feeds `body` at `read-body`.
+    SteppedHashed,
+    /// The component runs the batches through its ledger import.
+    Driven,
+}
+
+struct Vector<'a> {
+    id: String,
+    settings: Settings,
+    dialect: Option<Dialect>,
+    head: wit::RequestHead,
+    principal: Option<String>,
+    now: i64,
+    database: bool,
+    rows: &'a J,
+    steps: &'a [J],
+    rows_after: &'a J,
+}
+
+fn vector(v: &J) -> Vector<'_> {
+    let id = s(&v["id"], "id");
+    let map = fields(v, &id, &["id", "spec", "config", "database", "rows", "request", "steps", "rows_after"], &["stepped_only"]);
+    if let Some(flag) = map.get("stepped_only") {
+        assert_eq!(flag, &J::Bool(true), "{id}: stepped_only is only ever true");
+    }
+    let req = &v["request"];
+    fields(req, &format!("{id}.request"), &["method", "path_and_query", "headers", "principal", "now"], &[]);
+    let database = v["database"].as_bool().expect("database is a bool");
+    assert!(database || v["rows"].as_array().is_some_and(Vec::is_empty), "{id}: rows without a database");
+    assert!(database || v["rows_after"].is_null(), "{id}: rows_after without a database");
+    let (settings, dialect) = settings(&v["config"], None);
+    assert!(!database || dialect.is_none(), "{id}: a database vector names a dialect");
+    let steps = v["steps"].as_array().expect("steps").as_slice();
+    assert!(!steps.is_empty(), "{id}: no steps");
+    let mut unbatched = false;
+    for (n, step) in steps.iter().enumerate() {
+        let what = format!("{id} step {n}");
+        if n + 1 == steps.len() {
+            fields(step, &what, &["expect"], &[]);
+        } else {
+            fields(step, &what, &["expect", "now"], &["feed", "rows"]);
+            assert!(step.get("rows").is_none() || database, "{what}: rows without a database");
+            let feed = step.get("feed").map(|f| one(f, &what).0);
+            unbatched |= step["expect"].get("run-batch").is_some() && feed.is_some_and(|f| f != "batch-done" && f != "batch-failed");
+        }
+    }
+    assert_eq!(map.contains_key("stepped_only"), unbatched, "{id}: stepped_only marks exactly the vectors a driven host cannot feed");
+    Vector {
+        settings,
+        dialect,
+        head: wit::RequestHead {
+            method: s(&req["method"], "method"),
+            path_and_query: s(&req["path_and_query"], "path_and_query"),
+            headers: headers_from(&req["headers"], "headers"),
+        },
+        principal: (!req["principal"].is_null()).then(|| s(&req["principal"], "principal")),
+        now: i(&req["now"], "request.now"),
+        database,
+        rows: &v["rows"],
+        steps,
+        rows_after: &v["rows_after"],
+        id,
     }
 }
 
-/// Runs `statements` on the database as one batch.
-fn batch(db: &TestDb, statements: &[wit::Statement]) -> Vec<wit::StatementResult> {
-    db.backend().execute_batch(statements).expect("batch")
-}
-
-/// False when the vector could not be arranged (PostgreSQL only).
-fn run_decision(v: &Json, way: Way) -> bool {
-    fields(v, &["id", "spec", "config", "rows", "principal", "key", "fingerprint", "now", "waiting_since", "expect", "rows_after"]);
-    let Some(db) = arranged(v) else { return false };
-    let c = config(v);
-    let (p, k, f) = (str_of(v, "principal"), str_of(v, "key"), str_of(v, "fingerprint"));
-    let (now, since) = (v["now"].as_i64().expect("now"), v["waiting_since"].as_i64().expect("waiting_since"));
-    let got = match way {
-        Way::Native => native(&c).run_decision(&mut NativeLedger(db.backend()), p, k, f, now, since).expect("decide"),
-        Way::Driven => {
-            let mut ledger = db.ledger_with(&ManualClock::new(now), c);
-            decision_to_core(session!(ledger, |s, store, session| s.call_run_decision(store, session, p, k, f, now, since)).expect("decide"))
-        }
-        Way::Steps => {
-            let mut ledger = db.ledger_with(&ManualClock::new(now), c);
-            let plan = session!(ledger, |s, store, session| s.call_plan_decision(store, session, p, k, f, now)).expect("plan");
-            let results = batch(&db, &plan);
-            decision_to_core(
-                session!(ledger, |s, store, session| s.call_decide(store, session, p, k, f, now, since, &results)).expect("decide"),
-            )
-        }
-    };
-    assert_eq!(j_decision(got), v["expect"], "{} ({way:?}): {}", v["id"], v["spec"]);
-    check_rows(v, &db, way);
-    true
-}
-
-fn run_completion(v: &Json, way: Way) -> bool {
-    fields(v, &["id", "spec", "config", "rows", "ticket", "response", "now", "expect", "rows_after"]);
-    let Some(db) = arranged(v) else { return false };
-    let c = config(v);
-    let (t, m, now) = (ticket(&v["ticket"]), mutation(&v["response"]), v["now"].as_i64().expect("now"));
-    let expect = &v["expect"];
-    match way {
-        Way::Native => {
-            let session = native(&c);
-            let plan = session.plan_completion(&t, m, now).expect("plan");
-            let results = NativeLedger(db.backend()).0.execute_batch(&statements_to_wit(&plan.statements)).expect("batch");
-            let outcome = session.finish_completion(plan.action, &results_to_core(results)).expect("finish");
-            assert_eq!(j_plan(plan, outcome), *expect, "{} ({way:?}): {}", v["id"], v["spec"]);
-        }
-        Way::Driven => {
-            // `run-completion` reports the outcome, not the action, and logs a
-            // fenced-out write after the plan's own line.
-            let mut ledger = db.ledger_with(&ManualClock::new(now), c);
-            let (wt, wm) = (ticket_to_wit(&t), mutation_to_wit(&m));
-            let done = session!(ledger, |s, store, session| s.call_run_completion(store, session, &wt, &wm, now)).expect("complete");
-            let outcome = outcome_to_core(done.outcome);
-            let mut log: Vec<core::LogLine> = done.log.into_iter().map(log_line_to_core).collect();
-            if outcome == core::CompletionOutcome::FencedOut {
-                let fenced = log.pop().expect("a fenced-out completion logs");
-                assert_eq!(fenced, native(&config(v)).log_line(&core::LogEvent::FencedOut(t.clone())), "{}: fenced-out line", v["id"]);
+/// The event a step feeds, as `way` feeds it.
+fn fed(step: &J, what: &str, way: Way, action: &wit::Action) -> wit::Event {
+    let event = event_from(&step["feed"], what);
+    match (way, action, event) {
+        (Way::SteppedHashed, wit::Action::ReadBody(read), wit::Event::Body(body)) => {
+            if body.len() as u64 > read.cap {
+                wit::Event::BodyTooLarge // a host reading the body stops past the cap
+            } else {
+                wit::Event::BodyHashed(idempotency_ledger::sha256_hex(read.prefix.as_bytes(), &body))
             }
-            let got = json!({
-                "action": expect["action"],
-                "outcome": j_outcome(outcome),
-                "response": j_response(response_to_core(done.response)),
-                "send_mutation_body": done.send_mutation_body,
-                "sweep_due": done.sweep_due,
-                "log": log.first().map(j_log),
-            });
-            assert!(log.len() <= 1, "{}: at most the plan's own line besides fenced-out", v["id"]);
-            assert_eq!(got, *expect, "{} ({way:?}): {}", v["id"], v["spec"]);
         }
-        Way::Steps => {
-            let mut ledger = db.ledger_with(&ManualClock::new(now), c);
-            let (wt, wm) = (ticket_to_wit(&t), mutation_to_wit(&m));
-            let plan = session!(ledger, |s, store, session| s.call_plan_completion(store, session, &wt, &wm, now)).expect("plan");
-            let results = batch(&db, &plan.statements);
-            let action = plan.action;
-            let outcome = session!(ledger, |s, store, session| s.call_finish_completion(store, session, action, &results)).expect("finish");
-            assert_eq!(j_plan(plan_to_core(plan), outcome_to_core(outcome)), *expect, "{} ({way:?}): {}", v["id"], v["spec"]);
-        }
+        (_, _, event) => event,
     }
-    check_rows(v, &db, way);
-    true
 }
 
-fn run_abandon(v: &Json, way: Way) -> bool {
-    fields(v, &["id", "spec", "config", "rows", "ticket", "reason", "expect", "rows_after"]);
-    let Some(db) = arranged(v) else { return false };
-    let c = config(v);
-    let (t, reason) = (ticket(&v["ticket"]), abandon_reason(&v["reason"]));
-    let got = match way {
-        Way::Native => {
-            let session = native(&c);
-            match session.plan_abandon(&t, reason).expect("plan") {
-                None => json!({"planned": false, "released": false}),
-                Some(plan) => {
-                    let results = NativeLedger(db.backend()).0.execute_batch(&statements_to_wit(&plan)).expect("batch");
-                    json!({"planned": true, "released": session.finish_release(&results_to_core(results)).expect("finish")})
+fn check(what: &str, action: &wit::Action, expect: &J) -> Result<(), String> {
+    let got = action_json(action);
+    if &got == expect {
+        Ok(())
+    } else {
+        Err(format!("{what}:\n  expected {expect}\n  got      {got}"))
+    }
+}
+
+fn check_rows(v: &Vector<'_>, db: Option<&Db>, way: Way) -> Result<(), String> {
+    match db {
+        Some(db) if !v.rows_after.is_null() => {
+            let got = db.rows();
+            if &got != v.rows_after {
+                return Err(format!("{} ({way:?}): rows_after:\n  expected {}\n  got      {got}", v.id, v.rows_after));
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+fn request_start(v: &Vector<'_>, mode: wit::IoMode) -> wit::RequestStart {
+    wit::RequestStart { head: v.head.clone(), principal: v.principal.clone(), now: v.now, mode }
+}
+
+fn run_stepped(v: &Vector<'_>, way: Way) -> Result<(), String> {
+    let mut db = v.database.then(|| Db::new(v.rows));
+    let dialect = db.as_ref().map(|db| db.db.dialect()).or(v.dialect).unwrap_or_else(runner_dialect);
+    let called = Arc::new(Mutex::new(false));
+    let backend = NoImport { dialect, called: called.clone() };
+    let mut ledger = Ledger::new(runtime(), backend, v.settings.clone(), ManualClock::new(v.now))
+        .map_err(|e| format!("{}: the ledger: {e}", v.id))?;
+    let started = start(&mut ledger, &request_start(v, wit::IoMode::Stepped));
+    let (mut action, exchange) = (started.action, started.exchange);
+    let mut cause = None;
+    for (n, step) in v.steps.iter().enumerate() {
+        let what = format!("{} step {n} ({way:?})", v.id);
+        check(&what, &action, &step["expect"])?;
+        if n + 1 == v.steps.len() {
+            if !is_final(&action) {
+                return Err(format!("{what}: the last step is not a final action"));
+            }
+            break;
+        }
+        let now = i(&step["now"], &what);
+        let event = match (&action, step.get("feed")) {
+            (wit::Action::RunBatch(statements), None) => {
+                let db = db.as_mut().ok_or(format!("{what}: a run-batch without feed or database"))?;
+                if let Some(rows) = step.get("rows") {
+                    db.replace(rows);
+                }
+                match db.run(statements) {
+                    Ok(results) => wit::Event::BatchDone(results),
+                    Err(error) => wit::Event::BatchFailed(error),
                 }
             }
+            (_, Some(_)) if step.get("rows").is_some() => return Err(format!("{what}: rows with a scripted feed")),
+            (_, Some(_)) => fed(step, &what, way, &action),
+            (_, None) => return Err(format!("{what}: no feed")),
+        };
+        if matches!(action, wit::Action::RunBatch(_)) && cause != Some(now) {
+            return Err(format!("{what}: a batch's now must be the now of the event that caused it"));
         }
-        Way::Driven => {
-            let mut ledger = db.ledger_with(&ManualClock::new(0), c);
-            let (wt, wr) = (ticket_to_wit(&t), abandon_to_wit(reason));
-            let released = session!(ledger, |s, store, session| s.call_run_abandon(store, session, &wt, wr)).expect("abandon");
-            // `run-abandon` does not say whether it planned a batch.
-            json!({"planned": v["expect"]["planned"], "released": released})
+        let Some(exchange) = exchange else {
+            return Err(format!("{what}: start answered a final action; there is no exchange to feed"));
+        };
+        action = feed(&mut ledger, exchange, now, &event);
+        cause = Some(now);
+    }
+    drop_exchange(&mut ledger, exchange);
+    if *called.lock().expect("flag") {
+        return Err(format!("{}: a stepped exchange called the ledger import", v.id));
+    }
+    check_rows(v, db.as_ref(), way)
+}
+
+/// What the driven runner's backend works through: the vector's steps from
+/// `next` on, each `run-batch` checked and run (or answered as scripted).
+struct Script {
+    id: String,
+    steps: Vec<J>,
+    next: usize,
+    /// The `now` of the event being fed (every batch it causes carries it).
+    now: i64,
+    db: Option<Db>,
+    /// SQL text back to the query it is (the import carries SQL, not names).
+    queries: HashMap<String, wit::Query>,
+    failure: Option<String>,
+}
+
+impl Script {
+    fn batch(&mut self, statements: &[SqlStatement]) -> Result<Vec<wit::StatementResult>, wit::BatchError> {
+        let n = self.next;
+        let what = format!("{} step {n} (Driven, in execute-batch)", self.id);
+        let Some(step) = self.steps.get(n).cloned() else {
+            self.failure.get_or_insert(format!("{}: a batch past the last step", self.id));
+            return Err(wit::BatchError::Host("no step left".into()));
+        };
+        self.next += 1;
+        let named: Option<Vec<wit::Statement>> = statements
+            .iter()
+            .map(|st| self.queries.get(&*st.sql).map(|q| wit::Statement { query: *q, params: st.params.clone() }))
+            .collect();
+        let Some(named) = named else {
+            self.failure.get_or_insert(format!("{what}: a statement whose SQL is none of the component's queries"));
+            return Err(wit::BatchError::Host("unknown SQL".into()));
+        };
+        let got = json!({ "run-batch": statements_json(&named) });
+        if step["expect"] != got {
+            self.failure.get_or_insert(format!("{what}:\n  expected {}\n  got      {got}", step["expect"]));
+            return Err(wit::BatchError::Host("unexpected batch".into()));
         }
-        Way::Steps => {
-            let mut ledger = db.ledger_with(&ManualClock::new(0), c);
-            let (wt, wr) = (ticket_to_wit(&t), abandon_to_wit(reason));
-            match session!(ledger, |s, store, session| s.call_plan_abandon(store, session, &wt, wr)).expect("plan") {
-                None => json!({"planned": false, "released": false}),
-                Some(plan) => {
-                    let results = batch(&db, &plan);
-                    let released = session!(ledger, |s, store, session| s.call_finish_release(store, session, &results)).expect("finish");
-                    json!({"planned": true, "released": released})
+        if step.get("now").and_then(J::as_i64) != Some(self.now) {
+            self.failure.get_or_insert(format!("{what}: a batch's now must be the now of the event that caused it"));
+        }
+        match step.get("feed") {
+            None => {
+                let Some(db) = self.db.as_mut() else {
+                    self.failure.get_or_insert(format!("{what}: a run-batch without feed or database"));
+                    return Err(wit::BatchError::Host("no database".into()));
+                };
+                if let Some(rows) = step.get("rows") {
+                    db.replace(rows);
                 }
+                db.backend.execute_batch(statements)
             }
+            Some(feed) => match event_from(feed, &what) {
+                wit::Event::BatchDone(results) => Ok(results),
+                wit::Event::BatchFailed(error) => Err(error),
+                other => panic!("{what}: a driven ledger cannot answer {other:?} (stepped_only)"),
+            },
         }
-    };
-    assert_eq!(got, v["expect"], "{} ({way:?}): {}", v["id"], v["spec"]);
-    check_rows(v, &db, way);
-    true
+    }
 }
 
-fn run_sweep(v: &Json, way: Way) -> bool {
-    fields(v, &["id", "spec", "config", "rows", "now", "expect", "rows_after"]);
-    let Some(db) = arranged(v) else { return false };
-    let c = config(v);
-    let now = v["now"].as_i64().expect("now");
-    let result = match way {
-        Way::Native => native(&c).run_sweep(&mut NativeLedger(db.backend()), now).expect("sweep"),
-        Way::Driven => {
-            let r = db.ledger_with(&ManualClock::new(now), c).sweep_at(now).expect("sweep");
-            core::SweepResult { deleted: r.deleted, more: r.more }
+/// The driven ledger's backend: the shared script.
+struct Scripted {
+    script: Arc<Mutex<Script>>,
+    dialect: Dialect,
+}
+
+impl SqlBackend for Scripted {
+    fn execute_batch(&mut self, statements: &[SqlStatement]) -> Result<Vec<wit::StatementResult>, wit::BatchError> {
+        self.script.lock().expect("script").batch(statements)
+    }
+
+    fn dialect(&self) -> Dialect {
+        self.dialect
+    }
+}
+
+fn run_driven(v: &Vector<'_>) -> Result<(), String> {
+    let db = v.database.then(|| Db::new(v.rows));
+    let dialect = db.as_ref().map(|db| db.db.dialect()).or(v.dialect).unwrap_or_else(runner_dialect);
+    let (_, queries) = sql_of(dialect);
+    let script = Arc::new(Mutex::new(Script { id: v.id.clone(), steps: v.steps.to_vec(), next: 0, now: v.now, db, queries, failure: None }));
+    let backend = Scripted { script: script.clone(), dialect };
+    let mut ledger = Ledger::new(runtime(), backend, v.settings.clone(), ManualClock::new(v.now))
+        .map_err(|e| format!("{}: the ledger: {e}", v.id))?;
+    let started = start(&mut ledger, &request_start(v, wit::IoMode::Driven));
+    let (mut action, exchange) = (started.action, started.exchange);
+    let mut n = 0;
+    loop {
+        let step = v.steps.get(n).ok_or(format!("{}: the exchange went on past the last step", v.id))?;
+        let what = format!("{} step {n} (Driven)", v.id);
+        check(&what, &action, &step["expect"])?;
+        if n + 1 == v.steps.len() {
+            if !is_final(&action) {
+                return Err(format!("{what}: the last step is not a final action"));
+            }
+            break;
         }
-        Way::Steps => {
-            let mut ledger = db.ledger_with(&ManualClock::new(now), c);
-            let plan = session!(ledger, |s, store, session| s.call_plan_sweep(store, session, now));
-            let results = batch(&db, &plan);
-            let r = session!(ledger, |s, store, session| s.call_finish_sweep(store, session, &results)).expect("finish");
-            core::SweepResult { deleted: r.deleted, more: r.more }
+        if matches!(action, wit::Action::RunBatch(_)) {
+            return Err(format!("{what}: a driven exchange answered run-batch"));
         }
-    };
-    assert_eq!(j_sweep(result, &db), v["expect"], "{} ({way:?}): {}", v["id"], v["spec"]);
-    check_rows(v, &db, way);
-    true
-}
-
-fn run_classify(v: &Json) {
-    fields(v, &["id", "spec", "dialect", "error", "expect"]);
-    let mut c = Config::default();
-    c.dialect = match str_of(v, "dialect") {
-        "sqlite" => Dialect::Sqlite,
-        "postgres" => Dialect::Postgres,
-        other => panic!("dialect {other:?}"),
-    };
-    let error = batch_error(&v["error"]);
-    assert_eq!(j_ledger_error(&native(&c).classify(&error)), v["expect"], "{}: native: {}", v["id"], v["spec"]);
-    let wit_error = batch_error_to_wit(&error);
-    let got = session!(ledger_without_db(&c), |s, store, session| s.call_classify(store, session, &wit_error));
-    assert_eq!(j_ledger_error(&ledger_error_to_core(got)), v["expect"], "{}: component: {}", v["id"], v["spec"]);
-}
-
-fn run_error(v: &Json) {
-    fields(v, &["id", "spec", "config", "error", "expect"]);
-    let c = config(v);
-    let error = protocol_error(&v["error"]);
-    assert_eq!(j_response(native(&c).error_response(&error)), v["expect"], "{}: native: {}", v["id"], v["spec"]);
-    let wit_error = error_to_wit(&error);
-    let got = session!(ledger_without_db(&c), |s, store, session| s.call_error_response(store, session, &wit_error));
-    assert_eq!(j_response(response_to_core(got)), v["expect"], "{}: component: {}", v["id"], v["spec"]);
-}
-
-fn run_log(v: &Json) {
-    fields(v, &["id", "spec", "config", "event", "expect"]);
-    let c = config(v);
-    let event = log_event(&v["event"]);
-    assert_eq!(j_log(&native(&c).log_line(&event)), v["expect"], "{}: native: {}", v["id"], v["spec"]);
-    let wit_event = log_event_to_wit(&event);
-    let got = session!(ledger_without_db(&c), |s, store, session| s.call_log_line(store, session, &wit_event));
-    assert_eq!(j_log(&log_line_to_core(got)), v["expect"], "{}: component: {}", v["id"], v["spec"]);
-}
-
-fn run_config(v: &Json) {
-    fields(v, &["id", "spec", "profile", "overrides", "expect"]);
-    let c = config_from(Some(str_of(v, "profile")), &v["overrides"]);
-    let expect = &v["expect"];
-    let check = |opened: Result<Config, core::ProtocolError>, way: &str| match (opened, str_of(expect, "kind")) {
-        (Ok(config), "ok") => assert_eq!(config_json(&config), expect["config"], "{}: {way}", v["id"]),
-        (Err(core::ProtocolError::InvalidConfig(message)), "invalid") => {
-            let field = str_of(expect, "field");
-            assert!(message.starts_with(field), "{}: {way}: {message:?} does not start with {field:?}", v["id"]);
+        if step.get("feed").is_none() {
+            return Err(format!("{what}: no feed"));
         }
-        (got, _) => panic!("{}: {way}: got {got:?}, expected {expect}", v["id"]),
-    };
-    check(core::Session::open(c.clone()).map(|s| s.config().clone()), "native");
-    // The component: its own defaults for the profile, the overrides applied, then `open`.
-    let mut ledger = ledger_without_db(&Config::default());
-    let wit_profile = match c.profile {
-        Profile::Recipe => wit::Profile::Recipe,
-        Profile::Ietf => wit::Profile::Ietf,
-    };
-    let defaults = ledger
-        .with_component(|core, store, _| core.idempotency_ledger_session().call_default_config(store, wit_profile))
-        .expect("instance")
-        .expect("no trap");
-    assert_eq!(config_json(&Config::from(defaults)), config_json(&Config::for_profile(c.profile)), "{}: component defaults", v["id"]);
-    let opened = ledger
-        .with_component(|core, store, _| -> Result<Config, core::ProtocolError> {
-            let wit_config = wit::Config::from(&c);
-            let session = core.idempotency_ledger_session().session();
-            let handle = session.call_open(&mut *store, &wit_config).expect("no trap").map_err(error_to_core)?;
-            let config = session.call_config(&mut *store, handle).expect("no trap");
-            handle.resource_drop(&mut *store).expect("drop the session");
-            Ok(Config::from(config))
-        })
-        .expect("instance");
-    check(opened, "component");
+        let now = i(&step["now"], &what);
+        let event = fed(step, &what, Way::Driven, &action);
+        let Some(exchange) = exchange else {
+            return Err(format!("{what}: start answered a final action; there is no exchange to feed"));
+        };
+        {
+            let mut script = script.lock().expect("script");
+            script.next = n + 1;
+            script.now = now;
+        }
+        // The batches this event causes run inside the ledger import.
+        action = feed(&mut ledger, exchange, now, &event);
+        let mut script = script.lock().expect("script");
+        if let Some(failure) = script.failure.take() {
+            return Err(failure);
+        }
+        n = script.next;
+    }
+    drop_exchange(&mut ledger, exchange);
+    let db = script.lock().expect("script").db.take();
+    check_rows(v, db.as_ref(), Way::Driven)
+}
+
+/// Runs every exchange vector `way`; returns how many ran.
+fn run_exchanges(way: Way) -> usize {
+    let doc = doc();
+    let mut ran = 0;
+    let mut failures = Vec::new();
+    for v in doc["exchange"].as_array().expect("exchange") {
+        let stepped_only = v.get("stepped_only").is_some();
+        let vector = vector(v);
+        if way == Way::Driven && stepped_only {
+            continue;
+        }
+        let outcome = match way {
+            Way::Driven => run_driven(&vector),
+            _ => run_stepped(&vector, way),
+        };
+        if let Err(e) = outcome {
+            failures.push(e);
+        }
+        ran += 1;
+    }
+    assert!(failures.is_empty(), "{} of {ran} exchange vectors failed ({way:?}):\n{}", failures.len(), failures.join("\n"));
+    ran
+}
+
+fn stepped_only(doc: &J) -> usize {
+    doc["exchange"].as_array().expect("exchange").iter().filter(|v| v.get("stepped_only").is_some()).count()
 }
 
 #[test]
-fn every_vector_passes_natively_and_through_the_component() {
-    let doc = load();
-    assert_eq!(doc["format"], 2, "unknown vector format");
-    for key in doc.as_object().expect("document").keys() {
-        assert!(["format", "description", "counts"].contains(&key.as_str()) || KINDS.contains(&key.as_str()), "unknown top-level key {key:?}");
-    }
-    for key in doc["counts"].as_object().expect("counts").keys() {
-        assert!(KINDS.contains(&key.as_str()), "unknown vector kind {key:?}");
-    }
-    let postgres = test_backend_is_postgres();
-    // The kinds without a database run in the SQLite pass only.
-    let kinds: Vec<&str> = KINDS.iter().copied().filter(|k| !postgres || DATABASE_KINDS.contains(k)).collect();
-    let mut ran: BTreeMap<&str, usize> = BTreeMap::new();
-    let mut unrepresentable: Vec<String> = Vec::new();
-    for kind in &kinds {
-        for v in doc[*kind].as_array().unwrap_or_else(|| panic!("{kind} list")) {
-            let all = |run: fn(&Json, Way) -> bool| WAYS.iter().all(|w| run(v, *w));
-            let arranged = match *kind {
-                "fingerprint" => {
-                    run_fingerprint(v);
-                    true
-                }
-                "admission" => {
-                    run_admission(v);
-                    true
-                }
-                "classify" => {
-                    run_classify(v);
-                    true
-                }
-                "error" => {
-                    run_error(v);
-                    true
-                }
-                "log" => {
-                    run_log(v);
-                    true
-                }
-                "config" => {
-                    run_config(v);
-                    true
-                }
-                "decision" => all(run_decision),
-                "completion" => all(run_completion),
-                "abandon" => all(run_abandon),
-                "sweep" => all(run_sweep),
-                other => unreachable!("{other}"),
-            };
-            if arranged {
-                *ran.entry(*kind).or_default() += 1;
-            } else {
-                unrepresentable.push(str_of(v, "id").to_string());
-            }
-        }
-    }
-    // Only rows with a text where PostgreSQL has an integer column (SQLite
-    // stores anything anywhere) cannot be arranged; a new one must be named here.
-    let expected_unrepresentable: &[&str] = if postgres { &POSTGRES_UNREPRESENTABLE } else { &[] };
-    assert_eq!(unrepresentable, expected_unrepresentable, "vectors whose rows could not be arranged");
-    for kind in &kinds {
-        let expected = doc["counts"][*kind].as_u64().expect("count") as usize;
-        let skipped = unrepresentable.iter().filter(|id| id.starts_with(*kind)).count();
-        assert_eq!(ran.get(*kind).copied().unwrap_or(0) + skipped, expected, "{kind}: vectors run vs counts");
-        assert!(expected > 0, "{kind}: no vectors");
-    }
-    let backend = if postgres { "PostgreSQL" } else { "SQLite" };
-    println!("conformance on {backend}: ran {ran:?} (database kinds three ways each); not representable: {unrepresentable:?}");
+fn exchanges_stepped() {
+    let doc = doc();
+    let ran = run_exchanges(Way::Stepped);
+    assert_eq!(ran as u64, u(&doc["counts"]["exchange"], "counts.exchange"), "exchange vectors run (stepped)");
 }
 
+#[test]
+fn exchanges_stepped_with_the_body_hashed_by_the_host() {
+    let doc = doc();
+    let ran = run_exchanges(Way::SteppedHashed);
+    assert_eq!(ran as u64, u(&doc["counts"]["exchange"], "counts.exchange"), "exchange vectors run (body-hashed)");
+}
+
+#[test]
+fn exchanges_driven() {
+    let doc = doc();
+    let ran = run_exchanges(Way::Driven);
+    let expected = u(&doc["counts"]["exchange"], "counts.exchange") as usize - stepped_only(&doc);
+    assert_eq!(ran, expected, "exchange vectors run (driven: all but the stepped-only ones)");
+    assert!(stepped_only(&doc) < expected / 10, "stepped-only vectors are the exception");
+}
+
+/// The Rust host's own fingerprint (`Runtime::fingerprint`: the core's prefix,
+/// hashed natively) equals the one the vectors' claims carry, for every
+/// vector on the default settings whose body reaches a claim.
+#[test]
+fn the_rust_hosts_fingerprint_matches_the_claims() {
+    let doc = doc();
+    let mut checked = 0;
+    for v in doc["exchange"].as_array().expect("exchange") {
+        let vector = vector(v);
+        if v["config"] != json!({}) || vector.steps.len() < 2 {
+            continue;
+        }
+        let (first, second) = (&vector.steps[0], &vector.steps[1]);
+        let (Some(feed), Some(claim)) = (first.get("feed").and_then(|f| f.get("body")), second["expect"].get("run-batch")) else {
+            continue;
+        };
+        if first["expect"].get("read-body").is_none() || claim[0]["query"] != "claim" {
+            continue;
+        }
+        let mut request = idempotency_ledger::Request::new(vector.head.method.clone(), vector.head.path_and_query.clone())
+            .body(hex::decode(s(feed, "body")).expect("hex"));
+        request.headers = vector.head.headers.iter().map(|h| (h.name.clone(), h.value.clone())).collect();
+        let fingerprint = runtime().fingerprint(&request).unwrap_or_else(|e| panic!("{}: {e}", vector.id));
+        assert_eq!(json!(fingerprint), claim[0]["params"][2], "{}: Runtime::fingerprint", vector.id);
+        checked += 1;
+    }
+    assert!(checked > 100, "only {checked} vectors checked");
+}
+
+#[test]
+fn families_count_the_exchange_vectors_by_id() {
+    let doc = doc();
+    let families = doc["families"].as_object().expect("families");
+    let ids: Vec<String> = doc["exchange"].as_array().expect("exchange").iter().map(|v| s(&v["id"], "id")).collect();
+    let mut total = 0;
+    for (family, count) in families {
+        let n = ids.iter().filter(|id| id.strip_prefix(family.as_str()).is_some_and(|r| r.starts_with('-'))).count();
+        assert_eq!(n as u64, u(count, family), "family {family}");
+        total += n;
+    }
+    assert_eq!(total, ids.len(), "every exchange vector is in one family");
+}
+
+// ---- sweep ----
+
+fn sweep_report_json(r: &wit::SweepReport) -> J {
+    json!({ "deleted": r.deleted, "more": r.more, "log": r.log.as_ref().map(log_line_json) })
+}
+
+/// The driven sweep's backend: records the batch, then runs it on the
+/// database or answers as scripted.
+struct SweepBackend {
+    database: Box<dyn SqlBackend>,
+    feed: Option<wit::Event>,
+    dialect: Dialect,
+    seen: Arc<Mutex<Vec<Vec<SqlStatement>>>>,
+}
+
+impl SqlBackend for SweepBackend {
+    fn execute_batch(&mut self, statements: &[SqlStatement]) -> Result<Vec<wit::StatementResult>, wit::BatchError> {
+        self.seen.lock().expect("seen").push(statements.to_vec());
+        match &self.feed {
+            None => self.database.execute_batch(statements),
+            Some(wit::Event::BatchDone(results)) => Ok(results.clone()),
+            Some(wit::Event::BatchFailed(error)) => Err(error.clone()),
+            Some(other) => panic!("a sweep is fed a batch result, not {other:?}"),
+        }
+    }
+
+    fn dialect(&self) -> Dialect {
+        self.dialect
+    }
+}
+
+#[test]
+fn sweeps_stepped_and_driven() {
+    let doc = doc();
+    let mut ran = [0, 0];
+    for v in doc["sweep"].as_array().expect("sweep") {
+        let id = s(&v["id"], "id");
+        fields(v, &id, &["id", "spec", "config", "rows", "now", "expect", "rows_after"], &["feed"]);
+        fields(&v["expect"], &id, &["deleted", "more", "log"], &[]);
+        let (settings, named) = settings(&v["config"], None);
+        let now = i(&v["now"], &id);
+        let feed = v.get("feed").map(|f| event_from(f, &id));
+        assert!(named.is_none() || feed.is_some(), "{id}: only a sweep with a feed names a dialect");
+        // Stepped: `sweep`, this runner runs the batch, `swept`.
+        let mut db = Db::new(&v["rows"]);
+        let dialect = named.unwrap_or(db.db.dialect());
+        let mut ledger = Ledger::new(runtime(), NoImport { dialect, called: Arc::default() }, settings.clone(), ManualClock::new(now))
+            .expect("ledger");
+        let statements = call(&mut ledger, |core, store, session| core.idempotency_ledger_session().session().call_sweep(store, session, now));
+        assert_eq!(statements_json(&statements)[0]["query"], "sweep", "{id}: a sweep batch");
+        let result = match &feed {
+            None => db.run(&statements),
+            Some(wit::Event::BatchDone(results)) => Ok(results.clone()),
+            Some(wit::Event::BatchFailed(error)) => Err(error.clone()),
+            Some(other) => panic!("{id}: a sweep is fed a batch result, not {other:?}"),
+        };
+        let report = call(&mut ledger, |core, store, session| {
+            let result = match &result {
+                Ok(results) => Ok(results.as_slice()),
+                Err(error) => Err(error),
+            };
+            core.idempotency_ledger_session().session().call_swept(store, session, result)
+        });
+        assert_eq!(sweep_report_json(&report), v["expect"], "{id} (stepped)");
+        if !v["rows_after"].is_null() {
+            assert_eq!(db.rows(), v["rows_after"], "{id}: rows_after (stepped)");
+        }
+        ran[0] += 1;
+        // Driven: `run-sweep` through the ledger import (Ledger::sweep_at), the same batch.
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let db = Db::new(&v["rows"]);
+        let backend = SweepBackend { database: db.db.backend(), feed: feed.clone(), dialect, seen: seen.clone() };
+        let mut ledger = Ledger::new(runtime(), backend, settings, ManualClock::new(now)).expect("ledger");
+        let report = ledger.sweep_at(now).expect("the component does not trap");
+        assert_eq!(sweep_report_json(&report), v["expect"], "{id} (driven)");
+        let (table, _) = sql_of(dialect);
+        let seen = seen.lock().expect("seen").clone();
+        assert_eq!(seen.len(), 1, "{id}: one batch");
+        let expected = sql_batch(&table, &statements);
+        assert_eq!(
+            seen[0].iter().map(|s| (s.sql.to_string(), s.params.iter().map(value_json).collect::<Vec<_>>())).collect::<Vec<_>>(),
+            expected.iter().map(|s| (s.sql.to_string(), s.params.iter().map(value_json).collect::<Vec<_>>())).collect::<Vec<_>>(),
+            "{id}: the driven sweep's batch is the stepped one"
+        );
+        if !v["rows_after"].is_null() {
+            assert_eq!(db.rows(), v["rows_after"], "{id}: rows_after (driven)");
+        }
+        ran[1] += 1;
+    }
+    let expected = u(&doc["counts"]["sweep"], "counts.sweep") as usize;
+    assert_eq!(ran, [expected, expected], "sweep vectors run (stepped, driven)");
+}
+
+// ---- config ----
+
+/// `default-config(profile)` with the overrides applied to the WIT record.
+fn apply(c: &mut wit::Config, overrides: &J) {
+    for (key, v) in overrides.as_object().expect("overrides") {
+        let what = format!("overrides.{key}");
+        match key.as_str() {
+            "protected-methods" => c.protected_methods = strings(v, &what),
+            "fingerprint-headers" => c.fingerprint_headers = strings(v, &what),
+            "replay-headers" => c.replay_headers = strings(v, &what),
+            "pending-ttl-ms" => c.pending_ttl_ms = u(v, &what),
+            "retention-ms" => c.retention_ms = u(v, &what),
+            "body-cap-bytes" => c.body_cap_bytes = u32::try_from(u(v, &what)).expect("u32"),
+            "request-body-cap-bytes" => c.request_body_cap_bytes = u(v, &what),
+            "sweep-batch" => c.sweep_batch = u32::try_from(u(v, &what)).expect("u32"),
+            "sweep-every" => c.sweep_every = u32::try_from(u(v, &what)).expect("u32"),
+            "profile" => c.profile = profile_of(v),
+            "key-required" => c.key_required = v.as_bool().expect("bool"),
+            "replay-header" => c.replay_header = (!v.is_null()).then(|| s(v, &what)),
+            "in-progress-retry-ms" => c.in_progress_retry_ms = (!v.is_null()).then(|| u(v, &what)),
+            "wait-ms" => c.wait_ms = u(v, &what),
+            "on-server-error" => {
+                c.on_server_error = match v.as_str() {
+                    Some("store") => OnServerError::Store,
+                    Some("release") => OnServerError::Release,
+                    _ => panic!("{what}: {v}"),
+                }
+            }
+            "dialect" => c.dialect = dialect_of(v, &what),
+            _ => panic!("unknown config field {key:?}"),
+        }
+    }
+}
+
+#[test]
+fn configs() {
+    let doc = doc();
+    let mut ran = 0;
+    let mut ledger = Ledger::new(runtime(), NoImport { dialect: Dialect::Sqlite, called: Arc::default() }, Settings::default(), ManualClock::new(0))
+        .expect("ledger");
+    for v in doc["config"].as_array().expect("config") {
+        let id = s(&v["id"], "id");
+        fields(v, &id, &["id", "spec", "profile", "overrides", "expect"], &[]);
+        let profile = profile_of(&v["profile"]);
+        let expect = &v["expect"];
+        // The WIT contract: default-config, the overrides, session.open.
+        let opened = call(&mut ledger, |core, store, _| -> wasmtime::Result<Result<wit::Config, wit::ProtocolError>> {
+            let interface = core.idempotency_ledger_session();
+            let mut config = interface.call_default_config(&mut *store, profile)?;
+            apply(&mut config, &v["overrides"]);
+            Ok(match interface.session().call_open(&mut *store, &config)? {
+                Ok(session) => {
+                    let config = interface.session().call_config(&mut *store, session)?;
+                    session.resource_drop(&mut *store)?;
+                    Ok(config)
+                }
+                Err(error) => Err(error),
+            })
+        });
+        // The Rust host's way there: Settings resolved against the component's defaults.
+        let (settings, dialect) = settings(&v["overrides"], Some(profile));
+        let resolved = runtime().resolve(&settings, dialect.unwrap_or(Dialect::Sqlite));
+        match (s(&expect["kind"], &id).as_str(), opened, resolved) {
+            ("ok", Ok(config), Ok(resolved)) => {
+                fields(expect, &id, &["kind", "config"], &[]);
+                assert_eq!(config_json(&config), expect["config"], "{id}: session.open");
+                assert_eq!(config_json(&resolved), expect["config"], "{id}: Runtime::resolve");
+            }
+            ("invalid", Err(wit::ProtocolError::InvalidConfig(message)), Err(idempotency_ledger::Error::Protocol(wit::ProtocolError::InvalidConfig(resolved)))) => {
+                fields(expect, &id, &["kind", "field"], &[]);
+                let field = s(&expect["field"], &id);
+                assert!(message.starts_with(&field), "{id}: {message:?} does not start with {field:?}");
+                assert_eq!(resolved, message, "{id}: Runtime::resolve refuses it alike");
+            }
+            (kind, opened, resolved) => panic!("{id}: expected {kind}, got {opened:?} / {resolved:?}"),
+        }
+        ran += 1;
+    }
+    assert_eq!(ran as u64, u(&doc["counts"]["config"], "counts.config"), "config vectors run");
+}
+
+/// `make vectors` output is committed: the file must be what generate.py writes.
 #[test]
 fn vectors_file_is_fresh() {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../conformance/generate.py");

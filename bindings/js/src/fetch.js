@@ -86,15 +86,22 @@ export async function readFetchBody(request, cap) {
 }
 
 /**
- * Cancels what is left of a request body the exchange will not read (the
- * answer closes the connection): the runtime need not keep it.
+ * Reads what is left of a request body the exchange refused (the answer
+ * says close: the body was not read to its end) and discards it, holding no
+ * more than one chunk. A Worker cannot close its client's connection, and
+ * workerd resets one whose request body was left unread: under `wrangler
+ * dev` its proxy then answered the next refused upload "Your worker
+ * restarted mid-request" (503); cancelling the stream does not avoid it,
+ * reading it to its end does.
  */
-export function dropRequestBody(request) {
+export async function drainRequestBody(request) {
+  const body = request.body;
+  if (!body || body.locked) return;
+  const reader = body.getReader();
   try {
-    const body = request.body;
-    if (body && !body.locked) body.cancel().catch(() => {});
+    for (;;) if ((await reader.read()).done) return;
   } catch {
-    // nothing to cancel
+    // the client went away: nothing left to read
   }
 }
 

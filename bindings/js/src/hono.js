@@ -4,10 +4,10 @@
 // core loader.
 import { createMiddleware } from "hono/factory";
 import { matchedRoutes } from "hono/route";
-import { dropRequestBody, mutationOf, readFetchBody, requestHead, toFetchResponse } from "./fetch.js";
+import { drainRequestBody, mutationOf, readFetchBody, requestHead, toFetchResponse } from "./fetch.js";
 import { raisedResult } from "./ledger.js";
 import { adapterOptions, nodeHead, principalValue } from "./middleware.js";
-import { readNodeBody } from "./node-http.js";
+import { closeAfterAnswer, readNodeBody } from "./node-http.js";
 
 function waitUntilOf(c) {
   try {
@@ -31,21 +31,42 @@ function incomingOf(c, request) {
 }
 
 /**
+ * What `c.req.json()` / `.text()` / `.arrayBuffer()` read: the bytes the
+ * middleware holds (Hono's public `bodyCache`), so they leave c.req.raw
+ * unread; the text is decoded only when asked for (UTF-8 with replacement,
+ * as Response.text()).
+ */
+function bodyCacheOf(bytes) {
+  const buffer = bytes.byteOffset === 0 && bytes.byteLength === bytes.buffer.byteLength ? bytes.buffer : bytes.slice().buffer;
+  const cache = { arrayBuffer: Promise.resolve(buffer) };
+  let text;
+  Object.defineProperty(cache, "text", {
+    configurable: true,
+    enumerable: false,
+    get: () => (text ??= Promise.resolve(new TextDecoder().decode(buffer))),
+    set: (value) => Object.defineProperty(cache, "text", { value, writable: true, configurable: true, enumerable: true }),
+  });
+  return cache;
+}
+
+/**
  * The body, never more than `cap` bytes held, and how the handler reads it
- * again. On Node it is read from the IncomingMessage (as the Express and
- * node:http adapters read it) and handed to @hono/node-server as
- * `incoming.rawBody`, which its Request serves every body reader from
- * (c.req.json(), c.req.raw.body, ...): the request is not rebuilt. Elsewhere
- * (Workers) the request is rebuilt around the bytes read.
+ * again: c.req's readers from Hono's body cache; c.req.raw on Node from
+ * `incoming.rawBody` (the body is read from the IncomingMessage, as the
+ * Express and node:http adapters read it, and @hono/node-server serves every
+ * reader of its Request from rawBody: the request is not rebuilt); elsewhere
+ * (Workers) c.req.raw is rebuilt around the bytes read.
  */
 async function readBody(c, incoming, request, cap) {
+  let body;
   if (incoming) {
-    const body = await readNodeBody(incoming, cap, { putBack: false });
+    body = await readNodeBody(incoming, cap, { putBack: false });
     if (typeof body !== "string") incoming.rawBody = body;
-    return body;
+  } else {
+    body = await readFetchBody(request, cap);
+    if (typeof body !== "string" && request.method !== "GET" && request.method !== "HEAD") c.req.raw = new Request(request, { body });
   }
-  const body = await readFetchBody(request, cap);
-  if (typeof body !== "string" && request.method !== "GET" && request.method !== "HEAD") c.req.raw = new Request(request, { body });
+  if (typeof body !== "string") c.req.bodyCache = bodyCacheOf(body);
   return body;
 }
 
@@ -121,7 +142,8 @@ export function makeHonoIdempotency(api) {
         }
         return undefined;
       }
-      if (close && !incoming) dropRequestBody(request);
+      if (close && !incoming) await drainRequestBody(request);
+      if (close && incoming) closeAfterAnswer(incoming);
       const response = toFetchResponse(send.val, close && incoming !== undefined);
       if (c.finalized) {
         c.res = undefined;

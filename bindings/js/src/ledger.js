@@ -11,7 +11,7 @@
 //   batch(statements) -> Promise<StatementResult[]>   (one atomic unit; throws BatchFailure)
 // where a statement is { query, sql, params } (see ./d1.js for D1,
 // ./sqlite.js for better-sqlite3, ./pg.js for node-postgres).
-import { dropRequestBody, mutationOf, readFetchBody, requestHead, toFetchResponse } from "./fetch.js";
+import { drainRequestBody, mutationOf, readFetchBody, requestHead, toFetchResponse } from "./fetch.js";
 import { BatchFailure, ComponentFault, IdempotencyError, toBatchError, toWitConfig } from "./runtime.js";
 
 const encoder = new TextEncoder();
@@ -307,7 +307,7 @@ export class IdempotencyLedger {
     }
     if (action.tag === "propagate") throw error;
     const { send, close } = action.val;
-    if (close) dropRequestBody(request);
+    if (close) await drainRequestBody(request);
     if (send.tag === "core") {
       if (returned instanceof Response) returned.body?.cancel().catch(() => {}); // not sent
       return { response: toFetchResponse(send.val), outcome };

@@ -160,13 +160,46 @@ export function holdResponse(res, onEnd) {
   };
 }
 
+// How long a connection closed after an answer keeps discarding what the
+// client still sends, at most (see closeAfterAnswer).
+const LINGER_MS = 5000;
+
+/**
+ * Makes the connection of `req` close after its answer without losing the
+ * answer: the rest of the request body is read and discarded, and when Node
+ * closes the connection (after a `Connection: close` response) it sends its
+ * FIN but keeps reading until the client closes its side (or LINGER_MS
+ * passed) before letting go of the socket. Closing a socket at once while
+ * the client is still sending makes the kernel answer the client's data with
+ * a reset, which can wipe the answer from the client's receive buffer: a
+ * client still uploading a chunked body over the cap then sees no 413.
+ */
+export function closeAfterAnswer(req) {
+  const socket = req.socket;
+  if (!socket || socket.destroyed || typeof socket.destroySoon !== "function") return;
+  req.resume();
+  const destroySoon = socket.destroySoon;
+  socket.destroySoon = function lingeringDestroySoon() {
+    socket.destroySoon = destroySoon;
+    const timer = setTimeout(() => socket.destroy(), LINGER_MS);
+    timer.unref?.();
+    socket.once("close", () => clearTimeout(timer));
+    socket.once("end", () => socket.destroy());
+    socket.end();
+    socket.resume();
+  };
+}
+
 /** Sends the core's response (a WIT `response`) as the whole response: every header the handler set is dropped. */
 export function sendCore(res, response, close) {
   for (const name of res.getHeaderNames()) res.removeHeader(name);
   res.statusCode = response.status;
   for (const { name, value } of response.headers) res.appendHeader(name, value);
   // Node closes the connection after a response that says so.
-  if (close) res.setHeader("connection", "close");
+  if (close) {
+    res.setHeader("connection", "close");
+    if (res.req) closeAfterAnswer(res.req);
+  }
   if (response.body === undefined || response.body === null) res.end();
   else res.end(response.body);
 }
@@ -220,7 +253,7 @@ export async function handleNode(api, options, parts, req, res, run, { framework
   const ledger = api.ledgerFor(await dbOf(req), options);
   if (!ledger.session.protects(req.method)) return run({ bypass: true });
   const principal = principalValue(await principalOf(req));
-  const state = { error: undefined, held: null, settle: null, routeAtStart: req.route, framework };
+  const state = { error: undefined, held: null, check: null, routeAtStart: req.route, framework };
   const handlerResult = (captured) => {
     const error = state.error;
     if (error instanceof NothingChangedError) return { tag: "nothing-changed" };
@@ -228,7 +261,7 @@ export async function handleNode(api, options, parts, req, res, run, { framework
     if (error !== undefined) return raisedResult(error);
     return { tag: "answered", val: { status: captured.status, headers: captured.headers, body: { tag: "bytes", val: captured.body } } };
   };
-  const { action, error } = await ledger.exchange(nodeHead(req), principal, {
+  const { action } = await ledger.exchange(nodeHead(req), principal, {
     readBody: async (cap) => {
       const body = await readNodeBody(req, cap);
       if (typeof body !== "string") req.rawBody = body;
@@ -237,14 +270,31 @@ export async function handleNode(api, options, parts, req, res, run, { framework
     runHandler: () =>
       new Promise((resolve) => {
         req[STATE] = state;
-        // Settled by the end of the held response, or by a failure reported
-        // without one (a node:http handler that threw).
-        state.settle = (captured) => {
-          state.settle = null;
+        // The handler is over once its response ended and (node:http) its
+        // function returned, or once it failed: a framework reports that
+        // through its error middleware and then answers it (held too).
+        let captured = null;
+        let returned = framework;
+        state.check = () => {
+          if (state.check === null) return;
+          const failed = state.error !== undefined && !framework;
+          if (!failed && (captured === null || !returned)) return;
+          state.check = null;
           resolve(handlerResult(captured));
         };
-        state.held = holdResponse(res, (captured) => state.settle?.(captured));
-        Promise.resolve(run({ bypass: false, state })).catch((thrown) => fail(req, thrown));
+        state.held = holdResponse(res, (c) => {
+          captured = c;
+          state.check?.();
+        });
+        Promise.resolve()
+          .then(() => run({ bypass: false, state }))
+          .then(
+            () => {
+              returned = true;
+              state.check?.();
+            },
+            (thrown) => fail(req, thrown),
+          );
       }),
   });
   if (action.tag === "pass-through") return run({ bypass: true });
@@ -267,8 +317,8 @@ export async function handleNode(api, options, parts, req, res, run, { framework
   else {
     // The handler made no response: a NothingChangedError with one of its own, or nothing to send.
     held?.restore();
-    if (error?.response !== undefined) sendObject(res, error.response);
-    else res.destroy(error);
+    if (state.error?.response !== undefined) sendObject(res, state.error.response);
+    else res.destroy(state.error);
   }
   return undefined;
 }
@@ -282,7 +332,7 @@ export function fail(req, error) {
   const state = req?.[STATE];
   if (!state || state.error !== undefined) return state;
   state.error = error ?? new Error("the handler failed");
-  if (!state.framework && !state.held?.ended) state.settle?.(null);
+  state.check?.();
   return state;
 }
 

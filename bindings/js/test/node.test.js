@@ -7,22 +7,18 @@ import { after, describe, test } from "node:test";
 import Database from "better-sqlite3";
 import {
   IdempotencyError,
-  NothingRanError,
-  computeFingerprint,
+  NothingChangedError,
   defaultOptions,
   handleIdempotentMutation,
   ledgerFor,
   migrate,
   openLedgerDatabase,
-  requestFingerprint,
   schemaStatements,
   sqliteLedger,
   sweepsDone,
-  validateIdempotencyKey,
 } from "../src/node.js";
 import { fromD1Results, fromD1Value, toD1Value } from "../src/d1.js";
-import { BatchFailure, databaseError, toWitConfig } from "../src/runtime.js";
-import { getCore } from "../src/node.js";
+import { BatchFailure, databaseError } from "../src/runtime.js";
 import { freshDb, rows } from "./helpers/sqlite.js";
 
 const dir = mkdtempSync(join(tmpdir(), "idem-node-"));
@@ -88,7 +84,7 @@ describe("Node adapter (better-sqlite3)", () => {
     const options = { now: () => T0 };
     const first = await handleIdempotentMutation(post("k-1"), env, ctx, "acct-1", m.run, options);
     assert.equal(first.status, 201);
-    assert.deepEqual([...first.headers], [["content-type", "application/json"], ["location", "/orders/o_1"]]);
+    assert.deepEqual([...first.headers], [["content-type", "application/json"], ["location", "/orders/o_1"], ["x-trace", "t"]], "the mutation's own response");
     const firstText = await first.text();
     assert.equal(probe.batches, 2, "the sweep has not run before the response is returned");
     assert.equal(scheduled.length, 1, "the sweep is handed to waitUntil");
@@ -96,6 +92,7 @@ describe("Node adapter (better-sqlite3)", () => {
     assert.equal(probe.batches, 3);
     const again = await handleIdempotentMutation(post("k-1"), env, ctx, "acct-1", m.run, options);
     assert.equal(await again.text(), firstText);
+    assert.deepEqual([...again.headers], [["content-type", "application/json"], ["location", "/orders/o_1"]], "the replay headers only");
     assert.equal(probe.batches, 4, "a replay is one batch");
     assert.equal(m.runs, 1);
     assert.deepEqual(m.bodies, ['{"sku":"A","qty":1}'], "the mutation gets the raw body bytes");
@@ -148,7 +145,7 @@ describe("Node adapter (better-sqlite3)", () => {
     assert.equal(m.runs, 0);
 
     const lines = capture();
-    const options = { now: () => T0, logger: lines.logger };
+    const options = { now: () => T0, logger: lines.logger, inProgressRetryMs: null };
     await assert.rejects(
       handleIdempotentMutation(post("k"), env, undefined, "p", async () => {
         throw new Error("boom");
@@ -158,7 +155,9 @@ describe("Node adapter (better-sqlite3)", () => {
     assert.equal(rows(db)[0].status, "pending");
     const busy = await handleIdempotentMutation(post("k"), env, undefined, "p", m.run, options);
     assert.equal(busy.status, 409);
-    assert.equal(busy.headers.get("retry-after"), "30");
+    assert.equal(busy.headers.get("retry-after"), "30", "without a hint: the time left until a takeover");
+    const hinted = await handleIdempotentMutation(post("k"), env, undefined, "p", m.run, { now: () => T0 });
+    assert.equal(hinted.headers.get("retry-after"), "1", "the default hint: 1 s");
     const reused = await handleIdempotentMutation(post("k", "{}"), env, undefined, "p", m.run, options);
     assert.deepEqual(await reused.json(), { error: "idempotency_key_reused" });
     assert.equal(m.runs, 0);
@@ -214,8 +213,7 @@ describe("Node adapter (better-sqlite3)", () => {
     const lines2 = capture();
     const ledger = ledgerFor(failCompletion.ledger, { logger: lines2.logger, now: () => T0 });
     const handled = await ledger.handle(post("k"), "p", m.run);
-    assert.equal(handled.outcome, "executed");
-    assert.equal(handled.stored, "failed");
+    assert.equal(handled.outcome, "completion-failed");
     assert.equal(handled.response.status, 201);
     assert.equal(m.runs, 1);
     assert.equal(rows(db)[0].status, "pending");
@@ -223,17 +221,29 @@ describe("Node adapter (better-sqlite3)", () => {
     assert.match(lines2.lines[0], /completion/, "worded by the core (log-line completion-failed)");
   });
 
-  test("NothingRanError releases the reservation; other errors keep it", async () => {
+  test("NothingChangedError releases the reservation (rethrown, or answered with its response); other errors keep it", async () => {
     const db = freshDb();
+    const outcomes = [];
+    const options = { onOutcome: (o) => outcomes.push(o), logger: capture().logger };
     await assert.rejects(
       handleIdempotentMutation(post("k"), { DB: db }, undefined, "p", async () => {
-        throw new NothingRanError("validation failed before any write");
-      }),
-      NothingRanError,
+        throw new NothingChangedError("validation failed before any write");
+      }, options),
+      NothingChangedError,
     );
     assert.deepEqual(rows(db), []);
+    const refused = await handleIdempotentMutation(post("k"), { DB: db }, undefined, "p", async () => {
+      throw new NothingChangedError("invalid", { response: { status: 422, body: "invalid", headers: { "x-why": "sku" } } });
+    }, options);
+    assert.deepEqual([refused.status, await refused.text(), refused.headers.get("x-why")], [422, "invalid", "sku"]);
+    assert.deepEqual(rows(db), []);
     const m = mutationCounter();
-    assert.equal((await handleIdempotentMutation(post("k"), { DB: db }, undefined, "p", m.run)).status, 201);
+    assert.equal((await handleIdempotentMutation(post("k"), { DB: db }, undefined, "p", m.run, options)).status, 201);
+    await assert.rejects(handleIdempotentMutation(post("k2"), { DB: db }, undefined, "p", async () => {
+      throw new Error("boom");
+    }, options), /boom/);
+    assert.equal(rows(db).find((r) => r.key === "k2").status, "pending");
+    assert.deepEqual(outcomes, ["released", "released", "executed", "abandoned"]);
   });
 
   test("50 concurrent same-key requests in one process: one mutation, the rest 409 in-progress or replays", async () => {
@@ -258,36 +268,29 @@ describe("Node adapter (better-sqlite3)", () => {
 
   test("a mutation may return a Response; bytes, 204 and the body cap follow the SPEC", async () => {
     const db = freshDb();
-    const r = await handleIdempotentMutation(post("resp"), { DB: db }, undefined, "p", async () =>
-      new Response("made", { status: 202, headers: { "content-type": "text/plain", "x-drop": "1" } }),
-    );
+    const made = new Response("made", { status: 202, headers: { "content-type": "text/plain", "x-kept": "1" } });
+    const r = await handleIdempotentMutation(post("resp"), { DB: db }, undefined, "p", async () => made);
+    assert.equal(r, made, "the mutation's own Response object goes out");
     assert.equal(r.status, 202);
     assert.equal(await r.text(), "made");
-    assert.equal(r.headers.get("x-drop"), null);
+    assert.equal(r.headers.get("x-kept"), "1");
+    const replayed = await handleIdempotentMutation(post("resp"), { DB: db }, undefined, "p", async () => made);
+    assert.deepEqual([replayed.status, await replayed.text(), replayed.headers.get("x-kept")], [202, "made", null]);
     const none = await handleIdempotentMutation(post("204"), { DB: db }, undefined, "p", async () => ({ status: 204, body: "x" }));
     assert.equal(none.status, 204);
     assert.equal(await none.text(), "");
-    const big = await handleIdempotentMutation(post("big"), { DB: db }, undefined, "p", async () => ({ status: 200, body: new Uint8Array(40) }), { bodyCapBytes: 32 });
+    const big = await handleIdempotentMutation(post("big"), { DB: db }, undefined, "p", async () => ({ status: 200, body: new Uint8Array(40) }), { bodyCapBytes: 32, logger: capture().logger });
     assert.equal(big.status, 500);
-    const odd = await handleIdempotentMutation(post("odd"), { DB: db }, undefined, "p", async () => ({ status: 150, body: "x" }));
+    assert.match(await big.text(), /40 bytes.*32 bytes/, "the 500 names the size and the cap");
+    const odd = await handleIdempotentMutation(post("odd"), { DB: db }, undefined, "p", async () => ({ status: 150, body: "x" }), { logger: capture().logger });
     assert.equal(odd.status, 500, "a status Fetch cannot send is stored as the SPEC's 500");
   });
 
-  test("lower-level pieces: fingerprint, key validation, defaults, bad options", async () => {
-    assert.equal(
-      await computeFingerprint("post", "/orders", new Headers(), new Uint8Array()),
-      "fc4d6d6663d197e95ef43ecc071614db7227f117beb78b985980d692380c7654",
-      "recipe reference: empty POST /orders",
-    );
-    const request = post("k", '{"a":1}', { "x-api-version": "2", "user-agent": "ignored" });
-    const fp = await requestFingerprint(request);
-    assert.equal(fp, await computeFingerprint("POST", "/orders", [["content-type", "application/json"], ["x-api-version", "2"]], new TextEncoder().encode('{"a":1}')));
-    assert.equal(await request.text(), '{"a":1}', "requestFingerprint leaves the body unread");
-    assert.deepEqual(validateIdempotencyKey("abc"), { ok: true, key: "abc" });
-    assert.equal(validateIdempotencyKey("").reason, "key-required");
-    assert.equal(validateIdempotencyKey(null).reason, "key-required");
-    assert.equal(validateIdempotencyKey("\u00e9").reason, "key-invalid");
-    assert.equal(validateIdempotencyKey("\u00e9").response.status, 400);
+  test("lower-level pieces: the fingerprint stored, defaults, bad options", async () => {
+    const fresh = freshDb();
+    const empty = new Request("http://api.test/orders", { method: "POST", headers: { "idempotency-key": "fp" } });
+    await handleIdempotentMutation(empty, { DB: fresh }, undefined, "p", async () => ({ status: 201, body: "" }));
+    assert.equal(rows(fresh)[0].fingerprint, "fc4d6d6663d197e95ef43ecc071614db7227f117beb78b985980d692380c7654", "recipe reference: empty POST /orders");
     assert.deepEqual(defaultOptions(), {
       profile: "recipe",
       protectedMethods: ["POST", "PATCH", "DELETE"],
@@ -301,7 +304,7 @@ describe("Node adapter (better-sqlite3)", () => {
       sweepEvery: 8,
       keyRequired: true,
       replayHeader: null,
-      inProgressRetryMs: null,
+      inProgressRetryMs: 1000,
       waitMs: 0,
       onServerError: "store",
     });
@@ -348,15 +351,21 @@ describe("Node adapter (better-sqlite3)", () => {
       { rows: [], changes: 0n },
     ]);
     assert.throws(() => fromD1Results([], 1));
+  });
+
+  test("D1's messages (no code) are classified by the core", async () => {
     // D1 gives messages only; the core classifies them (no table in JS).
-    const core = getCore();
-    const session = core.open(toWitConfig(core, {}, "sqlite"));
-    const d1 = (message) => session.classify(databaseError(undefined, message)).tag;
-    assert.equal(d1("D1_ERROR: database is locked: SQLITE_BUSY"), "busy");
-    assert.equal(d1("D1_ERROR: no such table: idempotency_keys: SQLITE_ERROR"), "schema");
-    assert.equal(d1("D1_ERROR: UNIQUE constraint failed: SQLITE_CONSTRAINT"), "constraint");
-    assert.equal(d1("D1_ERROR: Network connection lost."), "outcome-unknown", "D1 cannot say whether the batch ran");
-    assert.equal(session.classify({ tag: "host", val: "weird" }).tag, "other");
+    const outcomeOf = async (batchError) => {
+      const failing = { dialect: "sqlite", batch: async () => Promise.reject(new BatchFailure(batchError)) };
+      const { outcome, response } = await ledgerFor(failing, { logger: capture().logger }).handle(post("d1"), "p", async () => ({ status: 201 }));
+      return [outcome, response.status];
+    };
+    const d1 = (message) => outcomeOf(databaseError(undefined, message));
+    assert.deepEqual(await d1("D1_ERROR: database is locked: SQLITE_BUSY"), ["ledger-busy", 503]);
+    assert.deepEqual(await d1("D1_ERROR: no such table: idempotency_keys: SQLITE_ERROR"), ["ledger-failed", 500]);
+    assert.deepEqual(await d1("D1_ERROR: UNIQUE constraint failed: SQLITE_CONSTRAINT"), ["ledger-failed", 500]);
+    assert.deepEqual(await d1("D1_ERROR: Network connection lost."), ["ledger-outcome-unknown", 503], "D1 cannot say whether the batch ran");
+    assert.deepEqual(await outcomeOf({ tag: "host", val: "weird" }), ["ledger-failed", 500]);
   });
 
   test("two connections to one file share the ledger", async () => {

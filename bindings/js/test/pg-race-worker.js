@@ -73,7 +73,7 @@ async function main() {
       return { status: 201, headers: { "content-type": "application/json" }, body: JSON.stringify({ order: key, by: args.name }) };
     });
     const body = await handled.response.text();
-    lines.push(JSON.stringify({ worker: args.name, lang: "js", key, status: handled.response.status, body, executed: ran && handled.outcome === "executed" }));
+    lines.push(JSON.stringify({ worker: args.name, lang: "js", key, status: handled.response.status, body, executed: ran }));
   }
   process.stdout.write(lines.map((l) => `${l}\n`).join(""));
   await mutations.end();

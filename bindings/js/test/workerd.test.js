@@ -4,9 +4,11 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import { join } from "node:path";
-import { computeFingerprint, schemaStatements } from "../src/node.js";
+import { createHash } from "node:crypto";
+import { schemaStatements } from "../src/node.js";
 import { PACKAGE_ROOT, startWorker } from "./helpers/workerd.js";
 import { T0, ledgerRow, order, orderCount, send, stats, uniqueKey, waitFor } from "./helpers/http.js";
+import { chunkedUpload } from "./helpers/upload.js";
 
 let mf;
 let db;
@@ -189,18 +191,14 @@ describe("SPEC 3 + 5: claim before mutate, decisions", () => {
     assert.deepEqual(reordered.json, { error: "idempotency_key_reused" });
   });
 
-  test("the Worker's fingerprint is the recipe's computeFingerprint over the raw bytes", async () => {
+  test("the Worker's fingerprint is SPEC 4's SHA-256 over the raw bytes", async () => {
     const key = uniqueKey();
     const body = Uint8Array.from([0x7b, 0xff, 0xfe, 0x00, 0x80, 0x7d]);
     const r = await send(mf, { key, body, headers: { "content-type": "application/octet-stream", "x-api-version": "7" } });
     assert.equal(r.status, 422, "the app rejects non-JSON, and that answer is what gets stored");
     const row = await ledgerRow(db, "acct-a", key);
-    const expected = await computeFingerprint(
-      "POST",
-      "/orders",
-      [["content-type", "application/octet-stream"], ["x-api-version", "7"]],
-      body,
-    );
+    // SPEC 4: UPPER(method) \n path_and_query \n lower(name):value per fingerprint header \n, then the raw bytes.
+    const expected = createHash("sha256").update("POST\n/orders\ncontent-type:application/octet-stream\nx-api-version:7\n").update(body).digest("hex");
     assert.equal(row.fingerprint, expected);
     // Two different invalid UTF-8 bodies must not collide (no text decoding).
     const other = await send(mf, { key, body: Uint8Array.from([0x7b, 0xff, 0xff, 0x00, 0x80, 0x7d]), headers: { "content-type": "application/octet-stream", "x-api-version": "7" } });
@@ -214,18 +212,22 @@ describe("SPEC 3 + 5: claim before mutate, decisions", () => {
     const failed = await send(mf, { key, body: order(s0), now: T0, headers: { "x-test-throw": "1" } });
     assert.equal(failed.status, 500, "a throwing mutation is rethrown (workerd answers 500)");
     assert.equal((await ledgerRow(db, "acct-a", key)).status, "pending", "the row stays pending");
-    // SPEC 5.3: the hint tells the truth: the time left until a retry can take the row over.
+    // SPEC 5.3: by default the 409 suggests 1 s (in-progress-retry-ms), never more than the time left until a takeover.
     const r = await send(mf, { key, body: order(s0), now: T0 + 1 });
     assert.equal(r.status, 409);
-    assert.deepEqual(r.json, { error: "idempotency_key_in_progress", retry_after_ms: 29_999 });
-    assert.equal(r.headers.get("retry-after"), "30");
+    assert.deepEqual(r.json, { error: "idempotency_key_in_progress", retry_after_ms: 1000 });
+    assert.equal(r.headers.get("retry-after"), "1");
     assert.equal(r.headers.get("content-type"), "application/json");
     assert.equal((await stats(mf, r.id)).mutationsStarted, 0);
     assert.deepEqual((await stats(mf, r.id)).batches, ["decision"]);
-    const custom = await send(mf, { key, body: order(s0), now: T0 + 1000, headers: { "x-test-ttl": "5000" } });
+    // Without the hint, the truth: the time left until a retry can take the row over.
+    const untilTakeover = await send(mf, { key, body: order(s0), now: T0 + 1, headers: { "x-test-retry-hint": "none" } });
+    assert.deepEqual(untilTakeover.json, { error: "idempotency_key_in_progress", retry_after_ms: 29_999 });
+    assert.equal(untilTakeover.headers.get("retry-after"), "30");
+    const custom = await send(mf, { key, body: order(s0), now: T0 + 1000, headers: { "x-test-ttl": "5000", "x-test-retry-hint": "none" } });
     assert.deepEqual(custom.json, { error: "idempotency_key_in_progress", retry_after_ms: 4000 });
     assert.equal(custom.headers.get("retry-after"), "4");
-    const rounded = await send(mf, { key, body: order(s0), now: T0 + 1000, headers: { "x-test-ttl": "1500" } });
+    const rounded = await send(mf, { key, body: order(s0), now: T0 + 1000, headers: { "x-test-ttl": "1500", "x-test-retry-hint": "none" } });
     assert.equal(rounded.headers.get("retry-after"), "1", "ceil(500 / 1000)");
   });
 
@@ -296,11 +298,11 @@ describe("SPEC 6: fenced takeover", () => {
 });
 
 describe("SPEC 7: response lifecycle", () => {
-  test("only status, body and allowlisted headers are stored and replayed", async () => {
+  test("only status, body and allowlisted headers are stored and replayed; the first caller gets the mutation's own response", async () => {
     const key = uniqueKey();
     const s0 = sku();
     const first = await send(mf, { key, body: order(s0), headers: { "x-test-header": "x-internal:secret" } });
-    assert.equal(first.headers.get("x-internal"), null, "the fresh answer is the stored one");
+    assert.equal(first.headers.get("x-internal"), "secret", "the first caller gets every header the mutation set");
     const row = await ledgerRow(db, "acct-a", key);
     assert.deepEqual(Object.keys(JSON.parse(row.response_headers)), ["content-type", "location"]);
     const replay = await send(mf, { key, body: order(s0) });
@@ -310,12 +312,16 @@ describe("SPEC 7: response lifecycle", () => {
 
   test("custom replay headers", async () => {
     const key = uniqueKey();
-    const r = await send(mf, { key, body: order(sku()), headers: { "x-test-replay-headers": "x-order-version", "x-test-header": "X-Order-Version:3" } });
+    const s0 = sku();
+    const headers = { "x-test-replay-headers": "x-order-version", "x-test-header": "X-Order-Version:3" };
+    const r = await send(mf, { key, body: order(s0), headers });
     assert.equal(r.headers.get("x-order-version"), "3");
-    assert.equal(r.headers.get("location"), null);
+    const replay = await send(mf, { key, body: order(s0), headers });
+    assert.equal(replay.headers.get("x-order-version"), "3");
+    assert.equal(replay.headers.get("location"), null, "only the configured replay headers are replayed");
   });
 
-  test("a body at the cap is stored; one byte over becomes a stored 500 with no body", async () => {
+  test("a body at the cap is stored; one byte over becomes a stored 500 that names the cap", async () => {
     const key = uniqueKey();
     const atCap = await send(mf, { key, body: order(sku()), headers: { "x-test-body": "size:16384" } });
     assert.equal(atCap.status, 201);
@@ -324,13 +330,14 @@ describe("SPEC 7: response lifecycle", () => {
     const s0 = sku();
     const r = await send(mf, { key: over, body: order(s0), headers: { "x-test-body": "size:16385" } });
     assert.equal(r.status, 500);
-    assert.equal(r.text, "");
+    assert.equal(r.json.error, "idempotency_response_unstorable");
+    assert.match(r.json.message, /executed.*16385 bytes.*16384 bytes/, "the first caller learns the request ran and why its answer is a 500");
     const row = await ledgerRow(db, "acct-a", over);
     assert.equal(row.response_status, 500);
-    assert.equal(row.response_body, null);
+    assert.equal(row.response_body, r.text);
     const replay = await send(mf, { key: over, body: order(s0) });
     assert.equal(replay.status, 500);
-    assert.equal(replay.text, "");
+    assert.equal(replay.text, r.text, "every replay gets the same 500");
     const small = uniqueKey();
     const capped = await send(mf, { key: small, body: order(sku()), headers: { "x-test-body": "size:11", "x-test-body-cap": "10" } });
     assert.equal(capped.status, 500, "configurable cap");
@@ -355,9 +362,10 @@ describe("SPEC 7: response lifecycle", () => {
     const s0 = sku();
     const r = await send(mf, { key, body: order(s0), headers: { "x-test-body": "hex:6f6bff" } });
     assert.equal(r.status, 500);
+    assert.match(r.json.message, /not UTF-8/);
     const row = await ledgerRow(db, "acct-a", key);
     assert.equal(row.response_status, 500);
-    assert.equal(row.response_body, null);
+    assert.equal(row.response_body, r.text, "the 500 is stored, not the bytes");
     const ok = uniqueKey();
     const utf8 = await send(mf, { key: ok, body: order(sku()), headers: { "x-test-body": "hex:e697a5e69cac" } });
     assert.equal(utf8.status, 201);
@@ -470,7 +478,7 @@ describe("SPEC 9: failure rules (D1 failure injection)", () => {
     assert.equal(await orderCount(db, s0), 1);
   });
 
-  test("a throwing mutation leaves the row pending and is rethrown; NothingRanError releases it", async () => {
+  test("a throwing mutation leaves the row pending and is rethrown; NothingChangedError releases it", async () => {
     const key = uniqueKey();
     const s0 = sku();
     const r = await send(mf, { key, body: order(s0), now: T0, headers: { "x-test-throw": "1" } });
@@ -495,6 +503,52 @@ describe("SPEC 9: failure rules (D1 failure injection)", () => {
       assert.equal(await orderCount(db, s0), 0);
     } finally {
       await db.exec("ALTER TABLE idempotency_keys_away RENAME TO idempotency_keys");
+    }
+  });
+});
+
+describe("issue 21.8: a chunked request refused with 413 leaves the Worker serving", () => {
+  // workerd resets a connection whose request body the Worker left unread;
+  // `wrangler dev`'s proxy answered such an upload "Your worker restarted
+  // mid-request" (503), and a client sending straight to workerd (undici,
+  // here) got ECONNRESET instead of the 413 in most rounds. Cancelling the
+  // body stream did not change that; reading it to its end (discarded) does.
+  test("every refused upload gets its 413 (through dispatchFetch and over HTTP), and the next request is answered", async () => {
+    const { createServer } = await import("node:net");
+    const free = await new Promise((resolve) => {
+      const s = createServer();
+      s.listen(0, "127.0.0.1", () => {
+        const { port } = s.address();
+        s.close(() => resolve(port));
+      });
+    });
+    const served = await startWorker({ scriptPath: join(PACKAGE_ROOT, "test/fixtures/harness.js"), port: free });
+    try {
+      const headers = { authorization: "Bearer tok-a", "x-test-request-cap": "1024", "content-type": "application/json" };
+      for (let round = 0; round < 5; round++) {
+        let pulled = 0;
+        const stream = new ReadableStream({
+          pull(controller) {
+            pulled += 1;
+            if (pulled > 64) controller.close();
+            else controller.enqueue(new Uint8Array(64 * 1024).fill(0x20));
+          },
+        });
+        const refused = await served.mf.dispatchFetch("http://orders.test/orders", { method: "POST", headers: { ...headers, "idempotency-key": uniqueKey("stream") }, body: stream, duplex: "half" });
+        const text = await refused.text();
+        assert.equal(refused.status, 413, text);
+        assert.equal(JSON.parse(text).error, "idempotency_request_too_large");
+        const next = await send(served.mf, { key: uniqueKey(), body: order(sku()) });
+        assert.equal(next.status, 201, `round ${round}: ${next.text}`);
+      }
+      for (let round = 0; round < 5; round++) {
+        const refused = await chunkedUpload({ port: free, path: "/orders", headers: { ...headers, "idempotency-key": uniqueKey("chunked") }, total: 4 * 1024 * 1024 });
+        assert.equal(refused.status, 413, `round ${round}: ${JSON.stringify(refused)}`);
+        const next = await fetch(`http://127.0.0.1:${free}/orders`, { method: "POST", headers: { ...headers, "idempotency-key": uniqueKey() }, body: order(sku()) });
+        assert.equal(next.status, 201, `round ${round}: the next request after the 413: ${await next.text()}`);
+      }
+    } finally {
+      await served.mf.dispose();
     }
   });
 });

@@ -10,12 +10,18 @@ import { PACKAGE_ROOT, workerModules } from "./helpers/workerd.js";
 
 const read = (path) => readFileSync(new URL(`../${path}`, import.meta.url), "utf8");
 
-test("the component binding compiles nothing from bytes and imports nothing", () => {
+test("the component binding compiles nothing from bytes and imports only its engine and type table", async () => {
   const binding = read("src/component.js");
   assert.doesNotMatch(binding, /WebAssembly\.compile|WebAssembly\.instantiate\(|new WebAssembly\.Module|atob\(|fetch\(/);
-  assert.doesNotMatch(binding, /^import /m, "no imports: in particular no WASI preview2 shim");
+  assert.match(binding, /^import \{[^}]*\} from "\.\.\/generated\/wit\.js";$/m, "its one import: the generated type table");
+  assert.match(binding, /^import \{[^}]*\} from "\.\/abi\.js";$/m);
+  assert.equal([...binding.matchAll(/^import /gm)].length, 2, "no other import: in particular no WASI preview2 shim");
+  const abi = read("src/abi.js");
+  assert.doesNotMatch(abi, /WebAssembly\.compile|WebAssembly\.instantiate\(|new WebAssembly\.Module|atob\(|fetch\(|^import /m);
+  assert.doesNotMatch(read("generated/wit.js"), /^import |WebAssembly/m, "the type table is data");
   const dts = read("generated/core.d.ts");
-  assert.match(dts, /'idempotency:ledger\/ledger@0\.2\.0': typeof/);
+  const { PACKAGE } = await import("../generated/wit.js");
+  assert.ok(dts.includes(`'idempotency:ledger/ledger@${PACKAGE.split("@")[1]}': typeof`), "jco's types are of the same WIT version");
   assert.doesNotMatch(dts, /wasi:/, "the component imports only the ledger interface");
 });
 
@@ -23,7 +29,7 @@ test("the Workers core loader imports every core module statically, and a Worker
   const loader = read("src/core-worker.js");
   for (const name of CORE_MODULE_NAMES) assert.match(loader, new RegExp(`^import \\w+ from "\\.\\./generated/${name.replace(/\./g, "\\.")}";$`, "m"), name);
   const loaded = workerModules(join(PACKAGE_ROOT, "src/worker.js")).map((m) => m.path);
-  assert.deepEqual(loaded.filter((p) => p.includes("/generated/")), CORE_MODULE_NAMES.map((n) => join(PACKAGE_ROOT, "generated", n)));
+  assert.deepEqual(loaded.filter((p) => p.includes("/generated/")).sort(), [...CORE_MODULE_NAMES, "wit.js"].map((n) => join(PACKAGE_ROOT, "generated", n)).sort(), "the core module and the type table, no jco glue");
 });
 
 test("what a Worker loads (package entry, Hono entry, pg adapter) compiles nothing and needs no Node built-in", () => {

@@ -1,20 +1,20 @@
 // Types shared by the Workers (./worker.js) and Node (./node.js) entry points.
 import type {
-  Admission,
   Config,
-  Decision,
   MutationResponse as WitMutationResponse,
+  Outcome,
   ProtocolError,
   RequestHead,
   Response as WitResponse,
   Ticket,
+  LogLine,
+  SweepReport,
 } from "../generated/interfaces/idempotency-ledger-types.js";
 import type { Statement, StatementResult, BatchError } from "../generated/interfaces/idempotency-ledger-ledger.js";
-import type { LedgerError } from "../generated/interfaces/idempotency-ledger-types.js";
+import type { Action, Event, HandlerResult, Reply } from "../generated/interfaces/idempotency-ledger-exchange.js";
 
-export type { Admission, Config, Decision, ProtocolError, RequestHead, Ticket, Statement, StatementResult, LedgerError, BatchError, WitMutationResponse, WitResponse };
+export type { Config, Outcome, ProtocolError, RequestHead, Ticket, Statement, StatementResult, BatchError, WitMutationResponse, WitResponse, LogLine, SweepReport, Action, Event, HandlerResult, Reply };
 
-/** The SPEC settings (times in milliseconds). Every field is optional: the SPEC defaults apply. */
 export interface IdempotencySettings {
   /** Methods that must carry Idempotency-Key (default POST, PATCH, DELETE). */
   protectedMethods?: string[];
@@ -49,10 +49,12 @@ export interface IdempotencySettings {
 }
 
 export interface IdempotencyOptions extends IdempotencySettings {
+  /** Called with the outcome of every request that reached the ledger (the core's name for how it ended). */
+  onOutcome?: (outcome: Outcome) => void;
   /** The ledger clock, integer ms since the epoch (default Date.now). */
   now?: () => number;
   /** Where the core's log lines go, at the core's level (default console). */
-  logger?: { error(message: string): void; warn?(message: string): void; info?(message: string): void };
+  logger?: { error(message: unknown): void; warn?(message: unknown): void; info?(message: unknown): void };
   /** false: never schedule the opportunistic sweep. */
   sweep?: boolean;
   /** The env binding that holds the database (default "DB"). */
@@ -74,9 +76,16 @@ export interface ExecutionContextLike {
 }
 
 /** One atomic batch of statements (a D1 batch(), a SQLite or PostgreSQL transaction); throws BatchFailure. */
+/** One statement of a batch as a LedgerDb runs it: the core's query, its SQL in the LedgerDb's dialect, its parameters. */
+export interface SqlStatement {
+  query: Statement["query"];
+  sql: string;
+  params: Statement["params"];
+}
+
 export interface LedgerDb {
   dialect: "sqlite" | "postgres";
-  batch(statements: Statement[]): Promise<StatementResult[]>;
+  batch(statements: SqlStatement[]): Promise<StatementResult[]>;
 }
 
 /** A failure of a LedgerDb as the driver saw it: the core classifies `batchError`. */
@@ -99,37 +108,44 @@ export interface AdapterOptions<Ctx, Db> extends IdempotencyOptions {
   exclude?: string | RegExp | Array<string | RegExp>;
 }
 
-export type Outcome = "pass-through" | "rejected" | "replayed" | "executed" | "unavailable";
-
 export interface Handled {
   response: Response;
   outcome: Outcome;
-  /** For "rejected": key-required | key-invalid | key-reused | in-progress | retry | record-corrupt. */
-  reason?: string;
-  /** For "executed": whether this response became the stored one. */
-  stored?: "completed" | "released" | "fenced-out" | "failed";
-  ticket?: Ticket;
+}
+
+/** What a framework adapter does for an exchange (IdempotencyLedger.exchange). */
+export interface ExchangeIo {
+  /** The body (at most `cap` bytes), or why it cannot be had. */
+  readBody(cap: bigint): Uint8Array | "too-large" | "consumed" | "incomplete" | "length-unknown" | Promise<Uint8Array | "too-large" | "consumed" | "incomplete" | "length-unknown">;
+  /** Runs the handler under `ticket`; a throw counts as raised (nothing-changed for a NothingChangedError). */
+  runHandler(ticket: Ticket, body: Uint8Array): Promise<HandlerResult> | HandlerResult;
+}
+
+export interface ExchangeEnd {
+  /** The final action: pass-through, respond or propagate. */
+  action: Action;
+  outcome: Outcome;
+  /** What the handler threw, when it did. */
   error?: unknown;
 }
 
-/** A protocol call failed; nothing ran on its account. */
 export declare class IdempotencyError extends Error {
   constructor(protocolError: ProtocolError, options?: ErrorOptions);
   readonly protocolError: ProtocolError;
-  /** Set when a completion batch failed: the response the caller should still get. */
-  response?: WitResponse;
 }
 
-/** Throw from a mutation that KNOWS it changed nothing: the reservation is released and the error rethrown. */
-export declare class NothingRanError extends Error {
-  constructor(message?: string, options?: ErrorOptions);
-}
+/** The component trapped: the request is answered with its session's fault reply; a fresh instance serves the next. */
+export declare class ComponentFault extends Error {}
 
 /**
- * Resolves once every background sweep started so far has finished: at
- * shutdown, after the server stopped taking requests, before closing the
- * database. (Workers need not: waitUntil keeps the sweeps.)
+ * Throw from a handler that changed nothing: the key is released and the
+ * framework's answer to the error (or `options.response`) goes out unstored.
  */
+export declare class NothingChangedError extends Error {
+  constructor(message?: string, options?: ErrorOptions & { response?: MutationResult });
+  readonly response?: MutationResult;
+}
+
 export declare function sweepsDone(): Promise<void>;
 
 /** The component instance (all calls synchronous; shareable by concurrent requests). */
@@ -138,73 +154,51 @@ export declare class Core {
   ready(): this;
   defaultConfig(profile?: "recipe" | "ietf"): Config;
   schema(dialect?: "sqlite" | "postgres"): string[];
+  queries(dialect?: "sqlite" | "postgres"): Record<Statement["query"], string>;
   open(config: Config): Session;
 }
 
-/** One core session: settings validated once. */
-export declare class Session {
-  readonly config: Config;
-  readonly policy: { protectedMethods: string[]; requestBodyCapBytes: bigint; nullBodyStatuses: Uint16Array };
-  protects(method: string): boolean;
-  admit(head: RequestHead, principal?: string): Admission;
-  fingerprintPrefix(head: RequestHead): string;
-  errorResponse(error: ProtocolError): WitResponse;
-  classify(error: BatchError): LedgerError;
+export declare class Exchange {
+  step(now: number, event: Event): Action;
+  drop(): void;
 }
 
-/** The whole SPEC flow and its steps, for one database and one set of options. */
+export declare class Session {
+  readonly config: Config;
+  readonly protectedMethods: Set<string>;
+  readonly faultReply: Reply;
+  readonly sql: Record<Statement["query"], string>;
+  protects(method: string): boolean;
+  start(head: RequestHead, principal: string | undefined, now: number, mode?: "stepped" | "driven"): { action: Action; exchange?: Exchange };
+  migration(): Statement[];
+  sweep(now: number): Statement[];
+  swept(result: { tag: "ok"; val: StatementResult[] } | { tag: "err"; val: BatchError }): SweepReport;
+}
+
 export declare class IdempotencyLedger {
   constructor(core: Core, db: LedgerDb, options?: IdempotencyOptions);
   readonly session: Session;
-  admit(head: RequestHead, principal?: string): Admission;
-  fingerprint(head: RequestHead, body: ArrayBuffer | ArrayBufferView): Promise<string>;
-  /** One batch: claim, fenced takeover, lookup. */
-  decide(principal: string, key: string, fingerprint: string, now?: number, waitingSince?: number): Promise<Decision>;
-  /** The decision, sleeping while the core says `wait`. */
-  decideWaiting(principal: string, key: string, fingerprint: string): Promise<Decision>;
-  /** One batch: the fenced completion (or release). */
-  finish(ticket: Ticket, result: MutationResult | Response, now?: number): Promise<{ answer: Answer; stored: "completed" | "released" | "fenced-out" | "failed"; sweepDue: boolean }>;
-  abandon(ticket: Ticket, reason: "raised" | "nothing-changed", detail?: string): Promise<boolean>;
-  sweep(now?: number): Promise<{ deleted: bigint; more: boolean }>;
+  /** One request's exchange, stepped; the final action for the adapter to send. */
+  exchange(head: RequestHead, principal: string | undefined, io: ExchangeIo, ctx?: { waitUntil?: (p: Promise<unknown>) => void }): Promise<ExchangeEnd>;
+  sweep(now?: number): Promise<SweepReport>;
   sweepAll(now?: number): Promise<number>;
+  migrate(): Promise<void>;
   handle(request: Request, principal: string | undefined, runMutation: RunMutation, ctx?: { waitUntil?: (p: Promise<unknown>) => void }): Promise<Handled>;
-}
-
-export interface KeyCheckOk {
-  ok: true;
-  key: string;
-}
-export interface KeyCheckFailed {
-  ok: false;
-  reason: "key-required" | "key-invalid";
-  response: Response;
 }
 
 export type HeadersInput = Headers | Iterable<[string, string]> | Array<{ name: string; value: string }> | Record<string, string>;
 
-export declare function computeFingerprint(
-  method: string,
-  pathAndQuery: string,
-  headers: HeadersInput,
-  bodyBytes: ArrayBuffer | ArrayBufferView,
-  options?: IdempotencySettings,
-): Promise<string>;
-export declare function requestFingerprint(request: Request, options?: IdempotencySettings): Promise<string>;
-export declare function validateIdempotencyKey(key: string | null | undefined, options?: IdempotencySettings): KeyCheckOk | KeyCheckFailed | { ok: true; key: null };
 export declare function defaultOptions(options?: IdempotencySettings): Required<IdempotencySettings>;
 export declare function schemaStatements(dialect?: "sqlite" | "postgres"): string[];
-export declare function sha256Hex(prefix: string, body?: ArrayBuffer | ArrayBufferView | string): Promise<string>;
+export declare function sha256Hex(prefix: string, body?: Uint8Array): Promise<string>;
 export declare function requestHead(request: Request): RequestHead;
-export declare function toFetchResponse(response: WitResponse): Response;
-export declare function toMutationResponse(result: MutationResult | Response): Promise<{ wit: WitMutationResponse; body: string | Uint8Array }>;
+/** A Fetch body read up to `cap` bytes (the core's read-body cap), or why it cannot be. */
+export declare function readFetchBody(request: Request, cap: bigint | number): Promise<Uint8Array | "too-large" | "consumed" | "incomplete">;
+/** The core's response as a Fetch Response (`close`: with the header that makes a Node server close the connection). */
+export declare function toFetchResponse(response: WitResponse, close?: boolean): Response;
+/** What a mutation returned, as the core stores it (`wit`) and as it is sent (`response`). */
+export declare function mutationOf(result: MutationResult | Response): Promise<{ wit: WitMutationResponse; readonly response: Response }>;
 export declare function databaseError(code: string | undefined | null, message: string): BatchError;
-
-/** What to send: status, headers, body. */
-export interface Answer {
-  status: number;
-  headers: Array<{ name: string; value: string }>;
-  body: string | Uint8Array | null;
-}
 
 /** The parts of a node-postgres Pool the package uses. */
 export interface PgPoolLike {

@@ -1,7 +1,7 @@
 // Hono middleware (Workers and Node). Structural: no import of hono's types,
 // so it fits any Hono 4 app (c.req.raw is a Fetch Request).
-import type { AdapterOptions, PgPoolLike, LedgerDb } from "./common.js";
-export { NothingRanError, sweepsDone } from "./common.js";
+import type { AdapterOptions, IdempotencyLedger, IdempotencyOptions, PgPoolLike, LedgerDb } from "./common.js";
+export { NothingChangedError, sweepsDone } from "./common.js";
 
 export interface HonoContextLike {
   req: { raw: Request; path: string; header(name: string): string | undefined };
@@ -10,6 +10,12 @@ export interface HonoContextLike {
 }
 export type HonoMiddleware = (c: any, next: () => Promise<void>) => Promise<Response | void>;
 
-/** `app.use(idempotency({ db, principal: (c) => ..., ...settings }))`, or per route. */
+/**
+ * Per route: `app.post("/orders", idempotency({ db, principal: (c) => ..., ...settings }), handler)`;
+ * or app-wide with include/exclude. A response made before the route handler
+ * ran (a validator's 400, a middleware's answer, no route) releases the key.
+ */
 export declare function idempotency(options: AdapterOptions<any, object | PgPoolLike | LedgerDb>): HonoMiddleware;
 export declare function migrate(db: object | PgPoolLike | LedgerDb): void | Promise<void>;
+/** The ledger this entry's middleware uses for a database and an options object (cached per pair). */
+export declare function ledgerFor(db: object | PgPoolLike | LedgerDb, options?: IdempotencyOptions): IdempotencyLedger;

@@ -1,5 +1,5 @@
 // Node.js entry (better-sqlite3 v12).
-import type { AdapterOptions, PgPoolLike, Core, ExecutionContextLike, IdempotencyLedger, IdempotencyOptions, LedgerDb, RunMutation, Statement, StatementResult } from "./common.js";
+import type { AdapterOptions, PgPoolLike, Core, ExecutionContextLike, IdempotencyLedger, IdempotencyOptions, LedgerDb, RunMutation, SqlStatement, StatementResult } from "./common.js";
 export * from "./common.js";
 
 /** The parts of a better-sqlite3 (v12) Database this package uses. */
@@ -24,7 +24,7 @@ export declare function ledgerFor(db: Database | PgPoolLike | LedgerDb, options?
 export declare function migrate(db: Database | PgPoolLike | LedgerDb): void | Promise<void>;
 /** Opens (creating and migrating) a WAL-mode SQLite ledger with a busy timeout. */
 export declare function openLedgerDatabase(path: string, options?: { busyTimeoutMs?: number }): Promise<Database>;
-export declare function sqliteLedger(db: Database): LedgerDb & { batchSync(statements: Statement[]): StatementResult[] };
+export declare function sqliteLedger(db: Database): LedgerDb & { batchSync(statements: SqlStatement[]): StatementResult[] };
 export declare function pgLedger(pool: PgPoolLike, options?: { connectTimeoutMs?: number; lockTimeoutMs?: number }): LedgerDb;
 export declare function createPgPool(url: string, options?: { max?: number; connectTimeoutMs?: number }): Promise<PgPoolLike>;
 /** The plain node:http adapter. */
@@ -33,5 +33,5 @@ export declare function idempotentHandler(
   handler: (req: import("./node-http.js").IncomingMessageLike & { rawBody?: Uint8Array }, res: import("./node-http.js").ServerResponseLike) => unknown,
 ): (req: any, res: any) => void;
 export declare function getCore(): Core;
-/** A fresh component instance; `executeBatch` backs the driven API's ledger import. */
+/** A fresh component instance of its own. */
 export declare function newCore(): Core;

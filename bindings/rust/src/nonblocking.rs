@@ -262,6 +262,7 @@ impl AsyncLedger {
 
     /// The core's fault response (logging its line): for an exchange that
     /// cannot continue.
+    #[cfg(feature = "tower")]
     pub(crate) fn fault_response(&self) -> crate::Response {
         let fault = &self.inner.fault;
         fault.log.iter().for_each(crate::convert::log_line);

@@ -11,8 +11,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use idempotency_ledger::wit::{Statement, Value};
-use idempotency_ledger::{Config, Ledger, MutationResponse, Outcome, PostgresPool, Request, Runtime, SqlBackend, SystemClock};
+use idempotency_ledger::wit::Value;
+use idempotency_ledger::{Ledger, MutationResponse, Outcome, PostgresPool, Request, Runtime, Settings, SqlBackend, SqlStatement, SystemClock};
 use idempotency_ledger_host_test::url_with_schema;
 use serde_json::json;
 
@@ -59,12 +59,12 @@ fn main() {
         }
     };
     let pool = PostgresPool::connect(&url_with_schema(&args.url, &args.schema), 2).expect("postgres pool");
-    let mut ledger = Ledger::new(Runtime::shared().expect("runtime"), pool.backend(), Config::default(), SystemClock)
+    let mut ledger = Ledger::new(Runtime::shared().expect("runtime"), pool.backend(), Settings::default(), SystemClock)
         .expect("ledger");
     let mut mutations = pool.backend();
     // Compile and connect before the start, as the Python workers do.
     mutations
-        .execute_batch(&[Statement { sql: "SELECT 1".into(), params: vec![] }])
+        .execute_batch(&[SqlStatement { sql: "SELECT 1".into(), params: vec![] }])
         .expect("warm-up query");
     // Tell the driver this worker is ready, then wait for everyone's start.
     std::fs::File::create(format!("{}.ready.{}", args.start_file.display(), args.name)).expect("ready file");
@@ -81,7 +81,7 @@ fn main() {
         let handled = ledger.handle("race", &request, |_| {
             executed = true;
             mutations
-                .execute_batch(&[Statement {
+                .execute_batch(&[SqlStatement {
                     sql: "INSERT INTO race_mutations (key, worker) VALUES ($1, $2)".into(),
                     params: vec![Value::Text(key.clone()), Value::Text(args.name.clone())],
                 }])
@@ -91,13 +91,12 @@ fn main() {
         });
         let (status, body) = match &handled {
             Ok(h) => (h.response.status, h.response.body_text().unwrap_or("").to_string()),
-            Err(idempotency_ledger::HandleError::Unavailable { response, .. }) => {
-                (response.status, response.body_text().unwrap_or("").to_string())
-            }
-            Err(e) => (0, e.to_string()),
+            // The mutation failed (its insert): the core's 500, for the driver to report.
+            Err(e) => (e.response.as_ref().map_or(0, |r| r.status), e.to_string()),
         };
         if let Ok(h) = &handled {
-            debug_assert_eq!(executed, matches!(h.outcome, Outcome::Executed { .. }));
+            // The handler runs exactly when the exchange reports an execution.
+            debug_assert_eq!(executed, matches!(h.outcome, Outcome::Executed | Outcome::TakenOver | Outcome::FencedOut | Outcome::CompletionFailed));
         }
         println!(
             "{}",

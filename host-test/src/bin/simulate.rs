@@ -1,6 +1,6 @@
-//! `simulate [--seeds A..B | --seeds N] [--steps S] [--component]`: runs the
-//! deterministic simulation; a failing seed prints its trace and the command
-//! that reproduces it.
+//! `simulate [--seeds A..B | --seeds N] [--steps S] [--component] [--postgres]`:
+//! runs the deterministic simulation (host-test/src/sim.rs); a failing seed
+//! prints its trace and the command that reproduces it.
 
 fn main() -> std::process::ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -32,6 +32,10 @@ fn main() -> std::process::ExitCode {
                 if postgres { "PostgreSQL" } else { "SQLite" },
                 started.elapsed().as_secs_f64()
             );
+            let unreached = report.unreached();
+            if !unreached.is_empty() {
+                println!("paths not reached by these seeds: {}", unreached.join(", "));
+            }
             std::process::ExitCode::SUCCESS
         }
         Err(failure) => {

@@ -16,7 +16,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { serve } from "@hono/node-server";
 import { Hono } from "hono";
-import { idempotency, migrate, NothingRanError, sweepsDone } from "@idempotency/ledger/hono";
+import { idempotency, migrate, NothingChangedError, sweepsDone } from "@idempotency/ledger/hono";
 import { createPgPool } from "@idempotency/ledger/pg";
 
 const env = process.env;
@@ -122,13 +122,12 @@ async function main() {
     c.set("principal", match[1]);
     return next();
   };
-  app.use("/orders", authenticate);
-  app.use("/orders", middleware);
   // A request the handler refuses before creating anything throws
-  // NothingRanError: the middleware releases the key (a corrected retry with
+  // NothingChangedError: the middleware releases the key (a corrected retry with
   // the same key runs) and app.onError answers the 400.
-  const refused = (error, message) => new NothingRanError(message, { cause: { error, message } });
-  app.post("/orders", async (c) => {
+  const refused = (error, message) => new NothingChangedError(message, { cause: { error, message } });
+  // One protected route: the app's auth first, then the idempotency layer, then the handler.
+  app.post("/orders", authenticate, middleware, async (c) => {
     const delay = c.req.query("delay_ms") ?? "0";
     if (!/^[0-9]+$/.test(delay)) throw refused("invalid_delay_ms", "delay_ms must be a non-negative integer.");
     if (Number(delay) > 0) await new Promise((resolve) => setTimeout(resolve, Number(delay)));
@@ -145,7 +144,7 @@ async function main() {
     return c.json({ id, request }, 201, { location: `/orders/${id}` });
   });
   app.get("/orders/count", (c) => c.json({ count: executions }));
-  app.onError((error, c) => (error instanceof NothingRanError ? c.json(error.cause, 400) : c.text("Internal Server Error", 500)));
+  app.onError((error, c) => (error instanceof NothingChangedError ? c.json(error.cause, 400) : c.text("Internal Server Error", 500)));
 
   // Resolve what is in force (the core's defaults for what the environment left unset).
   const inForce = defaultOptions(settings);

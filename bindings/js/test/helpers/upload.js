@@ -3,7 +3,12 @@
 // past its cap answers while the client is still sending.
 import { connect } from "node:net";
 
-/** POSTs `total` bytes chunked (64 KiB at a time, generated lazily); resolves { status, sent, growth } (RSS growth of this process). */
+/**
+ * POSTs `total` bytes chunked (64 KiB at a time, generated lazily); resolves
+ * { status, sent, growth (RSS growth of this process), head (the answer's
+ * head), closed (the server closed the connection within a second of
+ * answering) }.
+ */
 export function chunkedUpload({ port, path = "/orders", headers = {}, total }) {
   return new Promise((resolve) => {
     const rss0 = process.memoryUsage().rss;
@@ -15,20 +20,29 @@ export function chunkedUpload({ port, path = "/orders", headers = {}, total }) {
     let sent = 0;
     let answer = "";
     let done = false;
+    let closed = false;
+    let timer = null;
     const finish = () => {
       if (done) return;
       done = true;
       clearInterval(sampler);
+      clearTimeout(timer);
       socket.destroy();
       const m = /^HTTP\/1\.1 (\d{3})/.exec(answer);
-      resolve({ status: m ? Number(m[1]) : undefined, sent, growth: peak - rss0, head: answer.split("\r\n\r\n")[0] });
+      resolve({ status: m ? Number(m[1]) : undefined, sent, growth: peak - rss0, head: answer.split("\r\n\r\n")[0], closed });
     };
     socket.on("data", (d) => {
       answer += d.toString("latin1");
-      if (answer.includes("\r\n\r\n")) setTimeout(finish, 20);
+      // Once answered: wait (a second at most) for the server to close.
+      if (answer.includes("\r\n\r\n") && timer === null) timer = setTimeout(finish, 1000);
     });
-    socket.on("error", () => setTimeout(finish, 50));
-    socket.on("close", () => setTimeout(finish, 50));
+    const ended = () => {
+      closed = answer !== "";
+      setTimeout(finish, 20);
+    };
+    socket.on("end", ended);
+    socket.on("error", ended);
+    socket.on("close", ended);
     const head = Object.entries({ host: `127.0.0.1:${port}`, "transfer-encoding": "chunked", ...headers }).map(([k, v]) => `${k}: ${v}\r\n`).join("");
     socket.write(`POST ${path} HTTP/1.1\r\n${head}\r\n`);
     const pump = () => {

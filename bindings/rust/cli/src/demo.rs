@@ -44,9 +44,6 @@ impl Target {
                 let path = path.clone();
                 Ok(Box::new(move || Ok(Box::new(SqliteBackend::open(&path).map_err(|e| e.to_string())?))))
             }
-            #[cfg(not(feature = "postgres"))]
-            Target::Postgres(url) => Err(format!("{url}: this build has no PostgreSQL support (feature `postgres`)")),
-            #[cfg(feature = "postgres")]
             Target::Postgres(url) => {
                 use idempotency_ledger::{url_with_options, PostgresPool};
                 let url = url_with_options(url, &format!("-c search_path={DEMO_SCHEMA}"));

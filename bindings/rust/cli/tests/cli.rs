@@ -8,6 +8,11 @@ fn cli() -> Command {
 }
 
 fn run(args: &[&str], stdin: &[u8]) -> (bool, String, String) {
+    let (code, out, err) = run_code(args, stdin);
+    (code == Some(0), out, err)
+}
+
+fn run_code(args: &[&str], stdin: &[u8]) -> (Option<i32>, String, String) {
     let mut child = cli()
         .args(args)
         .stdin(Stdio::piped())
@@ -17,7 +22,7 @@ fn run(args: &[&str], stdin: &[u8]) -> (bool, String, String) {
         .expect("spawn the CLI");
     child.stdin.take().expect("stdin").write_all(stdin).expect("write stdin");
     let out = child.wait_with_output().expect("wait");
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+    (out.status.code(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
 }
 
 #[test]
@@ -70,17 +75,61 @@ fn schema_inspect_and_sweep_on_a_real_file() {
     )
     .expect("rows");
     let db = db.to_str().expect("path");
-    let (ok, report, err) = run(&["inspect", "--db", db], b"");
+    let (ok, report, err) = run(&["inspect", "--database", db], b"");
     assert!(ok, "{err}");
     assert!(report.contains("rows: 3"), "{report}");
     assert!(report.contains("completed: 2") && report.contains("pending: 1"), "{report}");
     assert!(report.contains("stale pending rows (older than the 30000 ms TTL; the next retry takes them over): 1"), "{report}");
     assert!(report.contains("expired rows awaiting the sweep (older than the 86400000 ms retention): 2"), "{report}");
-    let (ok, swept, _) = run(&["sweep", "--db", db, "--all"], b"");
+    let (ok, report, _) = run(&["inspect", "--database", db, "--json"], b"");
+    assert!(ok);
+    let report: serde_json::Value = serde_json::from_str(&report).expect("inspect --json");
+    assert_eq!((report["rows"].as_i64(), report["stale_pending"].as_i64(), report["expired"].as_i64()), (Some(3), Some(1), Some(2)));
+    let (ok, swept, _) = run(&["sweep", "--database", db, "--all"], b"");
     assert!(ok);
     assert!(swept.starts_with("swept 2 expired rows"), "{swept}");
     let remaining: i64 = conn.query_row("SELECT COUNT(*) FROM idempotency_keys", [], |r| r.get(0)).expect("count");
     assert_eq!(remaining, 1);
+}
+
+#[test]
+fn show_and_release_one_key() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let db = dir.path().join("l.sqlite");
+    let conn = rusqlite::Connection::open(&db).expect("open");
+    conn.execute_batch(&run(&["schema"], b"").1).expect("schema");
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as i64;
+    conn.execute(
+        "INSERT INTO idempotency_keys (principal, key, fingerprint, status, generation, created_at, updated_at) VALUES
+           ('acct', 'stuck', 'f', 'pending', 2, ?1, ?1)",
+        [now],
+    )
+    .expect("pending row");
+    conn.execute(
+        "INSERT INTO idempotency_keys (principal, key, fingerprint, status, generation, response_status, response_body, response_headers, created_at, updated_at)
+         VALUES ('acct', 'done', 'f', 'completed', 1, 201, '{\"id\":1}', '{\"content-type\":\"application/json\"}', ?1, ?1)",
+        [now],
+    )
+    .expect("completed row");
+    let db = db.to_str().expect("path");
+    let (ok, shown, err) = run(&["show", "stuck", "--principal", "acct", "--database", db], b"");
+    assert!(ok, "{err}");
+    assert!(shown.contains("pending, in progress") && shown.contains("generation: 2"), "{shown}");
+    let (ok, shown, _) = run(&["show", "done", "--principal", "acct", "--database", db, "--json"], b"");
+    assert!(ok);
+    let shown: serde_json::Value = serde_json::from_str(&shown).expect("show --json");
+    assert_eq!((shown["state"].as_str(), shown["response_status"].as_i64()), (Some("completed"), Some(201)));
+    assert_eq!(shown["response_headers"]["content-type"].as_str(), Some("application/json"));
+    // A completed key is never released; an unknown key is "not found".
+    assert_eq!(run_code(&["release", "done", "--principal", "acct", "--database", db], b"").0, Some(3));
+    assert_eq!(run_code(&["show", "nope", "--principal", "acct", "--database", db], b"").0, Some(1));
+    assert_eq!(run_code(&["release", "stuck", "--principal", "other", "--database", db], b"").0, Some(1));
+    let (ok, released, err) = run(&["release", "stuck", "--principal", "acct", "--database", db, "--json"], b"");
+    assert!(ok, "{err}");
+    let released: serde_json::Value = serde_json::from_str(&released).expect("release --json");
+    assert_eq!((released["released"].as_bool(), released["generation"].as_i64()), (Some(true), Some(2)));
+    let left: i64 = conn.query_row("SELECT COUNT(*) FROM idempotency_keys WHERE key = 'stuck'", [], |r| r.get(0)).expect("count");
+    assert_eq!(left, 0, "the pending row is gone: a retry runs again");
 }
 
 #[test]
@@ -99,16 +148,19 @@ fn schema_per_dialect() {
 fn bad_usage_is_a_clear_error() {
     for args in [
         &["inspect"][..],
-        &["inspect", "--db", "/nonexistent/x.sqlite"],
         &["frobnicate"],
         &["fingerprint", "--method", "POST"],
         &["schema", "--dialect", "oracle"],
         &["demo", "--db", "x.sqlite", "--postgres", "postgresql://localhost/x"],
+        &["release", "k", "--database", "x.sqlite"],
     ] {
-        let (ok, _, err) = run(args, b"");
-        assert!(!ok, "{args:?} must fail");
-        assert!(err.starts_with("idempotency-ledger: "), "{args:?}: {err}");
+        let (code, _, err) = run_code(args, b"");
+        assert_eq!(code, Some(2), "{args:?} is bad usage: {err}");
+        assert!(err.starts_with("error: "), "{args:?}: {err}");
     }
+    let (code, _, err) = run_code(&["inspect", "--database", "/nonexistent/x.sqlite"], b"");
+    assert_eq!(code, Some(4));
+    assert!(err.starts_with("idempotency-ledger: /nonexistent/x.sqlite: no such database"), "{err}");
 }
 
 #[test]
