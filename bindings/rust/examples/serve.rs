@@ -11,8 +11,13 @@
 //!   that is not JSON, or a `delay_ms` that is not a non-negative integer,
 //!   is a 400 that creates nothing: the key is released (as in the Python and
 //!   Node example servers).
-//! - `GET /orders/count`: executions of `POST /orders` since start.
-//! - Settings from `IDEMPOTENCY_*` (see `config_from_env`); logs on stderr.
+//! - `GET /orders/count`: executions of `POST /orders` since start; with
+//!   `ORDERS_IN_DATABASE=1`, the committed rows of the `orders` table the
+//!   handler inserts into (in the ledger's database), and with
+//!   `IDEMPOTENCY_TRANSACTIONAL=1` that insert commits with the stored answer
+//!   (the exactly-once mode). `X-Exit-After-Write: 1` ends the process
+//!   (status 3) right after the insert, before anything commits.
+//! - Settings from `IDEMPOTENCY_*` (see `settings_from_env`); logs on stderr.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -25,17 +30,37 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use idempotency_ledger::{AsyncLedger, AsyncPostgres, AsyncSqlite, Config, Dialect, IdempotencyLayer, NothingChanged, OnServerError, Profile, Runtime, Settings, SystemClock};
+use axum::Extension;
+use idempotency_ledger::wit::Value;
+use idempotency_ledger::{
+    AsyncBackend, AsyncLedger, AsyncPostgres, AsyncSqlite, Config, Dialect, HandlerTransaction, IdempotencyLayer, NothingChanged,
+    OnServerError, Profile, Runtime, Settings, SqlStatement, SystemClock,
+};
 
 /// The principal the app's auth derived (the bearer token).
 #[derive(Clone)]
 struct Principal(String);
 
-#[derive(Default)]
 struct Orders {
     executions: AtomicU64,
     started: u64,
+    /// `ORDERS_IN_DATABASE=1`: the orders table's database (its own
+    /// connection, so a non-transactional insert commits on its own).
+    table: Option<Arc<dyn AsyncBackend>>,
+    dialect: Dialect,
 }
+
+impl Orders {
+    fn sql(&self, sqlite: &str, postgres: &str) -> SqlStatement {
+        let sql = match self.dialect {
+            Dialect::Sqlite => sqlite,
+            Dialect::Postgres => postgres,
+        };
+        SqlStatement { sql: sql.into(), params: vec![] }
+    }
+}
+
+const CREATE_ORDERS: &str = "CREATE TABLE IF NOT EXISTS orders (id TEXT PRIMARY KEY, principal TEXT NOT NULL, request TEXT NOT NULL, created_at BIGINT NOT NULL)";
 
 #[tokio::main]
 async fn main() {
@@ -53,22 +78,40 @@ async fn run() -> Result<(), String> {
     });
     let runtime = Runtime::shared().map_err(|e| e.to_string())?;
     let settings = settings_from_env(&runtime)?;
-    let ledger = if database.starts_with("postgres://") || database.starts_with("postgresql://") {
+    let in_database = flag("ORDERS_IN_DATABASE")?;
+    let transactional = flag("IDEMPOTENCY_TRANSACTIONAL")?;
+    if transactional && !in_database {
+        return Err("IDEMPOTENCY_TRANSACTIONAL=1 needs ORDERS_IN_DATABASE=1 (the orders must live in the ledger's database)".into());
+    }
+    let postgres = database.starts_with("postgres://") || database.starts_with("postgresql://");
+    let (ledger, table): (_, Arc<dyn AsyncBackend>) = if postgres {
         let backend = AsyncPostgres::connect(&database, 16).map_err(|e| e.to_string())?;
-        AsyncLedger::new(runtime, backend, settings, SystemClock).await
+        let table = Arc::new(AsyncPostgres::connect(&database, 4).map_err(|e| e.to_string())?);
+        (AsyncLedger::new(runtime, backend, settings, SystemClock).await, table)
     } else {
         let backend = AsyncSqlite::open(&database).map_err(|e| e.to_string())?;
-        AsyncLedger::new(runtime, backend, settings, SystemClock).await
-    }
-    .map_err(|e| format!("opening the ledger on {}: {e}", redact(&database)))?;
+        let table = Arc::new(AsyncSqlite::open(&database).map_err(|e| e.to_string())?);
+        (AsyncLedger::new(runtime, backend, settings, SystemClock).await, table)
+    };
+    let ledger = ledger.map_err(|e| format!("opening the ledger on {}: {e}", redact(&database)))?;
     let config = ledger.config().clone();
+    let dialect = if postgres { Dialect::Postgres } else { Dialect::Sqlite };
+    let table = if in_database {
+        table.execute_batch(vec![SqlStatement { sql: CREATE_ORDERS.into(), params: vec![] }]).await.map_err(|e| format!("creating the orders table: {e:?}"))?;
+        Some(table)
+    } else {
+        None
+    };
 
-    let orders = Arc::new(Orders { started: now_nanos(), ..Orders::default() });
+    let orders = Arc::new(Orders { executions: AtomicU64::new(0), started: now_nanos(), table, dialect });
     // Only POST /orders goes through the ledger: the layer is applied to that route.
     let sweeps = ledger.clone();
-    let idempotency = IdempotencyLayer::new(ledger, |parts: &axum::http::request::Parts| {
+    let mut idempotency = IdempotencyLayer::new(ledger, |parts: &axum::http::request::Parts| {
         parts.extensions.get::<Principal>().map(|p| p.0.clone())
     });
+    if transactional {
+        idempotency = idempotency.transactional();
+    }
     let app = Router::new()
         .route("/orders", post(create_order).layer(idempotency))
         .route("/orders/count", get(count))
@@ -78,7 +121,7 @@ async fn run() -> Result<(), String> {
 
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.map_err(|e| format!("bind 127.0.0.1:{port}: {e}"))?;
     eprintln!(
-        "serve-rust: listening on http://127.0.0.1:{port}; database {}; settings: {}",
+        "serve-rust: listening on http://127.0.0.1:{port}; database {}; orders_in_database={in_database} transactional={transactional}; settings: {}",
         redact(&database),
         describe(&config)
     );
@@ -169,7 +212,14 @@ fn delay_of(query: Option<&str>) -> Result<u64, ()> {
     }
 }
 
-async fn create_order(State(orders): State<Arc<Orders>>, uri: Uri, body: Bytes) -> Response {
+async fn create_order(
+    State(orders): State<Arc<Orders>>,
+    principal: Option<Extension<Principal>>,
+    tx: Option<Extension<HandlerTransaction>>,
+    headers: axum::http::HeaderMap,
+    uri: Uri,
+    body: Bytes,
+) -> Response {
     let Ok(ms) = delay_of(uri.query()) else {
         return refused("invalid_delay_ms", "delay_ms must be a non-negative integer.");
     };
@@ -181,7 +231,26 @@ async fn create_order(State(orders): State<Arc<Orders>>, uri: Uri, body: Bytes) 
         return refused("invalid_json", "The body must be JSON.");
     };
     let n = orders.executions.fetch_add(1, Ordering::SeqCst) + 1;
-    let id = format!("o_{:x}_{n}", orders.started);
+    let id = format!("o_{:x}_{n}_{:x}", orders.started, now_nanos());
+    if let Some(table) = &orders.table {
+        let mut insert = orders.sql(
+            "INSERT INTO orders (id, principal, request, created_at) VALUES (?, ?, ?, ?)",
+            "INSERT INTO orders (id, principal, request, created_at) VALUES ($1, $2, $3, $4)",
+        );
+        let who = principal.map(|Extension(p)| p.0).unwrap_or_default();
+        insert.params = vec![Value::Text(id.clone()), Value::Text(who), Value::Text(request.to_string()), Value::Integer(now_millis())];
+        let written = match tx {
+            // Exactly once: the insert commits with the stored answer.
+            Some(Extension(tx)) => tx.execute(&insert.sql, insert.params).await.map(|_| ()),
+            None => table.execute_batch(vec![insert]).await.map(|_| ()),
+        };
+        if let Err(error) = written {
+            return (StatusCode::INTERNAL_SERVER_ERROR, Json(serde_json::json!({"error": "order_not_written", "message": format!("{error:?}")}))).into_response();
+        }
+        if headers.get("x-exit-after-write").is_some_and(|v| v.as_bytes() == b"1") {
+            std::process::exit(3);
+        }
+    }
     (
         StatusCode::CREATED,
         [(header::LOCATION, format!("/orders/{id}"))],
@@ -190,8 +259,28 @@ async fn create_order(State(orders): State<Arc<Orders>>, uri: Uri, body: Bytes) 
         .into_response()
 }
 
-async fn count(State(orders): State<Arc<Orders>>) -> Json<serde_json::Value> {
-    Json(serde_json::json!({"count": orders.executions.load(Ordering::SeqCst)}))
+async fn count(State(orders): State<Arc<Orders>>) -> Response {
+    let Some(table) = &orders.table else {
+        return Json(serde_json::json!({"count": orders.executions.load(Ordering::SeqCst)})).into_response();
+    };
+    let counted = table.execute_batch(vec![orders.sql("SELECT COUNT(*) FROM orders", "SELECT COUNT(*) FROM orders")]).await;
+    match counted.as_deref().map(|r| r.first().and_then(|r| r.rows.first()).and_then(|row| row.first())) {
+        Ok(Some(Value::Integer(n))) => Json(serde_json::json!({"count": n})).into_response(),
+        other => (StatusCode::INTERNAL_SERVER_ERROR, Json(serde_json::json!({"error": "count_failed", "message": format!("{other:?}")}))).into_response(),
+    }
+}
+
+/// An on/off environment flag (`1`/`0`, `true`/`false`, `on`/`off`; unset is off).
+fn flag(name: &str) -> Result<bool, String> {
+    match std::env::var(name).as_deref() {
+        Err(_) | Ok("") | Ok("0") | Ok("false") | Ok("off") => Ok(false),
+        Ok("1") | Ok("true") | Ok("on") => Ok(true),
+        Ok(other) => Err(format!("{name}: {other:?} is not 1/0, true/false or on/off")),
+    }
+}
+
+fn now_millis() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
 /// What the environment sets over the core's defaults for the profile.
@@ -227,6 +316,9 @@ fn settings_from_env(runtime: &Runtime) -> Result<Settings, String> {
         settings.replay_header = Some(if v.is_empty() { None } else { Some(v) });
     }
     settings.wait_ms = number("IDEMPOTENCY_WAIT_MS")?;
+    if std::env::var("IDEMPOTENCY_LEASE_RENEWAL").is_ok() {
+        settings.lease_renewal = Some(flag("IDEMPOTENCY_LEASE_RENEWAL")?);
+    }
     if let Ok(v) = std::env::var("IDEMPOTENCY_ON_SERVER_ERROR") {
         settings.on_server_error = Some(match v.as_str() {
             "store" => OnServerError::Store,
@@ -240,8 +332,8 @@ fn settings_from_env(runtime: &Runtime) -> Result<Settings, String> {
 
 fn describe(c: &Config) -> String {
     format!(
-        "profile={:?} pending_ttl_ms={} request_body_cap_bytes={} body_cap_bytes={} key_required={} replay_header={:?} wait_ms={} on_server_error={:?}",
-        c.profile, c.pending_ttl_ms, c.request_body_cap_bytes, c.body_cap_bytes, c.key_required, c.replay_header, c.wait_ms, c.on_server_error
+        "profile={:?} pending_ttl_ms={} request_body_cap_bytes={} body_cap_bytes={} key_required={} replay_header={:?} wait_ms={} on_server_error={:?} lease_renewal={}",
+        c.profile, c.pending_ttl_ms, c.request_body_cap_bytes, c.body_cap_bytes, c.key_required, c.replay_header, c.wait_ms, c.on_server_error, c.lease_renewal
     )
 }
 

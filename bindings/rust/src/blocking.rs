@@ -10,9 +10,10 @@ use wasmtime::component::ResourceAny;
 use wasmtime::Store;
 
 use crate::runtime::{bindings, Fault, HostState, Instance, NoBackend};
+use crate::transaction::{Renewal, Renewer, Tx};
 use crate::{
     event_of, next_of, wit, Clock, Config, Dialect, Error, Feed, HandleError, Handled, MutationResponse, Next,
-    Request, Runtime, Settings, SqlBackend, SqliteBackend, SystemClock, Ticket,
+    Request, Runtime, Settings, SqlBackend, SqlStatement, SqliteBackend, SystemClock, Ticket,
 };
 
 /// One ledger: a database connection plus a component instance with an open
@@ -33,10 +34,12 @@ pub struct Ledger {
     /// The reply for a request whose exchange the component could not continue.
     fault: Fault,
     clock: Arc<dyn Clock>,
+    /// Renews a running handler's lease on another connection (a
+    /// [`crate::LedgerPool`] sets one; a bare ledger does not renew).
+    renewer: Option<Renewer>,
 }
 
 /// One request's exchange on a [`Ledger`] (see [`Ledger::start`]).
-#[derive(Debug, Default)]
 pub struct Exchange {
     resource: Option<ResourceAny>,
     epoch: u64,
@@ -44,6 +47,22 @@ pub struct Exchange {
     prefix: Option<String>,
     /// The ticket the handler runs under, once it does.
     ticket: Option<Ticket>,
+    /// A transaction is open on the backend for the handler (SPEC 10.2).
+    in_transaction: bool,
+    /// The lease renewal beside the running handler (SPEC 10.1).
+    renewal: Renewal,
+}
+
+impl Default for Exchange {
+    fn default() -> Exchange {
+        Exchange { resource: None, epoch: 0, prefix: None, ticket: None, in_transaction: false, renewal: Renewal::none() }
+    }
+}
+
+impl std::fmt::Debug for Exchange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Exchange").field("ticket", &self.ticket).field("in_transaction", &self.in_transaction).finish()
+    }
 }
 
 impl Exchange {
@@ -51,6 +70,24 @@ impl Exchange {
     pub fn ticket(&self) -> Option<&Ticket> {
         self.ticket.as_ref()
     }
+
+    /// True while the handler runs inside a transaction on the ledger's
+    /// backend (a transactional exchange): its writes go through the backend.
+    pub fn in_transaction(&self) -> bool {
+        self.in_transaction
+    }
+
+    /// True once a renewal found the lease lost (another request took the
+    /// reservation over): the handler should stop before its side effects.
+    pub fn lease_lost(&self) -> bool {
+        self.renewal.lost.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// A handler, with or without the transaction it writes in.
+enum Handler<A, B> {
+    Plain(A),
+    Transactional(B),
 }
 
 impl Ledger {
@@ -85,7 +122,22 @@ impl Ledger {
             settings,
             dialect,
             clock: Arc::new(clock),
+            renewer: None,
         })
+    }
+
+    /// How a running handler's lease is renewed (every third of the TTL,
+    /// while it runs): on another connection than this ledger's, which a
+    /// transactional handler may hold. [`crate::LedgerPool`] sets it.
+    pub fn set_renewer(&mut self, renewer: Renewer) {
+        self.renewer = Some(renewer);
+    }
+
+    /// One lease renewal of `ticket` on this ledger's backend (driven):
+    /// what it found, its line already logged.
+    pub fn renew(&mut self, ticket: &Ticket) -> Result<wit::Lease, Error> {
+        let now = self.clock.now_ms();
+        self.with_instance(|instance| instance.renew(ticket, now))
     }
 
     /// Creates the table and index if missing.
@@ -119,7 +171,32 @@ impl Ledger {
         request: &Request,
         handler: impl FnOnce(&Request) -> Result<MutationResponse, E>,
     ) -> Result<Handled, HandleError<E>> {
-        let (mut next, mut exchange) = self.start(principal.into(), &request.head());
+        self.run::<E, _, fn(&Request, &mut Tx<'_>) -> Result<MutationResponse, E>>(principal.into(), request, Handler::Plain(handler))
+    }
+
+    /// [`Ledger::handle`] for a handler whose writes live in the ledger's
+    /// own database and must happen exactly once (docs/SPEC.md 10.2): it
+    /// runs inside a transaction on this ledger's backend (SQLite here; a
+    /// backend you wrote implements [`SqlBackend::begin`]), and its writes
+    /// commit together with the stored answer, or not at all (a crash, a
+    /// failure, or a takeover rolls them back).
+    pub fn handle_transactional<'p, E: std::fmt::Display>(
+        &mut self,
+        principal: impl Into<Option<&'p str>>,
+        request: &Request,
+        handler: impl FnOnce(&Request, &mut Tx<'_>) -> Result<MutationResponse, E>,
+    ) -> Result<Handled, HandleError<E>> {
+        self.run::<E, fn(&Request) -> Result<MutationResponse, E>, _>(principal.into(), request, Handler::Transactional(handler))
+    }
+
+    fn run<E, A, B>(&mut self, principal: Option<&str>, request: &Request, handler: Handler<A, B>) -> Result<Handled, HandleError<E>>
+    where
+        E: std::fmt::Display,
+        A: FnOnce(&Request) -> Result<MutationResponse, E>,
+        B: FnOnce(&Request, &mut Tx<'_>) -> Result<MutationResponse, E>,
+    {
+        let transactional = matches!(handler, Handler::Transactional(_));
+        let (mut next, mut exchange) = self.start_with(principal, &request.head(), transactional);
         let mut handler = Some(handler);
         let mut produced: Option<MutationResponse> = None;
         let mut failed: Option<E> = None;
@@ -130,8 +207,19 @@ impl Ledger {
                     self.feed(&mut exchange, feed)
                 }
                 Next::RunHandler(_) => {
-                    let run = handler.take().expect("the exchange runs the handler once");
-                    match run(request) {
+                    let ran = match handler.take().expect("the exchange runs the handler once") {
+                        Handler::Plain(run) => run(request),
+                        Handler::Transactional(run) if exchange.in_transaction => {
+                            let lease_lost = exchange.renewal.lost.clone();
+                            match self.with_backend(|backend| run(request, &mut Tx { backend, lease_lost })) {
+                                Ok(ran) => ran,
+                                Err(_) => return Ok(self.fault_handled(exchange.ticket)),
+                            }
+                        }
+                        // A transactional handler without its transaction: never run it.
+                        Handler::Transactional(_) => return Ok(self.fault_handled(exchange.ticket)),
+                    };
+                    match ran {
                         Ok(response) => {
                             let result = response.handler_result();
                             produced = Some(response);
@@ -145,8 +233,15 @@ impl Ledger {
                     }
                 }
                 Next::PassThrough => {
-                    let run = handler.take().expect("pass-through runs the handler once");
-                    return match run(request) {
+                    let ran = match handler.take().expect("pass-through runs the handler once") {
+                        Handler::Plain(run) => run(request),
+                        // Not protected: its writes commit as a plain handler's would.
+                        Handler::Transactional(run) => match self.pass_through_transaction(request, run) {
+                            Some(ran) => ran,
+                            None => return Ok(self.fault_handled(None)),
+                        },
+                    };
+                    return match ran {
                         Ok(response) => Ok(Handled {
                             response: response.into_response(),
                             outcome: wit::Outcome::PassedThrough,
@@ -169,17 +264,52 @@ impl Ledger {
                 Next::Propagate { outcome, response } => {
                     return match failed {
                         Some(error) => Err(HandleError { error, ticket: exchange.ticket, outcome, response: Some(response) }),
-                        None => Ok(self.fault_handled(exchange.ticket)),
+                        // The failure was the ledger's (the transaction could not begin): its 500.
+                        None => Ok(Handled { response, outcome, ticket: exchange.ticket, close: false, sweep_due: false }),
                     };
                 }
             };
         }
     }
 
+    /// A transactional handler on a request the ledger does not protect: in a
+    /// transaction of its own, committed when it answers. `None` when the
+    /// transaction could not begin or commit.
+    fn pass_through_transaction<E>(
+        &mut self,
+        request: &Request,
+        run: impl FnOnce(&Request, &mut Tx<'_>) -> Result<MutationResponse, E>,
+    ) -> Option<Result<MutationResponse, E>> {
+        self.with_backend(|backend| {
+            backend.begin().ok()?;
+            let lease_lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let ran = run(request, &mut Tx { backend: &mut *backend, lease_lost });
+            match &ran {
+                Ok(_) => backend.commit().ok()?,
+                Err(_) => backend.rollback(),
+            }
+            Some(ran)
+        })
+        .ok()
+        .flatten()
+    }
+
     /// Starts a request's exchange (no call for a method the core does not
     /// protect). Perform the returned [`Next`], then [`Ledger::feed`] what
     /// happened, until a final one.
     pub fn start(&mut self, principal: Option<&str>, head: &wit::RequestHead) -> (Next, Exchange) {
+        self.start_with(principal, head, false)
+    }
+
+    /// [`Ledger::start`] for a transactional handler (docs/SPEC.md 10.2): at
+    /// `RunHandler` a transaction is open on this ledger's backend
+    /// ([`Exchange::in_transaction`]) for the handler's writes; the ledger
+    /// commits or rolls it back as the exchange says.
+    pub fn start_transactional(&mut self, principal: Option<&str>, head: &wit::RequestHead) -> (Next, Exchange) {
+        self.start_with(principal, head, true)
+    }
+
+    fn start_with(&mut self, principal: Option<&str>, head: &wit::RequestHead, transactional: bool) -> (Next, Exchange) {
         let mut exchange = Exchange { epoch: self.epoch, ..Exchange::default() };
         if !self.protects(&head.method) {
             return (Next::PassThrough, exchange);
@@ -189,6 +319,7 @@ impl Ledger {
             principal: principal.map(str::to_string),
             now: self.clock.now_ms(),
             mode: wit::IoMode::Driven,
+            transactional,
         };
         let started = match self.with_instance(|instance| instance.start(&start)) {
             Ok(started) => started,
@@ -202,6 +333,10 @@ impl Ledger {
 
     /// Feeds what the adapter did; returns what it does next.
     pub fn feed(&mut self, exchange: &mut Exchange, feed: Feed<'_>) -> Next {
+        if matches!(feed, Feed::Handler(_)) {
+            // The handler ended: no more renewals (SPEC 10.1).
+            exchange.renewal.stop();
+        }
         let event = event_of(feed, &mut exchange.prefix);
         self.step(exchange, event)
     }
@@ -220,7 +355,7 @@ impl Ledger {
     }
 
     fn perform(&mut self, exchange: &mut Exchange, action: wit::Action) -> Next {
-        match next_of(action, &mut exchange.prefix, &mut exchange.ticket) {
+        match next_of(action, &mut exchange.prefix) {
             Ok(next) => {
                 if next.is_final() {
                     self.finish(exchange);
@@ -230,6 +365,50 @@ impl Ledger {
             Err(wit::Action::Sleep(ms)) => {
                 std::thread::sleep(Duration::from_millis(u64::from(ms)));
                 self.step(exchange, wit::Event::Slept)
+            }
+            Err(wit::Action::RunHandler(run)) => {
+                exchange.ticket = Some(run.ticket.clone());
+                if run.transaction {
+                    match self.with_backend(|backend| backend.begin()) {
+                        Ok(Ok(())) => exchange.in_transaction = true,
+                        // It never ran: a handler failure the core answers (rolled back, released).
+                        Ok(Err(error)) => {
+                            let detail = format!("the handler's transaction could not begin: {error:?}");
+                            return self.step(exchange, wit::Event::HandlerDone(wit::HandlerResult::Raised(detail)));
+                        }
+                        Err(_) => return self.fault.next(),
+                    }
+                }
+                if let (Some(ms), Some(renewer)) = (run.renew_every_ms, &self.renewer) {
+                    exchange.renewal = Renewal::start(renewer.clone(), run.ticket.clone(), Duration::from_millis(u64::from(ms)));
+                }
+                Next::RunHandler(run.ticket)
+            }
+            Err(wit::Action::CompleteInTransaction(statements)) => {
+                let queries = self.runtime.queries(self.dialect).clone();
+                let statements: Vec<SqlStatement> = statements.into_iter().map(|s| queries.statement(s)).collect();
+                let event = match self.with_backend(|backend| backend.execute_in_transaction(&statements)) {
+                    Ok(Ok(results)) => wit::Event::BatchDone(results),
+                    Ok(Err(error)) => wit::Event::BatchFailed(error),
+                    Err(_) => return self.fault.next(),
+                };
+                self.step(exchange, event)
+            }
+            Err(wit::Action::Commit) => {
+                exchange.in_transaction = false;
+                let event = match self.with_backend(|backend| backend.commit()) {
+                    Ok(Ok(())) => wit::Event::Committed,
+                    Ok(Err(error)) => wit::Event::CommitFailed(error),
+                    Err(_) => return self.fault.next(),
+                };
+                self.step(exchange, event)
+            }
+            Err(wit::Action::Rollback) => {
+                exchange.in_transaction = false;
+                if self.with_backend(|backend| backend.rollback()).is_err() {
+                    return self.fault.next();
+                }
+                self.step(exchange, wit::Event::RolledBack)
             }
             Err(wit::Action::RunBatch(statements)) => {
                 let event = match self.with_instance(|instance| Ok(instance.execute(statements))) {
@@ -243,8 +422,13 @@ impl Ledger {
         }
     }
 
-    /// Frees the exchange in the component once it ended.
+    /// Frees the exchange in the component once it ended (and a transaction
+    /// it left open, which only an abandoned exchange does, is rolled back).
     fn finish(&mut self, exchange: &mut Exchange) {
+        exchange.renewal.stop();
+        if std::mem::take(&mut exchange.in_transaction) {
+            let _ = self.with_backend(|backend| backend.rollback());
+        }
         if let Some(resource) = exchange.resource.take() {
             if exchange.epoch == self.epoch {
                 if let Some(instance) = self.instance.as_mut() {

@@ -208,6 +208,8 @@ pub struct Settings {
     pub in_progress_retry_ms: Option<Option<u64>>,
     pub wait_ms: Option<u64>,
     pub on_server_error: Option<OnServerError>,
+    /// Renew a running handler's lease every third of the TTL (default true).
+    pub lease_renewal: Option<bool>,
 }
 
 impl Settings {
@@ -237,6 +239,7 @@ impl Settings {
         set(&mut c.in_progress_retry_ms, &self.in_progress_retry_ms);
         set(&mut c.wait_ms, &self.wait_ms);
         set(&mut c.on_server_error, &self.on_server_error);
+        set(&mut c.lease_renewal, &self.lease_renewal);
         c
     }
 
@@ -258,6 +261,7 @@ impl Settings {
             in_progress_retry_ms: Some(c.in_progress_retry_ms),
             wait_ms: Some(c.wait_ms),
             on_server_error: Some(c.on_server_error),
+            lease_renewal: Some(c.lease_renewal),
         }
     }
 }
@@ -313,6 +317,8 @@ fn query_index(query: wit::Query) -> usize {
         wit::Query::Complete => 5,
         wit::Query::Release => 6,
         wit::Query::Sweep => 7,
+        wit::Query::Renew => 8,
+        wit::Query::Fence => 9,
     }
 }
 
@@ -341,6 +347,7 @@ pub fn outcome_name(outcome: wit::Outcome) -> &'static str {
         O::Abandoned => "abandoned",
         O::FencedOut => "fenced-out",
         O::CompletionFailed => "completion-failed",
+        O::RolledBack => "rolled-back",
         O::LedgerBusy => "ledger-busy",
         O::LedgerFailed => "ledger-failed",
         O::LedgerOutcomeUnknown => "ledger-outcome-unknown",

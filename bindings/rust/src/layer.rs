@@ -56,6 +56,7 @@ pub struct IdempotencyLayer {
     ledger: AsyncLedger,
     principal: Arc<Principal>,
     routes: Option<Arc<RouteFilter>>,
+    transactional: bool,
 }
 
 impl IdempotencyLayer {
@@ -63,7 +64,18 @@ impl IdempotencyLayer {
     /// an extension your auth layer inserted); `None` answers 401 for a
     /// protected request.
     pub fn new(ledger: AsyncLedger, principal: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> IdempotencyLayer {
-        IdempotencyLayer { ledger, principal: Arc::new(principal), routes: None }
+        IdempotencyLayer { ledger, principal: Arc::new(principal), routes: None, transactional: false }
+    }
+
+    /// The handler's writes live in the ledger's own database and commit
+    /// with its stored answer, exactly once (docs/SPEC.md 10.2): the layer
+    /// opens a transaction for each protected request and hands it to the
+    /// handler as a request extension ([`crate::HandlerTransaction`]; axum:
+    /// `Extension<HandlerTransaction>`), then commits it with the completion
+    /// or rolls it back.
+    pub fn transactional(mut self) -> IdempotencyLayer {
+        self.transactional = true;
+        self
     }
 
     /// Protect only the requests `filter` accepts (for example by path);
@@ -135,7 +147,11 @@ where
             let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
             let decoded: Vec<(&str, String)> = parts.headers.iter().map(|(n, v)| (n.as_str(), latin1(v.as_bytes()))).collect();
             let head = head(parts.method.as_str(), path, decoded.iter().map(|(n, v)| (*n, v.as_str())));
-            let (mut next, mut exchange) = layer.ledger.start(principal.as_deref(), head);
+            let (mut next, mut exchange) = if layer.transactional {
+                layer.ledger.start_transactional(principal.as_deref(), head)
+            } else {
+                layer.ledger.start(principal.as_deref(), head)
+            };
             let mut parts = Some(parts);
             let mut body = Some(body);
             let mut bytes = Bytes::new();
@@ -158,10 +174,29 @@ where
                     Next::PassThrough => {
                         let parts = parts.take().expect("one request");
                         let body = body.take().unwrap_or_else(|| B::from(bytes.clone()));
-                        return inner.call(http::Request::from_parts(parts, body)).await;
+                        let mut request = http::Request::from_parts(parts, body);
+                        // Not protected: a transactional handler's writes commit as a plain handler's would.
+                        let own = if layer.transactional { layer.ledger.begin_own_transaction().await } else { None };
+                        if let Some(tx) = &own {
+                            request.extensions_mut().insert(tx.clone());
+                        }
+                        let answered = inner.call(request).await;
+                        if let Some(tx) = own {
+                            let keep = answered.as_ref().is_ok_and(|r| !r.status().is_server_error());
+                            if !layer.ledger.end_own_transaction(tx, keep).await {
+                                return Ok(http_response(&layer.ledger, layer.ledger.fault_response(), false));
+                            }
+                        }
+                        return answered;
                     }
                     Next::RunHandler(_) => {
-                        let request = http::Request::from_parts(parts.take().expect("one request"), B::from(bytes.clone()));
+                        let mut request = http::Request::from_parts(parts.take().expect("one request"), B::from(bytes.clone()));
+                        if let Some(tx) = exchange.transaction() {
+                            request.extensions_mut().insert(tx);
+                        }
+                        if let Some(lease) = exchange.lease() {
+                            request.extensions_mut().insert(lease);
+                        }
                         let response = match inner.call(request).await {
                             Ok(response) => response,
                             Err(error) => {

@@ -46,6 +46,7 @@ mod convert;
 mod pool;
 mod runtime;
 mod sqlite;
+mod transaction;
 
 #[cfg(feature = "tokio")]
 mod nonblocking;
@@ -62,6 +63,9 @@ pub use convert::{latin1, outcome_name, Body, MutationResponse, Queries, Request
 pub use pool::LedgerPool;
 pub use runtime::{engine_config, HostState, Runtime, COMPONENT};
 pub use sqlite::{SqliteBackend, DEFAULT_BUSY_TIMEOUT};
+pub use transaction::{Renewer, Tx};
+#[cfg(feature = "tokio")]
+pub use transaction::{AsyncTransaction, HandlerTransaction, LeaseWatch};
 
 #[cfg(feature = "tokio")]
 pub use nonblocking::{AsyncBackend, AsyncExchange, AsyncLedger, AsyncSqlite, BoxFuture};
@@ -97,6 +101,33 @@ pub trait SqlBackend: Send {
     fn dialect(&self) -> Dialect {
         Dialect::Sqlite
     }
+
+    /// Opens a transaction on this backend's connection for a transactional
+    /// handler (docs/SPEC.md 10.2): the handler's writes and the core's
+    /// completion run in it ([`SqlBackend::execute_in_transaction`]) until
+    /// [`SqlBackend::commit`] or [`SqlBackend::rollback`]. Backends without
+    /// one answer `host` (the default).
+    fn begin(&mut self) -> Result<(), wit::BatchError> {
+        Err(wit::BatchError::Host("this ledger backend has no transactions for handlers".into()))
+    }
+
+    /// Runs statements in order inside the open transaction (no commit).
+    fn execute_in_transaction(&mut self, _statements: &[SqlStatement]) -> Result<Vec<wit::StatementResult>, wit::BatchError> {
+        Err(wit::BatchError::Host("no transaction is open".into()))
+    }
+
+    /// Commits the open transaction.
+    fn commit(&mut self) -> Result<(), wit::BatchError> {
+        Err(wit::BatchError::Host("no transaction is open".into()))
+    }
+
+    /// Rolls the open transaction back (nothing when none is open).
+    fn rollback(&mut self) {}
+
+    /// The SQLite connection, for a transactional handler that uses rusqlite.
+    fn sqlite_connection(&mut self) -> Option<&rusqlite::Connection> {
+        None
+    }
 }
 
 impl<B: SqlBackend + ?Sized> SqlBackend for Box<B> {
@@ -106,6 +137,26 @@ impl<B: SqlBackend + ?Sized> SqlBackend for Box<B> {
 
     fn dialect(&self) -> Dialect {
         (**self).dialect()
+    }
+
+    fn begin(&mut self) -> Result<(), wit::BatchError> {
+        (**self).begin()
+    }
+
+    fn execute_in_transaction(&mut self, statements: &[SqlStatement]) -> Result<Vec<wit::StatementResult>, wit::BatchError> {
+        (**self).execute_in_transaction(statements)
+    }
+
+    fn commit(&mut self) -> Result<(), wit::BatchError> {
+        (**self).commit()
+    }
+
+    fn rollback(&mut self) {
+        (**self).rollback()
+    }
+
+    fn sqlite_connection(&mut self) -> Option<&rusqlite::Connection> {
+        (**self).sqlite_connection()
     }
 }
 
@@ -245,16 +296,12 @@ pub fn schema(dialect: Dialect) -> Result<Vec<String>, Error> {
 
 /// Writes the log lines of a final action, then turns it into a [`Next`].
 /// `prefix` keeps the last `read-body` prefix (hashed with the body).
-pub(crate) fn next_of(action: wit::Action, prefix: &mut Option<String>, ticket: &mut Option<Ticket>) -> Result<Next, wit::Action> {
+pub(crate) fn next_of(action: wit::Action, prefix: &mut Option<String>) -> Result<Next, wit::Action> {
     Ok(match action {
         wit::Action::ReadBody(read) => {
             let cap = read.cap;
             *prefix = Some(read.prefix);
             Next::ReadBody { cap }
-        }
-        wit::Action::RunHandler(t) => {
-            *ticket = Some(t.clone());
-            Next::RunHandler(t)
         }
         wit::Action::PassThrough => Next::PassThrough,
         wit::Action::Respond(reply) => {
@@ -273,7 +320,8 @@ pub(crate) fn next_of(action: wit::Action, prefix: &mut Option<String>, ticket: 
             failure.log.iter().for_each(convert::log_line);
             Next::Propagate { outcome: failure.outcome, response: Response::from_wit(failure.response) }
         }
-        // The ledger's own actions: run-batch and sleep.
+        // The ledger's own actions: run-batch, sleep, run-handler (it opens
+        // the transaction and starts the renewal first) and the transaction's.
         other => return Err(other),
     })
 }

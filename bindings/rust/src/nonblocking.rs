@@ -17,6 +17,7 @@ use wasmtime::component::ResourceAny;
 
 use crate::convert::Queries;
 use crate::runtime::{Fault, Instance, NoBackend};
+use crate::transaction::{AsyncTransaction, HandlerTransaction, LeaseWatch};
 use crate::{
     event_of, next_of, wit, Clock, Config, Dialect, Error, Feed, HandleError, Handled, MutationResponse, Next, Request, Runtime,
     Settings, SqlBackend, SqlStatement, SqliteBackend, SystemClock, Ticket,
@@ -31,6 +32,12 @@ pub trait AsyncBackend: Send + Sync + 'static {
     fn execute_batch(&self, statements: Vec<SqlStatement>) -> BoxFuture<'_, Result<Vec<wit::StatementResult>, wit::BatchError>>;
 
     fn dialect(&self) -> Dialect;
+
+    /// Opens a transaction for a transactional handler (docs/SPEC.md 10.2).
+    /// Backends without one answer `host` (the default).
+    fn begin(&self) -> BoxFuture<'_, Result<Box<dyn AsyncTransaction>, wit::BatchError>> {
+        Box::pin(async { Err(wit::BatchError::Host("this ledger backend has no transactions for handlers".into())) })
+    }
 }
 
 /// The ledger for async servers. Cheap to clone; clones share everything.
@@ -94,6 +101,12 @@ pub struct AsyncExchange {
     resource: Option<ResourceAny>,
     prefix: Option<String>,
     ticket: Option<Ticket>,
+    transactional: bool,
+    /// The handler's transaction, open from `run-handler` to commit or rollback.
+    transaction: Option<HandlerTransaction>,
+    /// The lease renewal beside the running handler, and what it found.
+    renewal: Option<tokio::task::JoinHandle<()>>,
+    lease: Option<LeaseWatch>,
 }
 
 impl AsyncLedger {
@@ -175,7 +188,36 @@ impl AsyncLedger {
         F: FnOnce(&Request) -> Fut,
         Fut: Future<Output = Result<MutationResponse, E>>,
     {
-        let (mut next, mut exchange) = self.start(principal.into(), request.head());
+        let (next, exchange) = self.start(principal.into(), request.head());
+        self.run(next, exchange, request, |request, _| handler(request)).await
+    }
+
+    /// [`AsyncLedger::handle`] for a handler whose writes live in the
+    /// ledger's own database and must happen exactly once (docs/SPEC.md
+    /// 10.2): it gets the open transaction ([`HandlerTransaction::execute`]),
+    /// and its writes commit together with the stored answer, or not at all
+    /// (a crash, a failure or a takeover rolls them back).
+    pub async fn handle_transactional<'p, E, F, Fut>(
+        &self,
+        principal: impl Into<Option<&'p str>>,
+        request: &Request,
+        handler: F,
+    ) -> Result<Handled, HandleError<E>>
+    where
+        E: std::fmt::Display,
+        F: FnOnce(&Request, HandlerTransaction) -> Fut,
+        Fut: Future<Output = Result<MutationResponse, E>>,
+    {
+        let (next, exchange) = self.start_transactional(principal.into(), request.head());
+        self.run(next, exchange, request, handler).await
+    }
+
+    async fn run<E, F, Fut>(&self, mut next: Next, mut exchange: AsyncExchange, request: &Request, handler: F) -> Result<Handled, HandleError<E>>
+    where
+        E: std::fmt::Display,
+        F: FnOnce(&Request, HandlerTransaction) -> Fut,
+        Fut: Future<Output = Result<MutationResponse, E>>,
+    {
         let mut handler = Some(handler);
         let mut produced: Option<MutationResponse> = None;
         let mut failed: Option<E> = None;
@@ -187,7 +229,8 @@ impl AsyncLedger {
                 }
                 Next::RunHandler(_) => {
                     let run = handler.take().expect("the exchange runs the handler once");
-                    match run(request).await {
+                    let tx = exchange.transaction().unwrap_or_else(|| self.no_transaction());
+                    match run(request, tx).await {
                         Ok(response) => {
                             let result = response.handler_result();
                             produced = Some(response);
@@ -202,7 +245,21 @@ impl AsyncLedger {
                 }
                 Next::PassThrough => {
                     let run = handler.take().expect("pass-through runs the handler once");
-                    return match run(request).await {
+                    // Not protected: a transactional handler's writes commit as a plain handler's would.
+                    let own = if exchange.transactional { self.inner.backend.begin().await.ok() } else { None };
+                    let tx = HandlerTransaction { inner: Arc::new(tokio::sync::Mutex::new(own)), dialect: self.inner.dialect };
+                    let ran = run(request, tx.clone()).await;
+                    if let Some(own) = tx.inner.lock().await.take() {
+                        match &ran {
+                            Ok(_) => {
+                                if own.commit().await.is_err() {
+                                    return Ok(self.fault_handled(None));
+                                }
+                            }
+                            Err(_) => own.rollback().await,
+                        }
+                    }
+                    return match ran {
                         Ok(response) => Ok(Handled {
                             response: response.into_response(),
                             outcome: wit::Outcome::PassedThrough,
@@ -226,11 +283,40 @@ impl AsyncLedger {
                     let ticket = exchange.ticket().cloned();
                     return match failed {
                         Some(error) => Err(HandleError { error, ticket, outcome, response: Some(response) }),
-                        None => Ok(self.fault_handled(ticket)),
+                        // The failure was the ledger's (the transaction could not begin): its 500.
+                        None => Ok(Handled { response, outcome, ticket, close: false, sweep_due: false }),
                     };
                 }
             };
         }
+    }
+
+    /// A transaction of its own for a transactional handler on a request the
+    /// ledger does not protect (`None` when it cannot begin).
+    #[cfg(feature = "tower")]
+    pub(crate) async fn begin_own_transaction(&self) -> Option<HandlerTransaction> {
+        let tx = self.inner.backend.begin().await.ok()?;
+        Some(HandlerTransaction { inner: Arc::new(tokio::sync::Mutex::new(Some(tx))), dialect: self.inner.dialect })
+    }
+
+    /// Commits (`keep`) or rolls back such a transaction; false when the
+    /// commit failed.
+    #[cfg(feature = "tower")]
+    pub(crate) async fn end_own_transaction(&self, tx: HandlerTransaction, keep: bool) -> bool {
+        match tx.inner.lock().await.take() {
+            Some(tx) if keep => tx.commit().await.is_ok(),
+            Some(tx) => {
+                tx.rollback().await;
+                true
+            }
+            None => true,
+        }
+    }
+
+    /// The handle a plain (not transactional) handler gets: it has no
+    /// transaction, and says so if used.
+    fn no_transaction(&self) -> HandlerTransaction {
+        HandlerTransaction { inner: Arc::new(tokio::sync::Mutex::new(None)), dialect: self.inner.dialect }
     }
 
     /// Starts a request's exchange (no call for a method the core does not
@@ -238,19 +324,48 @@ impl AsyncLedger {
     /// what happened, until a final one. A sweep the core asks for is
     /// spawned by the exchange itself.
     pub fn start(&self, principal: Option<&str>, head: wit::RequestHead) -> (Next, AsyncExchange) {
+        self.start_with(principal, head, false)
+    }
+
+    /// [`AsyncLedger::start`] for a transactional handler (docs/SPEC.md
+    /// 10.2): at `RunHandler` a transaction is open on the backend
+    /// ([`AsyncExchange::transaction`]) for the handler's writes; the ledger
+    /// commits or rolls it back as the exchange says.
+    pub fn start_transactional(&self, principal: Option<&str>, head: wit::RequestHead) -> (Next, AsyncExchange) {
+        self.start_with(principal, head, true)
+    }
+
+    fn start_with(&self, principal: Option<&str>, head: wit::RequestHead, transactional: bool) -> (Next, AsyncExchange) {
         let slot = self.inner.next_slot.fetch_add(1, Ordering::Relaxed) % self.inner.slots.len();
-        let mut exchange = AsyncExchange { ledger: self.clone(), slot, epoch: 0, resource: None, prefix: None, ticket: None };
+        let mut exchange = AsyncExchange {
+            ledger: self.clone(),
+            slot,
+            epoch: 0,
+            resource: None,
+            prefix: None,
+            ticket: None,
+            transactional,
+            transaction: None,
+            renewal: None,
+            lease: None,
+        };
         if !self.protects(&head.method) {
             return (Next::PassThrough, exchange);
         }
-        let start = wit::RequestStart { head, principal: principal.map(str::to_string), now: self.now_ms(), mode: wit::IoMode::Stepped };
+        let start = wit::RequestStart {
+            head,
+            principal: principal.map(str::to_string),
+            now: self.now_ms(),
+            mode: wit::IoMode::Stepped,
+            transactional,
+        };
         let started = self.with_slot_epoch(slot, |instance| instance.start(&start));
         match started {
             Ok((started, epoch)) => {
                 exchange.epoch = epoch;
                 exchange.resource = started.exchange;
                 // The first action is never a batch or a wait.
-                let next = next_of(started.action, &mut exchange.prefix, &mut exchange.ticket).unwrap_or_else(|_| self.inner.fault.next());
+                let next = next_of(started.action, &mut exchange.prefix).unwrap_or_else(|_| self.inner.fault.next());
                 if next.is_final() {
                     exchange.release();
                 }
@@ -273,6 +388,21 @@ impl AsyncLedger {
         let fault = &self.inner.fault;
         fault.log.iter().for_each(crate::convert::log_line);
         Handled { response: fault.response.clone(), outcome: fault.outcome, ticket, close: false, sweep_due: false }
+    }
+
+    /// One lease renewal of `ticket` on the backend: what it found, its
+    /// line logged. `None` when the component could not be asked.
+    pub async fn renew(&self, ticket: &Ticket) -> Option<wit::Lease> {
+        let now = self.now_ms();
+        let slot = self.inner.next_slot.fetch_add(1, Ordering::Relaxed) % self.inner.slots.len();
+        let statements = self.with_slot(slot, |instance| instance.renewal(ticket, now)).ok()?;
+        let statements = statements.into_iter().map(|s| self.inner.queries.statement(s)).collect();
+        let batch = self.inner.backend.execute_batch(statements).await;
+        let lease = self.with_slot(slot, |instance| instance.renewed(ticket, &batch)).ok()?;
+        if let Some(line) = &lease.log {
+            crate::convert::log_line(line);
+        }
+        Some(lease)
     }
 
     /// One bounded sweep batch at the clock's now; a failure is logged as
@@ -364,8 +494,55 @@ impl AsyncExchange {
     /// batches, on the backend; its waits) and returns what the adapter does
     /// next.
     pub async fn feed(&mut self, feed: Feed<'_>) -> Next {
+        if matches!(feed, Feed::Handler(_)) {
+            // The handler ended: no more renewals (SPEC 10.1).
+            self.stop_renewal();
+        }
         let event = event_of(feed, &mut self.prefix);
         self.step(event).await
+    }
+
+    /// The transaction the handler writes in (a transactional exchange,
+    /// from `RunHandler` until the ledger commits or rolls it back).
+    pub fn transaction(&self) -> Option<HandlerTransaction> {
+        self.transaction.clone()
+    }
+
+    /// Whether the running handler's lease is still held (renewal on).
+    pub fn lease(&self) -> Option<LeaseWatch> {
+        self.lease.clone()
+    }
+
+    fn stop_renewal(&mut self) {
+        if let Some(task) = self.renewal.take() {
+            task.abort();
+        }
+    }
+
+    /// Renews the lease every `every` until stopped; a lost lease is told
+    /// to the handler through [`LeaseWatch`].
+    fn start_renewal(&mut self, ticket: Ticket, every: Duration) {
+        let (lost, watch) = tokio::sync::watch::channel(false);
+        let ledger = self.ledger.clone();
+        self.lease = Some(LeaseWatch(watch));
+        self.renewal = Some(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(lease) = ledger.renew(&ticket).await else { continue };
+                if lease.state == wit::LeaseState::Lost {
+                    let _ = lost.send(true);
+                    return;
+                }
+            }
+        }));
+    }
+
+    /// Takes the open transaction (the ledger ends it).
+    async fn take_transaction(&mut self) -> Option<Box<dyn AsyncTransaction>> {
+        match self.transaction.take() {
+            Some(handle) => handle.inner.lock().await.take(),
+            None => None,
+        }
     }
 
     async fn step(&mut self, mut event: wit::Event) -> Next {
@@ -382,7 +559,7 @@ impl AsyncExchange {
                     return inner.fault.next();
                 }
             };
-            event = match next_of(action, &mut self.prefix, &mut self.ticket) {
+            event = match next_of(action, &mut self.prefix) {
                 Ok(next) => {
                     if next.is_final() {
                         self.release();
@@ -405,6 +582,50 @@ impl AsyncExchange {
                     tokio::time::sleep(Duration::from_millis(u64::from(ms))).await;
                     wit::Event::Slept
                 }
+                Err(wit::Action::RunHandler(run)) => {
+                    self.ticket = Some(run.ticket.clone());
+                    if run.transaction {
+                        match inner.backend.begin().await {
+                            Ok(tx) => {
+                                let inner_tx = Arc::new(tokio::sync::Mutex::new(Some(tx)));
+                                self.transaction = Some(HandlerTransaction { inner: inner_tx, dialect: inner.dialect });
+                            }
+                            // It never ran: a handler failure the core answers (rolled back, released).
+                            Err(error) => {
+                                let detail = format!("the handler's transaction could not begin: {error:?}");
+                                event = wit::Event::HandlerDone(wit::HandlerResult::Raised(detail));
+                                continue;
+                            }
+                        }
+                    }
+                    if let Some(ms) = run.renew_every_ms {
+                        self.start_renewal(run.ticket.clone(), Duration::from_millis(u64::from(ms)));
+                    }
+                    return Next::RunHandler(run.ticket);
+                }
+                Err(wit::Action::CompleteInTransaction(statements)) => {
+                    let statements = statements.into_iter().map(|s| inner.queries.statement(s)).collect();
+                    let Some(handle) = self.transaction.clone() else { return inner.fault.next() };
+                    let mut guard = handle.inner.lock().await;
+                    let Some(tx) = guard.as_mut() else { return inner.fault.next() };
+                    match tx.execute(statements).await {
+                        Ok(results) => wit::Event::BatchDone(results),
+                        Err(error) => wit::Event::BatchFailed(error),
+                    }
+                }
+                Err(wit::Action::Commit) => match self.take_transaction().await {
+                    Some(tx) => match tx.commit().await {
+                        Ok(()) => wit::Event::Committed,
+                        Err(error) => wit::Event::CommitFailed(error),
+                    },
+                    None => return inner.fault.next(),
+                },
+                Err(wit::Action::Rollback) => {
+                    if let Some(tx) = self.take_transaction().await {
+                        tx.rollback().await;
+                    }
+                    wit::Event::RolledBack
+                }
                 Err(_) => return inner.fault.next(),
             };
         }
@@ -425,6 +646,10 @@ impl AsyncExchange {
 
 impl Drop for AsyncExchange {
     fn drop(&mut self) {
+        self.stop_renewal();
+        // An open transaction (a cancelled request) rolls back when its last
+        // handle drops (the backends' transactions roll back on drop).
+        self.transaction = None;
         self.release();
     }
 }
@@ -435,6 +660,8 @@ impl Drop for AsyncExchange {
 #[derive(Clone)]
 pub struct AsyncSqlite {
     jobs: mpsc::Sender<Job>,
+    /// The file, for the connections of transactional handlers.
+    path: Option<Arc<PathBuf>>,
 }
 
 type Job = (Vec<SqlStatement>, oneshot::Sender<Result<Vec<wit::StatementResult>, wit::BatchError>>);
@@ -445,7 +672,9 @@ impl AsyncSqlite {
     pub fn open(path: impl AsRef<Path>) -> Result<AsyncSqlite, Error> {
         let path: PathBuf = path.as_ref().to_path_buf();
         let backend = SqliteBackend::open(&path).map_err(|e| Error::Setup(format!("{}: {e}", path.display())))?;
-        AsyncSqlite::from_backend(backend)
+        let mut sqlite = AsyncSqlite::from_backend(backend)?;
+        sqlite.path = Some(Arc::new(path));
+        Ok(sqlite)
     }
 
     /// Runs batches on a backend you configured.
@@ -461,7 +690,7 @@ impl AsyncSqlite {
                 }
             })
             .map_err(|e| Error::Setup(format!("cannot start the SQLite thread: {e}")))?;
-        Ok(AsyncSqlite { jobs })
+        Ok(AsyncSqlite { jobs, path: None })
     }
 }
 
@@ -477,5 +706,99 @@ impl AsyncBackend for AsyncSqlite {
 
     fn dialect(&self) -> Dialect {
         Dialect::Sqlite
+    }
+
+    /// A connection of its own on a thread of its own for the request (the
+    /// shared one keeps serving other requests' batches), in a deferred
+    /// transaction: SQLite's writer lock is taken at the first write and held
+    /// until the commit (docs/SPEC.md 10.3).
+    fn begin(&self) -> BoxFuture<'_, Result<Box<dyn AsyncTransaction>, wit::BatchError>> {
+        let path = self.path.clone();
+        Box::pin(async move {
+            let path = path.ok_or_else(|| wit::BatchError::Host("AsyncSqlite::from_backend has no file to open transactions on".into()))?;
+            let (jobs, queue) = mpsc::channel::<TxJob>();
+            let (ready, opened) = oneshot::channel();
+            std::thread::Builder::new()
+                .name("idempotency-sqlite-tx".into())
+                .spawn(move || {
+                    let mut backend = match SqliteBackend::open(&*path) {
+                        Ok(backend) => backend,
+                        Err(e) => {
+                            let _ = ready.send(Err(crate::sqlite::batch_error(e)));
+                            return;
+                        }
+                    };
+                    let _ = ready.send(backend.begin());
+                    for job in queue {
+                        match job {
+                            TxJob::Execute(statements, reply) => {
+                                let _ = reply.send(backend.execute_in_transaction(&statements));
+                            }
+                            TxJob::Commit(reply) => {
+                                let committed = backend.commit();
+                                if committed.is_err() {
+                                    backend.rollback();
+                                }
+                                let _ = reply.send(committed);
+                                return;
+                            }
+                            TxJob::Rollback(reply) => {
+                                backend.rollback();
+                                let _ = reply.send(());
+                                return;
+                            }
+                        }
+                    }
+                    // Dropped without a commit: rolled back (and the connection closed).
+                    backend.rollback();
+                })
+                .map_err(|e| wit::BatchError::Host(format!("cannot start a SQLite transaction thread: {e}")))?;
+            opened.await.map_err(|_| wit::BatchError::Host("the SQLite transaction thread stopped".into()))??;
+            Ok(Box::new(SqliteTransaction { jobs }) as Box<dyn AsyncTransaction>)
+        })
+    }
+}
+
+/// What a transactional handler's SQLite thread is asked to do.
+enum TxJob {
+    Execute(Vec<SqlStatement>, oneshot::Sender<Result<Vec<wit::StatementResult>, wit::BatchError>>),
+    Commit(oneshot::Sender<Result<(), wit::BatchError>>),
+    Rollback(oneshot::Sender<()>),
+}
+
+/// A transactional handler's transaction on its own SQLite connection; a
+/// rollback (or a drop) ends its thread, which rolls back.
+struct SqliteTransaction {
+    jobs: mpsc::Sender<TxJob>,
+}
+
+impl AsyncTransaction for SqliteTransaction {
+    fn execute(&mut self, statements: Vec<SqlStatement>) -> BoxFuture<'_, Result<Vec<wit::StatementResult>, wit::BatchError>> {
+        let (reply, answer) = oneshot::channel();
+        let sent = self.jobs.send(TxJob::Execute(statements, reply));
+        Box::pin(async move {
+            sent.map_err(|_| wit::BatchError::Host("the SQLite transaction thread stopped".into()))?;
+            answer.await.map_err(|_| wit::BatchError::Host("the SQLite transaction thread stopped".into()))?
+        })
+    }
+
+    fn commit(self: Box<Self>) -> BoxFuture<'static, Result<(), wit::BatchError>> {
+        let (reply, answer) = oneshot::channel();
+        let sent = self.jobs.send(TxJob::Commit(reply));
+        Box::pin(async move {
+            sent.map_err(|_| wit::BatchError::Host("the SQLite transaction thread stopped".into()))?;
+            answer.await.map_err(|_| wit::BatchError::OutcomeUnknown("the SQLite transaction thread stopped while committing".into()))?
+        })
+    }
+
+    fn rollback(self: Box<Self>) -> BoxFuture<'static, ()> {
+        let (reply, answer) = oneshot::channel();
+        let sent = self.jobs.send(TxJob::Rollback(reply));
+        Box::pin(async move {
+            // Gone already (or going): its thread rolls back as it ends.
+            if sent.is_ok() {
+                let _ = answer.await;
+            }
+        })
     }
 }

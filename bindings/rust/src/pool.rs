@@ -228,7 +228,15 @@ impl LedgerPool {
 
     fn connect(&self) -> Result<Ledger, Error> {
         let backend = (self.inner.new_backend)()?;
-        Ledger::new(self.inner.runtime.clone(), backend, self.inner.settings.clone(), SharedClock(self.inner.clock.clone()))
+        let mut ledger = Ledger::new(self.inner.runtime.clone(), backend, self.inner.settings.clone(), SharedClock(self.inner.clock.clone()))?;
+        // A running handler's lease is renewed through another ledger of the
+        // pool (the handler's may hold a transaction); weak: no cycle.
+        let pool = Arc::downgrade(&self.inner);
+        ledger.set_renewer(Arc::new(move |ticket| {
+            let inner = pool.upgrade()?;
+            LedgerPool { inner }.with(|other| other.renew(ticket).ok()).ok().flatten()
+        }));
+        Ok(ledger)
     }
 
     /// A ledger whose every batch fails as unreachable with `why`.

@@ -27,6 +27,7 @@ use tokio_postgres::types::{to_sql_checked, IsNull, ToSql, Type};
 use tokio_postgres::Row;
 
 use crate::nonblocking::{AsyncBackend, BoxFuture};
+use crate::transaction::AsyncTransaction;
 use crate::wit::{BatchError, DatabaseError, StatementResult, Value};
 use crate::{Dialect, Error, SqlBackend, SqlStatement};
 
@@ -154,6 +155,88 @@ impl AsyncBackend for AsyncPostgres {
     fn dialect(&self) -> Dialect {
         Dialect::Postgres
     }
+
+    /// A pooled connection kept for the request, in a transaction at READ
+    /// COMMITTED with the pool's lock timeout.
+    fn begin(&self) -> BoxFuture<'_, Result<Box<dyn AsyncTransaction>, BatchError>> {
+        Box::pin(async move {
+            let client = open_client(&self.pool).await?;
+            client.batch_execute(&self.preamble.begin).await.map_err(|e| failure(&e, false))?;
+            Ok(Box::new(PgTransaction { client: Some(client) }) as Box<dyn AsyncTransaction>)
+        })
+    }
+}
+
+/// A transactional handler's transaction on one pooled connection.
+struct PgTransaction {
+    client: Option<Object>,
+}
+
+impl AsyncTransaction for PgTransaction {
+    fn execute(&mut self, statements: Vec<SqlStatement>) -> BoxFuture<'_, Result<Vec<StatementResult>, BatchError>> {
+        Box::pin(async move {
+            let client = self.client.as_ref().ok_or_else(|| BatchError::Host("the transaction has ended".into()))?;
+            run_in_transaction(client, &statements).await
+        })
+    }
+
+    fn commit(mut self: Box<Self>) -> BoxFuture<'static, Result<(), BatchError>> {
+        let client = self.client.take();
+        Box::pin(async move {
+            let client = client.ok_or_else(|| BatchError::Host("the transaction has ended".into()))?;
+            // Sent: a lost connection now leaves the commit's outcome unknown.
+            client.batch_execute("COMMIT").await.map_err(|e| failure(&e, true))
+        })
+    }
+
+    fn rollback(mut self: Box<Self>) -> BoxFuture<'static, ()> {
+        let client = self.client.take();
+        Box::pin(async move {
+            if let Some(client) = client {
+                // A rollback that fails leaves a broken connection: the server rolls back.
+                if client.batch_execute("ROLLBACK").await.is_err() {
+                    let _ = Object::take(client);
+                }
+            }
+        })
+    }
+}
+
+impl Drop for PgTransaction {
+    fn drop(&mut self) {
+        // Ended neither way (the request was cancelled): the connection must
+        // not go back to the pool inside a transaction; closing it makes the
+        // server roll back.
+        if let Some(client) = self.client.take() {
+            drop(Object::take(client));
+        }
+    }
+}
+
+/// Statements inside an open transaction, pipelined (no BEGIN, no COMMIT);
+/// the first error ends the batch.
+async fn run_in_transaction(client: &Object, statements: &[SqlStatement]) -> Result<Vec<StatementResult>, BatchError> {
+    let mut prepared = Vec::with_capacity(statements.len());
+    for statement in statements {
+        prepared.push(client.prepare_cached(&statement.sql).await.map_err(|e| failure(&e, false))?);
+    }
+    let ran = join_all(statements.iter().zip(&prepared).map(|(s, p)| async {
+        let stream = client.query_raw(p, s.params.iter()).await?;
+        pin_mut!(stream);
+        let mut rows = Vec::new();
+        while let Some(row) = stream.try_next().await? {
+            rows.push(row);
+        }
+        Ok::<_, tokio_postgres::Error>((rows, stream.rows_affected().unwrap_or(0)))
+    }))
+    .await;
+    let mut results = Vec::with_capacity(statements.len());
+    for (statement, outcome) in statements.iter().zip(ran) {
+        // Nothing commits before COMMIT: a lost connection here lost the transaction.
+        let (rows, affected) = outcome.map_err(|e| failure(&e, false))?;
+        results.push(statement_result(statement, rows, affected)?);
+    }
+    Ok(results)
 }
 
 /// A pool of PostgreSQL connections that blocking ledgers (one per thread,

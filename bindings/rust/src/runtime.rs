@@ -178,7 +178,7 @@ impl Runtime {
         if !head.headers.iter().any(|h| h.name.eq_ignore_ascii_case("idempotency-key")) {
             head.headers.push(wit::Header { name: "Idempotency-Key".into(), value: "fingerprint".into() });
         }
-        let start = wit::RequestStart { head, principal: Some("fingerprint".into()), now: 0, mode: wit::IoMode::Stepped };
+        let start = wit::RequestStart { head, principal: Some("fingerprint".into()), now: 0, mode: wit::IoMode::Stepped, transactional: false };
         match instance.start(&start)?.action {
             wit::Action::ReadBody(read) => Ok(crate::sha256_hex(read.prefix.as_bytes(), &request.body)),
             other => Err(Error::Setup(format!("the request cannot be fingerprinted: the core answered {other:?}"))),
@@ -294,6 +294,28 @@ impl Instance {
             Err(error) => Err(error),
         };
         methods.call_swept(&mut self.store, self.session, batch).map_err(Error::Trap)
+    }
+
+    /// `session.renewal`: the statements of a lease renewal (stepped).
+    pub(crate) fn renewal(&mut self, ticket: &wit::Ticket, now: i64) -> Result<Vec<wit::Statement>, Error> {
+        let methods = self.core.idempotency_ledger_session().session();
+        methods.call_renewal(&mut self.store, self.session, ticket, now).map_err(Error::Trap)
+    }
+
+    /// `session.renewed`: what a renewal batch found.
+    pub(crate) fn renewed(&mut self, ticket: &wit::Ticket, batch: &Result<Vec<wit::StatementResult>, wit::BatchError>) -> Result<wit::Lease, Error> {
+        let methods = self.core.idempotency_ledger_session().session();
+        let batch = match batch {
+            Ok(results) => Ok(results.as_slice()),
+            Err(error) => Err(error),
+        };
+        methods.call_renewed(&mut self.store, self.session, ticket, batch).map_err(Error::Trap)
+    }
+
+    /// `session.renew`: a renewal through this instance's backend (driven).
+    pub(crate) fn renew(&mut self, ticket: &wit::Ticket, now: i64) -> Result<wit::Lease, Error> {
+        let methods = self.core.idempotency_ledger_session().session();
+        methods.call_renew(&mut self.store, self.session, ticket, now).map_err(Error::Trap)
     }
 
     /// The raw component, store and session, for callers that drive the WIT

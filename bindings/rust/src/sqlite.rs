@@ -56,25 +56,7 @@ impl SqliteBackend {
 
     fn run(&mut self, statements: &[SqlStatement]) -> rusqlite::Result<Vec<StatementResult>> {
         let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let mut results = Vec::with_capacity(statements.len());
-        for statement in statements {
-            // total_changes, unlike changes, stays put across a SELECT.
-            let before = tx.total_changes();
-            let mut prepared = tx.prepare_cached(&statement.sql)?;
-            let params = statement.params.iter().map(value_to_sql);
-            let mut rows = prepared.query(rusqlite::params_from_iter(params))?;
-            let mut collected = Vec::new();
-            while let Some(row) = rows.next()? {
-                let columns = row.as_ref().column_count();
-                let mut values = Vec::with_capacity(columns);
-                for i in 0..columns {
-                    values.push(value_from_sql(row.get_ref(i)?));
-                }
-                collected.push(values);
-            }
-            drop(rows);
-            results.push(StatementResult { rows: collected, changes: tx.total_changes() - before });
-        }
+        let results = statements.iter().map(|s| run_statement(&tx, s)).collect::<rusqlite::Result<Vec<_>>>()?;
         tx.commit()?;
         Ok(results)
     }
@@ -84,6 +66,50 @@ impl SqlBackend for SqliteBackend {
     fn execute_batch(&mut self, statements: &[SqlStatement]) -> Result<Vec<StatementResult>, BatchError> {
         self.run(statements).map_err(batch_error)
     }
+
+    /// A deferred `BEGIN`: SQLite's writer lock is taken at the first write
+    /// and held until the commit (docs/SPEC.md 10.3).
+    fn begin(&mut self) -> Result<(), BatchError> {
+        self.conn.execute_batch("BEGIN").map_err(batch_error)
+    }
+
+    fn execute_in_transaction(&mut self, statements: &[SqlStatement]) -> Result<Vec<StatementResult>, BatchError> {
+        statements.iter().map(|s| run_statement(&self.conn, s)).collect::<rusqlite::Result<_>>().map_err(batch_error)
+    }
+
+    fn commit(&mut self) -> Result<(), BatchError> {
+        self.conn.execute_batch("COMMIT").map_err(batch_error)
+    }
+
+    fn rollback(&mut self) {
+        if !self.conn.is_autocommit() {
+            let _ = self.conn.execute_batch("ROLLBACK");
+        }
+    }
+
+    fn sqlite_connection(&mut self) -> Option<&rusqlite::Connection> {
+        Some(&self.conn)
+    }
+}
+
+/// One statement on `conn`: its rows and the rows it changed.
+fn run_statement(conn: &Connection, statement: &SqlStatement) -> rusqlite::Result<StatementResult> {
+    // total_changes, unlike changes, stays put across a SELECT.
+    let before = conn.total_changes();
+    let mut prepared = conn.prepare_cached(&statement.sql)?;
+    let params = statement.params.iter().map(value_to_sql);
+    let mut rows = prepared.query(rusqlite::params_from_iter(params))?;
+    let mut collected = Vec::new();
+    while let Some(row) = rows.next()? {
+        let columns = row.as_ref().column_count();
+        let mut values = Vec::with_capacity(columns);
+        for i in 0..columns {
+            values.push(value_from_sql(row.get_ref(i)?));
+        }
+        collected.push(values);
+    }
+    drop(rows);
+    Ok(StatementResult { rows: collected, changes: conn.total_changes() - before })
 }
 
 fn value_to_sql(value: &Value) -> SqlValue {

@@ -346,3 +346,54 @@ fn the_example_server_keeps_its_contract() {
     let first = log.lines().next().unwrap_or_default();
     assert!(first.contains(&format!("127.0.0.1:{port}")) && first.contains("serve.sqlite") && first.contains("request_body_cap_bytes=4096"), "{first}");
 }
+
+/// `make serve-rust` in the exactly-once mode: the order row is written in
+/// the handler's transaction; a process that dies right after the write
+/// (`X-Exit-After-Write: 1`) commits nothing, and the retry after the TTL
+/// runs the order once.
+#[test]
+fn the_example_server_writes_each_order_exactly_once_across_a_crash() {
+    let exe = std::env::current_exe().expect("exe");
+    let serve = exe.parent().and_then(|deps| deps.parent()).expect("target dir").join("examples/serve");
+    let dir = tempfile::tempdir().expect("tmp");
+    let database = dir.path().join("serve.sqlite");
+    let start = || {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+        let child = std::process::Command::new(&serve)
+            .env("PORT", port.to_string())
+            .env("DATABASE_URL", &database)
+            .env("ORDERS_IN_DATABASE", "1")
+            .env("IDEMPOTENCY_TRANSACTIONAL", "1")
+            .env("IDEMPOTENCY_PENDING_TTL_MS", "500")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start the example server");
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect(addr).is_err() {
+            assert!(std::time::Instant::now() < deadline, "the server did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        (child, addr)
+    };
+    let auth = ("authorization", "Bearer tok-1");
+    let (mut child, addr) = start();
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    let request = "POST /orders HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer tok-1\r\nIdempotency-Key: crash\r\nContent-Type: application/json\r\nX-Exit-After-Write: 1\r\nContent-Length: 2\r\n\r\n{}";
+    stream.write_all(request.as_bytes()).expect("write");
+    let status = child.wait().expect("the server exits");
+    assert_eq!(status.code(), Some(3), "X-Exit-After-Write ends the process right after the write");
+    let (mut child, addr) = start();
+    let (status, _, body) = http(addr, "GET", "/orders/count", &[], b"");
+    assert_eq!((status, body), (200, br#"{"count":0}"#.to_vec()), "the write died with its transaction");
+    std::thread::sleep(Duration::from_millis(600)); // past the TTL: the retry takes the reservation over
+    let (status, _, _) = http(addr, "POST", "/orders", &[auth, JSON, ("idempotency-key", "crash")], b"{}");
+    assert_eq!(status, 201);
+    let (status, _, _) = http(addr, "POST", "/orders", &[auth, JSON, ("idempotency-key", "crash")], b"{}");
+    assert_eq!(status, 201, "replayed");
+    let (_, _, body) = http(addr, "GET", "/orders/count", &[], b"");
+    assert_eq!(body, br#"{"count":1}"#.to_vec(), "one order for one key across the crash");
+    let _ = child.kill();
+    let _ = child.wait();
+}
