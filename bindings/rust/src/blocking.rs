@@ -4,12 +4,13 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use wasmtime::component::ResourceAny;
 use wasmtime::Store;
 
 use crate::runtime::{bindings, Fault, HostState, Instance, NoBackend};
+use crate::telemetry::Telemetry;
 use crate::transaction::{Renewal, Renewer, Tx};
 use crate::{
     event_of, next_of, wit, Clock, Config, Dialect, Error, Feed, HandleError, Handled, MutationResponse, Next,
@@ -37,6 +38,8 @@ pub struct Ledger {
     /// Renews a running handler's lease on another connection (a
     /// [`crate::LedgerPool`] sets one; a bare ledger does not renew).
     renewer: Option<Renewer>,
+    /// Key and principal in clear on spans ([`Ledger::record_keys`]).
+    record_keys: bool,
 }
 
 /// One request's exchange on a [`Ledger`] (see [`Ledger::start`]).
@@ -51,11 +54,23 @@ pub struct Exchange {
     in_transaction: bool,
     /// The lease renewal beside the running handler (SPEC 10.1).
     renewal: Renewal,
+    telemetry: Telemetry,
+    /// Time slept in the current call (not time in the ledger).
+    slept: Duration,
 }
 
 impl Default for Exchange {
     fn default() -> Exchange {
-        Exchange { resource: None, epoch: 0, prefix: None, ticket: None, in_transaction: false, renewal: Renewal::none() }
+        Exchange {
+            resource: None,
+            epoch: 0,
+            prefix: None,
+            ticket: None,
+            in_transaction: false,
+            renewal: Renewal::none(),
+            telemetry: Telemetry::none(),
+            slept: Duration::ZERO,
+        }
     }
 }
 
@@ -75,6 +90,22 @@ impl Exchange {
     /// backend (a transactional exchange): its writes go through the backend.
     pub fn in_transaction(&self) -> bool {
         self.in_transaction
+    }
+
+    /// Names the route (`http.route`) the exchange's telemetry reports.
+    pub fn set_route(&mut self, route: impl Into<String>) {
+        self.telemetry.set_route(route.into());
+    }
+
+    /// Reports a final action's outcome (once).
+    fn report(&mut self, next: &Next) {
+        let outcome = match next {
+            Next::PassThrough => wit::Outcome::PassedThrough,
+            Next::Respond(answer) => answer.outcome,
+            Next::Propagate { outcome, .. } => *outcome,
+            _ => return,
+        };
+        self.telemetry.finish(outcome, self.ticket.as_ref());
     }
 
     /// True once a renewal found the lease lost (another request took the
@@ -123,7 +154,14 @@ impl Ledger {
             dialect,
             clock: Arc::new(clock),
             renewer: None,
+            record_keys: false,
         })
+    }
+
+    /// Puts the key and the principal in clear on the exchange spans
+    /// (`idempotency.key`, `enduser.id`); off by default (only a hash).
+    pub fn record_keys(&mut self, yes: bool) {
+        self.record_keys = yes;
     }
 
     /// How a running handler's lease is renewed (every third of the TTL,
@@ -310,10 +348,20 @@ impl Ledger {
     }
 
     fn start_with(&mut self, principal: Option<&str>, head: &wit::RequestHead, transactional: bool) -> (Next, Exchange) {
-        let mut exchange = Exchange { epoch: self.epoch, ..Exchange::default() };
+        let telemetry = Telemetry::start(&head.method, None, self.record_keys);
+        let mut exchange = Exchange { epoch: self.epoch, telemetry, ..Exchange::default() };
         if !self.protects(&head.method) {
+            exchange.report(&Next::PassThrough);
             return (Next::PassThrough, exchange);
         }
+        let began = Instant::now();
+        let next = self.begin_exchange(&mut exchange, principal, head, transactional);
+        exchange.telemetry.add(began.elapsed().saturating_sub(std::mem::take(&mut exchange.slept)));
+        exchange.report(&next);
+        (next, exchange)
+    }
+
+    fn begin_exchange(&mut self, exchange: &mut Exchange, principal: Option<&str>, head: &wit::RequestHead, transactional: bool) -> Next {
         let start = wit::RequestStart {
             head: head.clone(),
             principal: principal.map(str::to_string),
@@ -323,12 +371,11 @@ impl Ledger {
         };
         let started = match self.with_instance(|instance| instance.start(&start)) {
             Ok(started) => started,
-            Err(_) => return (self.fault.next(), exchange),
+            Err(_) => return self.fault.next(),
         };
         exchange.resource = started.exchange;
         exchange.epoch = self.epoch;
-        let next = self.perform(&mut exchange, started.action);
-        (next, exchange)
+        self.perform(exchange, started.action)
     }
 
     /// Feeds what the adapter did; returns what it does next.
@@ -338,7 +385,11 @@ impl Ledger {
             exchange.renewal.stop();
         }
         let event = event_of(feed, &mut exchange.prefix);
-        self.step(exchange, event)
+        let began = Instant::now();
+        let next = self.step(exchange, event);
+        exchange.telemetry.add(began.elapsed().saturating_sub(std::mem::take(&mut exchange.slept)));
+        exchange.report(&next);
+        next
     }
 
     /// One `step`; the ledger's own actions (sleep, and run-batch should a
@@ -363,7 +414,9 @@ impl Ledger {
                 next
             }
             Err(wit::Action::Sleep(ms)) => {
+                let sleeping = Instant::now();
                 std::thread::sleep(Duration::from_millis(u64::from(ms)));
+                exchange.slept += sleeping.elapsed();
                 self.step(exchange, wit::Event::Slept)
             }
             Err(wit::Action::RunHandler(run)) => {

@@ -57,6 +57,8 @@ pub struct IdempotencyLayer {
     principal: Arc<Principal>,
     routes: Option<Arc<RouteFilter>>,
     transactional: bool,
+    /// `http.route` in the exchange's telemetry (a template such as `/orders/{id}`).
+    route: Option<Arc<str>>,
 }
 
 impl IdempotencyLayer {
@@ -64,7 +66,14 @@ impl IdempotencyLayer {
     /// an extension your auth layer inserted); `None` answers 401 for a
     /// protected request.
     pub fn new(ledger: AsyncLedger, principal: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> IdempotencyLayer {
-        IdempotencyLayer { ledger, principal: Arc::new(principal), routes: None, transactional: false }
+        IdempotencyLayer { ledger, principal: Arc::new(principal), routes: None, transactional: false, route: None }
+    }
+
+    /// The route template this layer protects, reported as `http.route` in
+    /// the telemetry (feature `opentelemetry`).
+    pub fn route(mut self, template: impl Into<String>) -> IdempotencyLayer {
+        self.route = Some(Arc::from(template.into()));
+        self
     }
 
     /// The handler's writes live in the ledger's own database and commit
@@ -152,6 +161,9 @@ where
             } else {
                 layer.ledger.start(principal.as_deref(), head)
             };
+            if let Some(route) = &layer.route {
+                exchange.set_route(route.to_string());
+            }
             let mut parts = Some(parts);
             let mut body = Some(body);
             let mut bytes = Bytes::new();

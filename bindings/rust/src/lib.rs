@@ -46,6 +46,7 @@ mod convert;
 mod pool;
 mod runtime;
 mod sqlite;
+mod telemetry;
 mod transaction;
 
 #[cfg(feature = "tokio")]
@@ -63,6 +64,7 @@ pub use convert::{latin1, outcome_name, Body, MutationResponse, Queries, Request
 pub use pool::LedgerPool;
 pub use runtime::{engine_config, HostState, Runtime, COMPONENT};
 pub use sqlite::{SqliteBackend, DEFAULT_BUSY_TIMEOUT};
+pub use telemetry::key_hash;
 pub use transaction::{Renewer, Tx};
 #[cfg(feature = "tokio")]
 pub use transaction::{AsyncTransaction, HandlerTransaction, LeaseWatch};

@@ -10,13 +10,14 @@ use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{oneshot, Notify};
 use wasmtime::component::ResourceAny;
 
 use crate::convert::Queries;
 use crate::runtime::{Fault, Instance, NoBackend};
+use crate::telemetry::Telemetry;
 use crate::transaction::{AsyncTransaction, HandlerTransaction, LeaseWatch};
 use crate::{
     event_of, next_of, wit, Clock, Config, Dialect, Error, Feed, HandleError, Handled, MutationResponse, Next, Request, Runtime,
@@ -59,6 +60,8 @@ struct Inner {
     protected_methods: Vec<String>,
     fault: Fault,
     clock: Arc<dyn Clock>,
+    /// Key and principal in clear on spans (see [`AsyncLedger::record_keys`]).
+    record_keys: std::sync::atomic::AtomicBool,
     /// Background sweeps spawned and not yet ended; `sweeps_idle` wakes
     /// [`AsyncLedger::sweeps_done`] when the count falls to 0.
     sweeps_in_flight: AtomicUsize,
@@ -107,6 +110,9 @@ pub struct AsyncExchange {
     /// The lease renewal beside the running handler, and what it found.
     renewal: Option<tokio::task::JoinHandle<()>>,
     lease: Option<LeaseWatch>,
+    telemetry: Telemetry,
+    /// Time slept in the current step (not time in the ledger).
+    slept: Duration,
 }
 
 impl AsyncLedger {
@@ -149,6 +155,7 @@ impl AsyncLedger {
                 protected_methods,
                 fault,
                 clock: Arc::new(clock),
+                record_keys: std::sync::atomic::AtomicBool::new(false),
                 sweeps_in_flight: AtomicUsize::new(0),
                 sweeps_idle: Notify::new(),
             }),
@@ -348,10 +355,14 @@ impl AsyncLedger {
             transaction: None,
             renewal: None,
             lease: None,
+            telemetry: Telemetry::start(&head.method, None, self.inner.record_keys.load(Ordering::Relaxed)),
+            slept: Duration::ZERO,
         };
         if !self.protects(&head.method) {
+            exchange.report(&Next::PassThrough);
             return (Next::PassThrough, exchange);
         }
+        let began = Instant::now();
         let start = wit::RequestStart {
             head,
             principal: principal.map(str::to_string),
@@ -369,10 +380,22 @@ impl AsyncLedger {
                 if next.is_final() {
                     exchange.release();
                 }
+                exchange.telemetry.add(began.elapsed());
+                exchange.report(&next);
                 (next, exchange)
             }
-            Err(_) => (self.inner.fault.next(), exchange),
+            Err(_) => {
+                let next = self.inner.fault.next();
+                exchange.report(&next);
+                (next, exchange)
+            }
         }
+    }
+
+    /// Puts the key and the principal in clear on the exchange spans
+    /// (`idempotency.key`, `enduser.id`); off by default (only a hash).
+    pub fn record_keys(&self, yes: bool) {
+        self.inner.record_keys.store(yes, Ordering::Relaxed);
     }
 
     /// The core's fault response (logging its line): for an exchange that
@@ -545,7 +568,33 @@ impl AsyncExchange {
         }
     }
 
-    async fn step(&mut self, mut event: wit::Event) -> Next {
+    /// Names the route (`http.route`, a template such as `/orders/{id}`)
+    /// the exchange's telemetry reports.
+    pub fn set_route(&mut self, route: impl Into<String>) {
+        self.telemetry.set_route(route.into());
+    }
+
+    /// Reports a final action's outcome (once).
+    fn report(&mut self, next: &Next) {
+        let outcome = match next {
+            Next::PassThrough => wit::Outcome::PassedThrough,
+            Next::Respond(answer) => answer.outcome,
+            Next::Propagate { outcome, .. } => *outcome,
+            _ => return,
+        };
+        self.telemetry.finish(outcome, self.ticket.as_ref());
+    }
+
+    async fn step(&mut self, event: wit::Event) -> Next {
+        let began = Instant::now();
+        self.slept = Duration::ZERO;
+        let next = self.step_in_ledger(event).await;
+        self.telemetry.add(began.elapsed().saturating_sub(self.slept));
+        self.report(&next);
+        next
+    }
+
+    async fn step_in_ledger(&mut self, mut event: wit::Event) -> Next {
         let inner = self.ledger.inner.clone();
         loop {
             let Some(resource) = self.resource else { return inner.fault.next() };
@@ -579,7 +628,9 @@ impl AsyncExchange {
                     }
                 }
                 Err(wit::Action::Sleep(ms)) => {
+                    let sleeping = Instant::now();
                     tokio::time::sleep(Duration::from_millis(u64::from(ms))).await;
+                    self.slept += sleeping.elapsed();
                     wit::Event::Slept
                 }
                 Err(wit::Action::RunHandler(run)) => {
