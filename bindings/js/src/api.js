@@ -66,7 +66,7 @@ export function makeApi(getCore, wrapOther = () => null, describeDb = "a LedgerD
   async function handleIdempotentMutation(request, env, ctx, principal, runMutation, options = NO_OPTIONS) {
     const ledger = ledgerFor(dbFrom(env, options), options);
     const waitUntil = ctx && typeof ctx.waitUntil === "function" ? (p) => ctx.waitUntil(p) : undefined;
-    const { response } = await ledger.handle(request, principal ?? undefined, runMutation, { waitUntil });
+    const { response } = await ledger.handle(request, principal ?? undefined, runMutation, { waitUntil, route: options?.route });
     return response;
   }
 

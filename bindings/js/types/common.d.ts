@@ -59,6 +59,12 @@ export interface IdempotencyOptions extends IdempotencySettings {
   sweep?: boolean;
   /** The env binding that holds the database (default "DB"). */
   binding?: string;
+  /** false: this ledger records no OpenTelemetry metrics or spans (default: recorded whenever a provider is registered). */
+  telemetry?: boolean;
+  /** true: the `idempotency` span also carries the key (`idempotency.key`) and the principal (`enduser.id`) in clear. */
+  recordKeys?: boolean;
+  /** The route template for the metrics' `http.route` (Hono and Express find it themselves; node:http and Workers only have this). */
+  route?: string | ((ctx: any) => string | undefined);
 }
 
 /** What runMutation may return: a plain result (the recipe's shape) or a Response. */
@@ -179,11 +185,21 @@ export declare class IdempotencyLedger {
   constructor(core: Core, db: LedgerDb, options?: IdempotencyOptions);
   readonly session: Session;
   /** One request's exchange, stepped; the final action for the adapter to send. */
-  exchange(head: RequestHead, principal: string | undefined, io: ExchangeIo, ctx?: { waitUntil?: (p: Promise<unknown>) => void }): Promise<ExchangeEnd>;
+  exchange(
+    head: RequestHead,
+    principal: string | undefined,
+    io: ExchangeIo,
+    ctx?: { waitUntil?: (p: Promise<unknown>) => void; route?: string | (() => string | undefined) },
+  ): Promise<ExchangeEnd>;
   sweep(now?: number): Promise<SweepReport>;
   sweepAll(now?: number): Promise<number>;
   migrate(): Promise<void>;
-  handle(request: Request, principal: string | undefined, runMutation: RunMutation, ctx?: { waitUntil?: (p: Promise<unknown>) => void }): Promise<Handled>;
+  handle(
+    request: Request,
+    principal: string | undefined,
+    runMutation: RunMutation,
+    ctx?: { waitUntil?: (p: Promise<unknown>) => void; route?: string | (() => string | undefined) },
+  ): Promise<Handled>;
 }
 
 export type HeadersInput = Headers | Iterable<[string, string]> | Array<{ name: string; value: string }> | Record<string, string>;

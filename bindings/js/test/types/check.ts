@@ -5,6 +5,7 @@ import { openLedgerDatabase, handleIdempotentMutation as nodeHandle, idempotentH
 import { idempotency as hono, ledgerFor as honoLedgerFor, NothingChangedError as HonoNothingChanged } from "@idempotency/ledger/hono";
 import { idempotency as expressIdempotency, ledgerFor as expressLedgerFor } from "@idempotency/ledger/express";
 import { createPgPool } from "@idempotency/ledger/pg";
+import { ERROR_OUTCOMES, REQUESTS, useOpenTelemetryApi } from "@idempotency/ledger/opentelemetry";
 
 interface Env {
   DB: { prepare(sql: string): { bind(...v: unknown[]): { run(): Promise<unknown> } }; batch(s: unknown[]): Promise<any[]> };
@@ -13,7 +14,12 @@ const outcomes: Outcome[] = [];
 const options: IdempotencyOptions = {
   pendingTtlMs: 60_000, retentionMs: 86_400_000, bodyCapBytes: 8192, profile: "ietf", waitMs: 1000, onServerError: "release", replayHeader: null,
   onOutcome: (outcome) => outcomes.push(outcome),
+  route: "/orders", recordKeys: false, telemetry: true,
 };
+const counterName: "idempotency.requests" = REQUESTS;
+void counterName;
+void ERROR_OUTCOMES.has("fenced-out");
+void useOpenTelemetryApi;
 
 export default {
   async fetch(request: Request, env: Env, ctx: { waitUntil(p: Promise<unknown>): void }): Promise<Response> {
