@@ -50,3 +50,32 @@ export async function node(): Promise<number> {
   void pgLedger(pool);
   return r.status;
 }
+
+// Idempotent functions and a Queues consumer (README "Jobs, queues, webhooks").
+import { idempotentFunction, RejectedError, canonicalJson } from "@idempotency/ledger/node";
+import { idempotentQueueConsumer, idempotentFunction as workerFunction } from "@idempotency/ledger/worker";
+
+export async function jobs(db: Awaited<ReturnType<typeof openLedgerDatabase>>): Promise<string> {
+  const charge = idempotentFunction(async (order: { id: string; amount: number }) => ({ chargeId: `ch_${order.id}`, amount: order.amount }), {
+    db,
+    principal: "billing",
+    key: (order) => order.id,
+    payload: (order) => order,
+  });
+  const { chargeId } = await charge({ id: "o-1", amount: 5 });
+  try {
+    await charge({ id: "o-1", amount: 6 });
+  } catch (e) {
+    if (e instanceof RejectedError && e.outcome === "key-reused") return canonicalJson({ chargeId, status: e.status });
+  }
+  const viaEnv = workerFunction(async (n: number, env: Env) => n * 2, { db: (_n, env) => env.DB, principal: "p", key: (n) => String(n) });
+  void viaEnv;
+  return chargeId;
+}
+
+export const queueWorker = {
+  queue: idempotentQueueConsumer<{ orderId: string }, Env>(async (message, env) => {
+    await env.DB.prepare("INSERT INTO charges (order_id) VALUES (?)").bind(message.body.orderId).run();
+    return { charged: message.body.orderId };
+  }, { key: (m) => m.body.orderId, principal: "billing", onMessage: ({ outcome, ack }) => void [outcome, ack] }),
+};
