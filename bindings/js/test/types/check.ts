@@ -79,3 +79,16 @@ export const queueWorker = {
     return { charged: message.body.orderId };
   }, { key: (m) => m.body.orderId, principal: "billing", onMessage: ({ outcome, ack }) => void [outcome, ack] }),
 };
+
+// The test kit (README "Testing your handlers").
+import { createTestLedger, fireDuplicates, testClock } from "@idempotency/ledger/testing";
+
+export async function kit(): Promise<number> {
+  const ledger = createTestLedger({ principal: () => "acct-1", waitMs: 1000, clock: testClock({ frozen: true }) });
+  const mw = hono(ledger.options);
+  void mw;
+  ledger.clock.advance(30_001);
+  const results = await fireDuplicates(3, async (i) => i);
+  const deleted: number = await ledger.sweep();
+  return results.length + deleted + ledger.count("executed") + ledger.rows().length;
+}
