@@ -305,6 +305,16 @@ impl Handled {
 
 #[pymethods]
 impl Handled {
+    /// A request the core does not protect (its method is not one of the
+    /// core's protected methods): the handler's response as it is, outcome
+    /// `passed-through`. `Ledger.handle` answers it without a ledger call.
+    #[staticmethod]
+    fn passed_through(py: Python<'_>, produced: &Bound<'_, PyAny>) -> PyResult<Handled> {
+        let response = produced_of(produced)?.into_response();
+        let handled = idempotency_ledger::Handled { response, outcome: wit::Outcome::PassedThrough, ticket: None, close: false, sweep_due: false };
+        Handled::new(py, handled)
+    }
+
     #[getter]
     fn status(&self, py: Python<'_>) -> u16 {
         self.response.bind(py).get().status

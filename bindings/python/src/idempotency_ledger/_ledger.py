@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Union
 
 from . import _native
 from ._native import Config, Exchange, Handled
-from ._types import HeadersLike, MutationResponse
+from ._types import HeadersLike, MutationResponse, NothingChanged
 
 #: The settings `Ledger(**settings)` takes: the WIT `config` fields in snake_case.
 SETTINGS: tuple[str, ...] = tuple(_native.SETTINGS)
@@ -129,6 +129,9 @@ class Ledger:
             run, found = connection_batch(database, dialect, busy_timeout_ms=busy_timeout_ms)
             native = _native.NativeLedger.callback(run, found, settings, clock)
         self._native = native
+        #: The core's protected methods (its `protected-methods`, upper-cased):
+        #: a request with another method passes through without a ledger call.
+        self._protected = frozenset(m.upper() for m in native.config.protected_methods)
 
     @classmethod
     def postgres(
@@ -176,7 +179,7 @@ class Ledger:
     def protects(self, method: Text) -> bool:
         """True when requests with this method go through the ledger (the
         core's protected methods); others pass through without an exchange."""
-        return self._native.protects(_text(method))
+        return _text(method).upper() in self._protected
 
     def now_ms(self) -> int:
         return self._native.now_ms()
@@ -225,7 +228,16 @@ class Ledger:
         propagates with `idempotency_ticket` and `idempotency_outcome` set.
         Ledger failures never raise: the answer is the core's 5xx.
         """
-        return self._native.handle(principal, _text(method), _text(path_and_query), _headers(headers), _body(body), handler)
+        method = _text(method)
+        if method.upper() not in self._protected:
+            try:
+                produced = handler()
+            except NothingChanged as nothing:
+                if nothing.response is None:
+                    raise  # no reservation to release: as a plain call would
+                produced = nothing.response
+            return Handled.passed_through(produced)
+        return self._native.handle(principal, method, _text(path_and_query), _headers(headers), _body(body), handler)
 
     def start(self, principal: Optional[str], method: Text, path_and_query: Text, headers: HeadersLike) -> Exchange:
         """Starts a request's exchange, for an adapter that runs the handler

@@ -53,6 +53,8 @@ class Response:
 class Handled:
     """What `Ledger.handle` answered: the response to send and how the exchange ended."""
 
+    @staticmethod
+    def passed_through(produced: Any) -> Handled: ...
     @property
     def response(self) -> Response: ...
     @property
