@@ -193,3 +193,24 @@ p = [c.post("/plain", data=b'{"x":1}', **h).status_code for _ in range(2)]
 print(json.dumps([a.status_code, b.status_code, a.content == b.content, r.status_code, p, len(calls)]))
 '''
     assert _run(tmp_path, code) == [201, 201, True, 409, [201, 201], 3]
+
+
+def test_a_body_read_before_the_middleware_is_the_cores_500_never_an_empty_fingerprint(tmp_path: Path) -> None:
+    code = PROJECT.replace("@MIDDLEWARE@", '["check.ReadsThePost", "idempotency_ledger.django.IdempotencyMiddleware"]').replace(
+        "@IDEMPOTENCY@", '{"DATABASE": sys.argv[1], "PRINCIPAL": lambda r: r.headers.get("X-User"), "INCLUDE": "*"}'
+    )
+    code = code.replace("django.setup()", """django.setup()
+import sys as _sys
+class ReadsThePost:  # something before the middleware that parses a multipart body (Django then refuses request.body)
+    def __init__(self, get_response): self.get_response = get_response
+    def __call__(self, request):
+        request.POST
+        return self.get_response(request)
+_sys.modules["check"] = _sys.modules[__name__]""")
+    code += '''
+from django.test.client import encode_multipart, BOUNDARY
+body = encode_multipart(BOUNDARY, {"sku": "A-1"})
+r = c.post("/plain", data=body, content_type=f"multipart/form-data; boundary={BOUNDARY}", HTTP_X_USER="acct-1", HTTP_IDEMPOTENCY_KEY="m-1")
+print(json.dumps([r.status_code, json.loads(r.content)["error"], len(calls)]))
+'''
+    assert _run(tmp_path, code) == [500, "idempotency_body_unavailable", 0]

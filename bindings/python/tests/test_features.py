@@ -319,3 +319,38 @@ def test_idempotent_function_replays_rejects_and_runs_once_across_threads(db_pat
     ledger.close()
 
 
+
+
+def test_async_idempotent_function_runs_through_an_exchange(db_path: Path) -> None:
+    import asyncio
+
+    ledger = Ledger(db_path)
+    ledger.migrate()
+    runs: list[str] = []
+
+    @idempotent_function(ledger, key_args=("job",), principal="worker")
+    async def work(job: str, n: int) -> dict[str, Any]:
+        runs.append(job)
+        if n < 0:
+            raise NothingChanged(value={"skipped": job})
+        if n == 0:
+            raise RuntimeError("down")
+        await asyncio.sleep(0)
+        return {"job": job, "n": n}
+
+    async def main() -> list[Any]:
+        first = await work("a", 1)
+        again = await work("a", 1)
+        with pytest.raises(Rejected) as reused:
+            await work("a", 2)
+        skipped = [await work("s", -1), await work("s", -1)]  # released each time: runs twice
+        with pytest.raises(RuntimeError):
+            await work("f", 0)
+        with pytest.raises(Rejected) as pending:
+            await work("f", 0)
+        return [first, again, reused.value.outcome, skipped, pending.value.outcome]
+
+    assert asyncio.run(main()) == [{"job": "a", "n": 1}, {"job": "a", "n": 1}, "key-reused", [{"skipped": "s"}] * 2, "in-progress"]
+    assert runs == ["a", "s", "s", "f"]
+    assert {r["key"]: r["status"] for r in rows(db_path)} == {"a": "completed", "f": "pending"}
+    ledger.close()

@@ -113,3 +113,17 @@ def test_the_extension_needs_a_choice_of_routes() -> None:
 
     with pytest.raises(TypeError, match=r'include=\["/orders"\].*include="\*"'):
         Idempotency(Flask(__name__), ledger=Ledger(":memory:"), principal=lambda: "p")  # type: ignore[call-arg]
+
+
+def test_a_body_read_before_the_extension_is_the_cores_500(tmp_path: Path) -> None:
+    from flask import Flask, request
+
+    from idempotency_ledger import Ledger
+    from idempotency_ledger.flask import Idempotency
+
+    app = Flask(__name__)
+    app.before_request(lambda: request.form and None)  # an earlier hook parses the form: the stream is consumed
+    Idempotency(app, ledger=Ledger(tmp_path / "l.sqlite"), principal=lambda: "acct-1", include="*")
+    app.add_url_rule("/orders", "orders", lambda: ("made", 201), methods=["POST"])
+    r = app.test_client().post("/orders", data={"sku": "A-1"}, content_type="multipart/form-data", headers={"Idempotency-Key": "m-1"})
+    assert (r.status_code, r.json) == (500, {"error": "idempotency_body_unavailable", "message": r.json["message"]})
