@@ -168,7 +168,7 @@ fn a_row_locked_by_another_transaction_is_busy_after_the_lock_timeout_and_nothin
     let fingerprint = runtime().fingerprint(&req).expect("fingerprint");
     // A stale reservation the takeover must lock; another session holds it.
     db.insert_rows(&[json!({
-        "principal": "acct", "key": "locked", "fingerprint": fingerprint, "status": "pending", "generation": 1,
+        "principal": "acct-locked", "key": "locked", "fingerprint": fingerprint, "status": "pending", "generation": 1,
         "response_status": null, "response_body": null, "response_headers": null,
         "created_at": T0 - 60_000, "updated_at": T0 - 60_000,
     })]);
@@ -202,7 +202,7 @@ fn a_row_locked_by_another_transaction_is_busy_after_the_lock_timeout_and_nothin
     release_tx.send(()).expect("release");
     holder.join().expect("holder");
     // The lock is gone: the same request now takes the stale row over.
-    let h = ledger.handle("acct", &req, created).expect("handled");
+    let h = ledger.handle("acct-locked", &req, created).expect("handled");
     assert_eq!((h.outcome, h.ticket.as_ref().map(|t| t.generation)), (Outcome::TakenOver, Some(2)));
 }
 
