@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use axum::routing::post;
 use axum::Router;
-use idempotency_ledger::{AsyncLedger, AsyncSqlite, Config, IdempotencyLayer, Runtime, SystemClock};
+use idempotency_ledger::{AsyncLedger, AsyncSqlite, IdempotencyLayer, Runtime, Settings, SystemClock};
 
 /// One HTTP/1.1 keep-alive connection; reads exactly one response per request.
 struct Client {
@@ -92,7 +92,7 @@ pub fn run(md: &mut String, dir: &std::path::Path) {
             std::hint::black_box(body);
             (axum::http::StatusCode::CREATED, [("content-type", "application/json")], r#"{"order":"o_1"}"#)
         });
-        let ledger = AsyncLedger::new(Runtime::shared().expect("runtime"), AsyncSqlite::open(dir.join("axum.sqlite")).expect("sqlite"), Config::default(), SystemClock)
+        let ledger = AsyncLedger::new(Runtime::shared().expect("runtime"), AsyncSqlite::open(dir.join("axum.sqlite")).expect("sqlite"), Settings::default(), SystemClock)
             .await
             .expect("ledger");
         let layer = IdempotencyLayer::new(ledger, |_: &axum::http::request::Parts| Some("acct".to_string()));

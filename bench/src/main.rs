@@ -11,9 +11,10 @@ use std::fmt::Write as _;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use idempotency_ledger::wit::{Statement, Value};
+use idempotency_ledger::wit::{self, Value};
 use idempotency_ledger::{
-    Config, Ledger, ManualClock, MutationResponse, PostgresPool, Request, Runtime, SqlBackend, SqliteBackend, COMPONENT,
+    Ledger, ManualClock, MutationResponse, PostgresPool, Request, Runtime, Settings, SqlBackend, SqlStatement, SqliteBackend,
+    COMPONENT,
 };
 use idempotency_ledger_core as core;
 
@@ -50,6 +51,39 @@ fn order(key: &str, body: &[u8]) -> Request {
         .body(body.to_vec())
 }
 
+/// What a host does with a request up to its decision batch: `session.start`
+/// (stepped), then the body, hashed natively with the core's prefix
+/// (`body-hashed`, what hosts do) or copied into the component (`body`).
+/// Returns the fingerprint the decision batch carries.
+fn until_decision(ledger: &mut Ledger, req: &Request, hashed: bool) -> String {
+    let head = wit::RequestHead {
+        method: req.method.clone(),
+        path_and_query: req.path_and_query.clone(),
+        headers: req.headers.iter().map(|(n, v)| wit::Header { name: n.clone(), value: v.clone() }).collect(),
+    };
+    let start = wit::RequestStart { head, principal: Some("acct".into()), now: T0, mode: wit::IoMode::Stepped, transactional: false };
+    ledger
+        .with_component(|core, store, session| {
+            let started = core.idempotency_ledger_session().session().call_start(&mut *store, session, &start).expect("no trap");
+            let (wit::Action::ReadBody(read), Some(x)) = (started.action, started.exchange) else { panic!("expected read-body") };
+            let event = if hashed {
+                wit::Event::BodyHashed(idempotency_ledger::sha256_hex(read.prefix.as_bytes(), &req.body))
+            } else {
+                wit::Event::Body(req.body.clone())
+            };
+            let action = core.idempotency_ledger_exchange().exchange().call_step(&mut *store, x, T0, &event).expect("no trap");
+            x.resource_drop(&mut *store).expect("drop the exchange");
+            match action {
+                wit::Action::RunBatch(statements) => match &statements[0].params[2] {
+                    Value::Text(fingerprint) => fingerprint.clone(),
+                    other => panic!("{other:?}"),
+                },
+                other => panic!("expected the decision batch, got {other:?}"),
+            }
+        })
+        .expect("instance")
+}
+
 fn created(_: &Request) -> Result<MutationResponse, String> {
     Ok(MutationResponse::json(201, r#"{"order":"o_1","status":"created"}"#).header("Location", "/orders/o_1"))
 }
@@ -72,11 +106,11 @@ fn main() {
     let cold = measure(20, 2, |_| {
         let runtime = Runtime::new().expect("deserialize");
         let backend = SqliteBackend::from_connection(rusqlite::Connection::open_in_memory().expect("mem"));
-        black_box(Ledger::new(runtime, backend, Config::default(), ManualClock::new(T0)).expect("instantiate"));
+        black_box(Ledger::new(runtime, backend, Settings::default(), ManualClock::new(T0)).expect("instantiate"));
     });
     let instantiate = measure(200, 20, |_| {
         let backend = SqliteBackend::from_connection(rusqlite::Connection::open_in_memory().expect("mem"));
-        black_box(Ledger::new(runtime.clone(), backend, Config::default(), ManualClock::new(T0)).expect("instantiate"));
+        black_box(Ledger::new(runtime.clone(), backend, Settings::default(), ManualClock::new(T0)).expect("instantiate"));
     });
     let gz = {
         use std::io::Write;
@@ -93,28 +127,29 @@ fn main() {
 
     // ---- fingerprint throughput ----
     let _ = writeln!(md, "### Fingerprint throughput (SHA-256 over prefix + body)\n");
-    let _ = writeln!(md, "| body | native sha2 | component prefix + native sha2 (what hosts use) | all in component (body copied in) | native / in-component |");
+    let _ = writeln!(md, "| body | native sha2 | start + body hashed natively with the core's prefix (what hosts do) | start + body copied into the component | native / in-component |");
     let _ = writeln!(md, "| --- | --- | --- | --- | --- |");
     let mut ledger = Ledger::new(
         runtime.clone(),
         SqliteBackend::from_connection(rusqlite::Connection::open_in_memory().expect("mem")),
-        Config::default(),
+        Settings::default(),
         ManualClock::new(T0),
     )
     .expect("ledger");
     for size in [1usize << 10, 16 << 10, 1 << 20] {
         let body: Vec<u8> = (0..size).map(|i| (i * 31 % 251) as u8).collect();
         let req = order("k", &body);
-        let prefix = core::fingerprint::prefix(&Config::default(), &head(&req));
+        let prefix = core::fingerprint::prefix(&core::Config::default(), &head(&req));
         let iterations = if size >= 1 << 20 { 30 } else { 2000 };
         let native = measure(iterations, iterations / 10, |_| {
             black_box(idempotency_ledger::sha256_hex(prefix.as_bytes(), &req.body));
         });
+        assert_eq!(until_decision(&mut ledger, &req, true), until_decision(&mut ledger, &req, false), "the same fingerprint");
         let hybrid = measure(iterations, iterations / 10, |_| {
-            black_box(ledger.fingerprint(&req).expect("fp"));
+            black_box(until_decision(&mut ledger, &req, true));
         });
         let inside = measure(iterations, iterations / 10, |_| {
-            black_box(ledger.fingerprint_in_component(&req).expect("fp"));
+            black_box(until_decision(&mut ledger, &req, false));
         });
         let mbps = |d: Duration| size as f64 / d.as_secs_f64() / 1e6;
         let _ = writeln!(
@@ -137,10 +172,10 @@ fn main() {
         let comp_db = dir.path().join(format!("c-{}.sqlite", path.len()));
         let nat_db = dir.path().join(format!("n-{}.sqlite", path.len()));
         let clock = ManualClock::new(T0);
-        let mut component = Ledger::new(runtime.clone(), SqliteBackend::open(&comp_db).expect("db"), Config::default(), clock.clone())
+        let mut component = Ledger::new(runtime.clone(), SqliteBackend::open(&comp_db).expect("db"), Settings::default(), clock.clone())
             .expect("ledger");
         component.migrate().expect("migrate");
-        let mut native = native::Native::open(&nat_db, Config::default(), T0);
+        let mut native = native::Native::open(&nat_db, core::Config::default(), T0);
         arrange(path, &comp_db, &mut component, &mut native, iterations + iterations / 10);
         let body = br#"{"sku":"A-1","qty":2}"#;
         let other = br#"{"sku":"A-1","qty":3}"#;
@@ -185,7 +220,7 @@ fn main() {
     let _ = writeln!(md, "| threads | requests/s | per request |\n| --- | --- | --- |");
     for threads in [1usize, 2, 4] {
         let db = dir.path().join(format!("scale-{threads}.sqlite"));
-        Ledger::new(runtime.clone(), SqliteBackend::open(&db).expect("db"), Config::default(), ManualClock::new(T0))
+        Ledger::new(runtime.clone(), SqliteBackend::open(&db).expect("db"), Settings::default(), ManualClock::new(T0))
             .expect("ledger")
             .migrate()
             .expect("migrate");
@@ -195,7 +230,7 @@ fn main() {
             for t in 0..threads {
                 let (runtime, db) = (runtime.clone(), db.clone());
                 s.spawn(move || {
-                    let mut l = Ledger::new(runtime, SqliteBackend::open(&db).expect("db"), Config::default(), ManualClock::new(T0))
+                    let mut l = Ledger::new(runtime, SqliteBackend::open(&db).expect("db"), Settings::default(), ManualClock::new(T0))
                         .expect("ledger");
                     for i in 0..per_thread {
                         l.handle("acct", &order(&format!("t{t}-{i}"), b"{}"), created).expect("handled");
@@ -212,7 +247,7 @@ fn main() {
     let million: usize = std::env::var("BENCH_REQUESTS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
     let db = dir.path().join("million.sqlite");
     let clock = ManualClock::new(T0);
-    let mut l = Ledger::new(runtime.clone(), SqliteBackend::open(&db).expect("db"), Config::default(), clock.clone()).expect("ledger");
+    let mut l = Ledger::new(runtime.clone(), SqliteBackend::open(&db).expect("db"), Settings::default(), clock.clone()).expect("ledger");
     l.migrate().expect("migrate");
     // Requests spread evenly over 48 simulated hours: twice the 24 h retention.
     let step_ms = (2 * 86_400_000 / million as i64).max(1);
@@ -264,7 +299,7 @@ fn main() {
 fn pg_pool(url: &str, schema: &str, extra: &str) -> PostgresPool {
     let admin = PostgresPool::connect(url, 1).expect("postgres");
     for sql in [format!("DROP SCHEMA IF EXISTS {schema} CASCADE"), format!("CREATE SCHEMA {schema}")] {
-        admin.backend().execute_batch(&[Statement { sql, params: vec![] }]).expect("schema");
+        admin.backend().execute_batch(&[SqlStatement { sql: sql.into(), params: vec![] }]).expect("schema");
     }
     PostgresPool::connect(&idempotency_ledger::url_with_options(url, &format!("-c search_path={schema} {extra}")), 16).expect("postgres pool")
 }
@@ -285,15 +320,16 @@ fn postgres_vs_sqlite(md: &mut String, runtime: &Runtime, url: &str, dir: &std::
     let sqlite_path = dir.join("pg-compare.sqlite");
     let clock = ManualClock::new(T0);
     let mut ledgers: Vec<Ledger> = vec![
-        Ledger::new(runtime.clone(), SqliteBackend::open(&sqlite_path).expect("db"), Config::default(), clock.clone()).expect("ledger"),
-        Ledger::new(runtime.clone(), durable.backend(), Config::default(), clock.clone()).expect("ledger"),
-        Ledger::new(runtime.clone(), relaxed.backend(), Config::default(), clock.clone()).expect("ledger"),
+        Ledger::new(runtime.clone(), SqliteBackend::open(&sqlite_path).expect("db"), Settings::default(), clock.clone()).expect("ledger"),
+        Ledger::new(runtime.clone(), durable.backend(), Settings::default(), clock.clone()).expect("ledger"),
+        Ledger::new(runtime.clone(), relaxed.backend(), Settings::default(), clock.clone()).expect("ledger"),
     ];
     for ledger in &mut ledgers {
         ledger.migrate().expect("migrate");
         ledger.handle("acct", &order("done", body), created).expect("arrange replay");
-        let fp = ledger.fingerprint(&order("busy", body)).expect("fingerprint");
-        ledger.decide("acct", "busy", &fp).expect("arrange in progress");
+        // A handler that fails leaves its row pending: the key is in progress until the TTL.
+        let pending = ledger.handle("acct", &order("busy", body), |_| Err::<MutationResponse, _>("arrange: stays pending"));
+        assert!(pending.is_err(), "arrange in progress");
     }
     for path in ["fresh", "replay", "in progress (409)"] {
         let request_for = |i: usize| match path {
@@ -324,7 +360,7 @@ fn postgres_vs_sqlite(md: &mut String, runtime: &Runtime, url: &str, dir: &std::
                 for t in 0..threads {
                     let runtime = runtime.clone();
                     s.spawn(move || {
-                        let mut l = Ledger::new(runtime, new_backend(), Config::default(), ManualClock::new(T0)).expect("ledger");
+                        let mut l = Ledger::new(runtime, new_backend(), Settings::default(), ManualClock::new(T0)).expect("ledger");
                         for i in 0..per_thread {
                             l.handle("acct", &order(&format!("{tag}-{threads}-{t}-{i}"), b"{}"), created).expect("handled");
                         }
@@ -339,13 +375,13 @@ fn postgres_vs_sqlite(md: &mut String, runtime: &Runtime, url: &str, dir: &std::
         let _ = writeln!(md, "| {threads} | {sqlite:.0} | {pg_durable:.0} | {pg_relaxed:.0} |");
     }
     for schema in ["bench_durable", "bench_relaxed"] {
-        let _ = durable.backend().execute_batch(&[Statement { sql: format!("DROP SCHEMA {schema} CASCADE"), params: vec![] }]);
+        let _ = durable.backend().execute_batch(&[SqlStatement { sql: format!("DROP SCHEMA {schema} CASCADE").into(), params: vec![] }]);
     }
 }
 
 fn pg_version(url: &str) -> String {
     let pool = PostgresPool::connect(url, 1).expect("postgres");
-    let show = Statement { sql: "SHOW server_version".into(), params: vec![] };
+    let show = SqlStatement { sql: "SHOW server_version".into(), params: vec![] };
     match pool.backend().execute_batch(&[show]).ok().and_then(|r| r[0].rows.first().and_then(|row| row.first().cloned())) {
         Some(Value::Text(v)) => v,
         _ => "(unknown version)".into(),

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use idempotency_ledger::{MutationResponse, Request};
-use idempotency_ledger_core::{self as core, driven, Config, Decision, Session};
+use idempotency_ledger_core::{self as core, driven, Action, Answer, Config, Event, HandlerResult, Session};
 
 use rusqlite::types::{Value as SqlValue, ValueRef};
 use rusqlite::{Connection, TransactionBehavior};
@@ -28,7 +28,7 @@ fn run(conn: &mut Connection, statements: &[core::Statement]) -> rusqlite::Resul
     let mut results = Vec::with_capacity(statements.len());
     for statement in statements {
         let before = tx.total_changes();
-        let mut prepared = tx.prepare_cached(statement.sql)?;
+        let mut prepared = tx.prepare_cached(statement.sql(core::Dialect::Sqlite))?;
         let params = statement.params.iter().map(|v| match v {
             core::Value::Null => SqlValue::Null,
             core::Value::Integer(i) => SqlValue::Integer(*i),
@@ -88,35 +88,59 @@ impl Native {
         insert(&self.sqlite.0, principal, key, fingerprint, updated_at);
     }
 
-    /// `Ledger::handle`, natively: the same steps, the same SQL.
+    /// `Ledger::handle`, natively: the same exchange, driven (its batches run
+    /// here, as the component runs them through its import), the same SQL.
     pub fn handle(
         &mut self,
         principal: &str,
         req: &Request,
         mutation: impl FnOnce(&Request) -> Result<MutationResponse, String>,
     ) -> core::Response {
-        let protected = match self.session.admit(&Self::head(req), Some(principal)).expect("admit") {
-            core::Admission::Protected(p) => p,
-            core::Admission::Reject(r) => return r.response,
-            core::Admission::PassThrough => panic!("the bench only sends protected requests"),
+        let now = self.now;
+        let (mut action, exchange) = self.session.start(&Self::head(req), Some(principal), false);
+        let Some(mut exchange) = exchange else {
+            return match action {
+                Action::Respond(reply) => answer(reply.send, None),
+                other => panic!("the bench only sends protected requests: {other:?}"),
+            };
         };
-        let fingerprint = idempotency_ledger::sha256_hex(protected.fingerprint_prefix.as_bytes(), &req.body);
-        let ticket = match self.session.run_decision(&mut self.sqlite, principal, &protected.key, &fingerprint, self.now, self.now).expect("decide") {
-            Decision::Execute(ticket) => ticket,
-            Decision::Replay(r) => return r,
-            Decision::Reject(r) => return r.response,
-            Decision::Wait(_) => panic!("the bench does not wait"),
-        };
-        let produced = mutation(req).expect("mutation");
-        let produced = core::MutationResponse {
-            status: produced.status,
-            headers: produced.headers.iter().map(|(n, v)| core::Header::new(n.clone(), v.clone())).collect(),
-            body: match produced.body {
-                idempotency_ledger::Body::Text(t) => core::ResponseBody::Text(t),
-                idempotency_ledger::Body::Bytes(b) => core::ResponseBody::Bytes(b),
-            },
-        };
-        self.session.run_completion(&mut self.sqlite, &ticket, produced, self.now).expect("complete").response
+        let mut mutation = Some(mutation);
+        let mut produced = None;
+        loop {
+            let event = match action {
+                Action::ReadBody(read) => Event::BodyHashed(idempotency_ledger::sha256_hex(read.prefix.as_bytes(), &req.body)),
+                Action::RunHandler(_) => {
+                    let response = (mutation.take().expect("the handler runs once"))(req).expect("mutation");
+                    let answered = core::MutationResponse {
+                        status: response.status,
+                        headers: response.headers.iter().map(|(n, v)| core::Header::new(n.clone(), v.clone())).collect(),
+                        body: match &response.body {
+                            idempotency_ledger::Body::Text(t) => core::ResponseBody::Text(t.clone()),
+                            idempotency_ledger::Body::Bytes(b) => core::ResponseBody::Bytes(b.clone()),
+                        },
+                    };
+                    produced = Some(response);
+                    Event::HandlerDone(HandlerResult::Answered(answered))
+                }
+                Action::Respond(reply) => return answer(reply.send, produced),
+                other => panic!("the bench neither waits nor fails: {other:?}"),
+            };
+            action = exchange.step(&self.session, now, event);
+            action = driven::drive(&self.session, &mut exchange, &mut self.sqlite, now, action);
+        }
+    }
+}
+
+/// The response a final answer sends: the core's, or the handler's own.
+fn answer(send: Answer, produced: Option<MutationResponse>) -> core::Response {
+    match (send, produced) {
+        (Answer::Core(response), _) => response,
+        (Answer::Handler, Some(r)) => core::Response {
+            status: r.status,
+            headers: r.headers.into_iter().map(|(n, v)| core::Header::new(n, v)).collect(),
+            body: Some(String::from_utf8_lossy(&r.body.into_bytes()).into_owned()),
+        },
+        (Answer::Handler, None) => panic!("the handler's response before it ran"),
     }
 }
 

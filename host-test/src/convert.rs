@@ -36,6 +36,8 @@ pub fn query_to_wit(q: core::Query) -> wit::Query {
         core::Query::Complete => wit::Query::Complete,
         core::Query::Release => wit::Query::Release,
         core::Query::Sweep => wit::Query::Sweep,
+        core::Query::Renew => wit::Query::Renew,
+        core::Query::Fence => wit::Query::Fence,
     }
 }
 
@@ -49,6 +51,8 @@ pub fn query_to_core(q: wit::Query) -> core::Query {
         wit::Query::Complete => core::Query::Complete,
         wit::Query::Release => core::Query::Release,
         wit::Query::Sweep => core::Query::Sweep,
+        wit::Query::Renew => core::Query::Renew,
+        wit::Query::Fence => core::Query::Fence,
     }
 }
 
@@ -150,6 +154,7 @@ pub fn outcome_to_core(o: wit::Outcome) -> core::Outcome {
         W::Abandoned => C::Abandoned,
         W::FencedOut => C::FencedOut,
         W::CompletionFailed => C::CompletionFailed,
+        W::RolledBack => C::RolledBack,
         W::LedgerBusy => C::LedgerBusy,
         W::LedgerFailed => C::LedgerFailed,
         W::LedgerOutcomeUnknown => C::LedgerOutcomeUnknown,
@@ -181,6 +186,9 @@ pub fn event_to_wit(e: &core::Event) -> wit::Event {
         core::Event::BatchDone(results) => wit::Event::BatchDone(results_to_wit(results)),
         core::Event::BatchFailed(error) => wit::Event::BatchFailed(batch_error_to_wit(error)),
         core::Event::Slept => wit::Event::Slept,
+        core::Event::Committed => wit::Event::Committed,
+        core::Event::CommitFailed(error) => wit::Event::CommitFailed(batch_error_to_wit(error)),
+        core::Event::RolledBack => wit::Event::RolledBack,
         core::Event::HandlerDone(result) => wit::Event::HandlerDone(match result {
             core::HandlerResult::Answered(m) => wit::HandlerResult::Answered(mutation_to_wit(m)),
             core::HandlerResult::Raised(detail) => wit::HandlerResult::Raised(detail.clone()),
@@ -208,7 +216,14 @@ pub fn action_to_core(a: wit::Action) -> core::Action {
         wit::Action::ReadBody(r) => core::Action::ReadBody(core::ReadBody { cap: r.cap, prefix: r.prefix }),
         wit::Action::RunBatch(statements) => core::Action::RunBatch(statements_to_core(statements)),
         wit::Action::Sleep(ms) => core::Action::Sleep(ms),
-        wit::Action::RunHandler(t) => core::Action::RunHandler(ticket_to_core(t)),
+        wit::Action::RunHandler(run) => core::Action::RunHandler(core::HandlerRun {
+            ticket: ticket_to_core(run.ticket),
+            renew_every_ms: run.renew_every_ms,
+            transaction: run.transaction,
+        }),
+        wit::Action::CompleteInTransaction(statements) => core::Action::CompleteInTransaction(statements_to_core(statements)),
+        wit::Action::Commit => core::Action::Commit,
+        wit::Action::Rollback => core::Action::Rollback,
         wit::Action::PassThrough => core::Action::PassThrough,
         wit::Action::Respond(reply) => core::Action::Respond(reply_to_core(reply)),
         wit::Action::Propagate(f) => core::Action::Propagate(core::Failure {

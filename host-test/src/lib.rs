@@ -414,3 +414,64 @@ impl SqlBackend for Instrumented {
         self.inner.dialect()
     }
 }
+
+/// Every line logged in this test process so far, as `LEVEL message`
+/// (`capture_logs` installs the capturing logger). Tests run in parallel
+/// threads: filter by the principal or key a test used.
+pub fn logged() -> Vec<String> {
+    LOG.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
+/// Installs a logger that keeps every line (once per process).
+pub fn capture_logs() {
+    static CAPTURE: Capture = Capture;
+    let _ = log::set_logger(&CAPTURE);
+    log::set_max_level(log::LevelFilter::Info);
+}
+
+static LOG: std::sync::OnceLock<Mutex<Vec<String>>> = std::sync::OnceLock::new();
+
+struct Capture;
+
+impl log::Log for Capture {
+    fn enabled(&self, _: &log::Metadata) -> bool {
+        true
+    }
+    fn log(&self, record: &log::Record) {
+        LOG.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner()).push(format!("{} {}", record.level(), record.args()));
+    }
+    fn flush(&self) {}
+}
+
+/// A request's head as the WIT carries it.
+pub fn head_of(req: &idempotency_ledger::Request) -> wit::RequestHead {
+    wit::RequestHead {
+        method: req.method.clone(),
+        path_and_query: req.path_and_query.clone(),
+        headers: req.headers.iter().map(|(n, v)| wit::Header { name: n.clone(), value: v.clone() }).collect(),
+    }
+}
+
+/// The fingerprint the component computes itself from the body (`body` fed
+/// to a stepped exchange on `ledger`'s instance, not `body-hashed`): the
+/// claim's parameter. The request must carry a valid key.
+pub fn component_fingerprint(ledger: &mut Ledger, principal: &str, req: &idempotency_ledger::Request) -> String {
+    let start = wit::RequestStart { head: head_of(req), principal: Some(principal.into()), now: T0, mode: wit::IoMode::Stepped, transactional: false };
+    let body = req.body.clone();
+    ledger
+        .with_component(|core, store, session| -> wasmtime::Result<String> {
+            let started = core.idempotency_ledger_session().session().call_start(&mut *store, session, &start)?;
+            let exchange = started.exchange.unwrap_or_else(|| panic!("a protected request has an exchange: {:?}", started.action));
+            let action = core.idempotency_ledger_exchange().exchange().call_step(&mut *store, exchange, T0, &wit::Event::Body(body))?;
+            exchange.resource_drop(&mut *store)?;
+            match action {
+                wit::Action::RunBatch(statements) => match &statements[0].params[2] {
+                    wit::Value::Text(fingerprint) => Ok(fingerprint.clone()),
+                    other => panic!("the claim's fingerprint is text, got {other:?}"),
+                },
+                other => panic!("expected the decision batch, got {other:?}"),
+            }
+        })
+        .expect("instance")
+        .expect("no trap")
+}

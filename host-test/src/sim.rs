@@ -177,7 +177,7 @@ impl Native {
 
 impl Engine for Native {
     fn start(&mut self, head: &core::RequestHead, principal: Option<&str>, _now: i64) -> Result<(Action, Option<ExchangeId>), String> {
-        let (action, exchange) = self.session.start(head, principal);
+        let (action, exchange) = self.session.start(head, principal, false);
         Ok((
             action,
             exchange.map(|x| {
@@ -254,7 +254,7 @@ impl Component {
 
 impl Engine for Component {
     fn start(&mut self, head: &core::RequestHead, principal: Option<&str>, now: i64) -> Result<(Action, Option<ExchangeId>), String> {
-        let start = wit::RequestStart { head: head_to_wit(head), principal: principal.map(str::to_string), now, mode: wit::IoMode::Stepped };
+        let start = wit::RequestStart { head: head_to_wit(head), principal: principal.map(str::to_string), now, mode: wit::IoMode::Stepped, transactional: false };
         let started = self.call(|core, store, session| core.idempotency_ledger_session().session().call_start(store, session, &start))?;
         let exchange = started.exchange.map(|x| {
             self.next += 1;
@@ -858,7 +858,7 @@ impl Sim<'_> {
                 self.log(format!("w{w} f{} wakes after {ms} ms", f.id));
                 self.keep(w, f, action)
             }
-            Action::RunHandler(ticket) => self.in_handler(w, f, ticket),
+            Action::RunHandler(run) => self.in_handler(w, f, run.ticket),
             final_action => Err(format!("f{}: a final action left pending: {final_action:?}", f.id)),
         }
     }
@@ -1108,7 +1108,7 @@ impl Sim<'_> {
             Decided::Claimed(i) | Decided::TakenOver(i) => {
                 // SPEC 3, 6: the won claim or takeover runs the handler, under exactly this ticket.
                 let owned = self.owned(&f, &decided).expect("won");
-                if action != Action::RunHandler(owned.1.clone()) {
+                if !matches!(&action, Action::RunHandler(run) if run.ticket == owned.1 && !run.transaction) {
                     return Err(format!("{what}: the batch won {decided:?}; expected run-handler {:?}, got {action:?}", owned.1));
                 }
                 f.handler_runs += 1;

@@ -10,12 +10,11 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use idempotency_ledger::wit::{Decision, LedgerError, Statement, Value};
+use idempotency_ledger::wit::Value;
 use idempotency_ledger::{
-    Config, Error, HandleError, Handled, Ledger, ManualClock, MutationResponse, Outcome, PostgresPool, ProtocolError, Request,
-    SqlBackend, Stored,
+    HandleError, Handled, Ledger, ManualClock, MutationResponse, Outcome, PostgresPool, Request, Settings, SqlBackend, SqlStatement,
 };
-use idempotency_ledger_host_test::{postgres_url, runtime, url_with_schema, TestDb, T0};
+use idempotency_ledger_host_test::{capture_logs, logged, postgres_url, runtime, url_with_schema, TestDb, T0};
 use serde_json::json;
 
 fn order(key: &str) -> Request {
@@ -31,12 +30,26 @@ fn created(_: &Request) -> Result<MutationResponse, String> {
 
 /// Handles `req` as `acct`; also returns how many times the mutation ran.
 fn handle_counted(ledger: &mut Ledger, req: &Request) -> (Result<Handled, HandleError<String>>, usize) {
+    handle_counted_as(ledger, "acct", req)
+}
+
+fn handle_counted_as(ledger: &mut Ledger, principal: &str, req: &Request) -> (Result<Handled, HandleError<String>>, usize) {
     let mut runs = 0;
-    let result = ledger.handle("acct", req, |r| {
+    let result = ledger.handle(principal, req, |r| {
         runs += 1;
         created(r)
     });
     (result, runs)
+}
+
+/// The core's answer to a request that ran nothing: its outcome, its status,
+/// and the line it logged for `principal` (tests share the process's logger).
+fn refused(result: Result<Handled, HandleError<String>>, principal: &str) -> (Outcome, u16, Option<String>, String) {
+    let h = result.expect("a ledger failure is the core's answer, not the handler's error");
+    assert!(h.ticket.is_none(), "nothing ran under a ticket: {h:?}");
+    let needle = format!("principal={principal:?}");
+    let lines: Vec<String> = logged().into_iter().filter(|l| l.contains(&needle)).collect();
+    (h.outcome, h.response.status, h.response.header("retry-after").map(str::to_string), lines.join("\n"))
 }
 
 /// A TCP proxy in front of the server that counts flights: runs of bytes
@@ -115,7 +128,7 @@ fn every_batch_is_one_network_round_trip() {
     let (_, url) = via_port(schema, proxy.port);
     let pool = PostgresPool::connect(&url, 1).expect("pool");
     let clock = ManualClock::new(T0);
-    let mut ledger = Ledger::new(runtime(), pool.backend(), Config::default(), clock.clone()).expect("ledger");
+    let mut ledger = Ledger::new(runtime(), pool.backend(), Settings::default(), clock.clone()).expect("ledger");
     // Connecting and preparing each statement once cost extra trips.
     ledger.handle("acct", &order("warm-up"), created).expect("warm-up");
     ledger.sweep().expect("warm-up sweep");
@@ -128,15 +141,15 @@ fn every_batch_is_one_network_round_trip() {
     };
     measure("fresh (decision + completion)", &mut || {
         let h = ledger.handle("acct", &order("k-1"), created).expect("fresh");
-        assert!(matches!(h.outcome, Outcome::Executed { .. }));
+        assert_eq!(h.outcome, Outcome::Executed);
     });
     measure("replay (decision)", &mut || {
         let h = ledger.handle("acct", &order("k-1"), created).expect("replay");
-        assert!(matches!(h.outcome, Outcome::Replayed));
+        assert_eq!(h.outcome, Outcome::Replayed);
     });
     measure("sweep", &mut || {
         clock.advance(Duration::from_millis(86_400_001));
-        assert!(ledger.sweep().expect("sweep") >= 1);
+        assert!(ledger.sweep().expect("sweep").deleted >= 1);
     });
     println!("round trips on PostgreSQL: {trips:?}");
     assert_eq!(
@@ -147,14 +160,15 @@ fn every_batch_is_one_network_round_trip() {
 
 #[test]
 fn a_row_locked_by_another_transaction_is_busy_after_the_lock_timeout_and_nothing_runs() {
+    capture_logs();
     let db = TestDb::postgres();
     let clock = ManualClock::new(T0);
     let mut ledger = db.ledger(&clock);
     let req = order("locked");
-    let fingerprint = ledger.fingerprint(&req).expect("fingerprint");
+    let fingerprint = runtime().fingerprint(&req).expect("fingerprint");
     // A stale reservation the takeover must lock; another session holds it.
     db.insert_rows(&[json!({
-        "principal": "acct", "key": "locked", "fingerprint": fingerprint, "status": "pending", "generation": 1,
+        "principal": "acct-locked", "key": "locked", "fingerprint": fingerprint, "status": "pending", "generation": 1,
         "response_status": null, "response_body": null, "response_headers": null,
         "created_at": T0 - 60_000, "updated_at": T0 - 60_000,
     })]);
@@ -178,22 +192,18 @@ fn a_row_locked_by_another_transaction_is_busy_after_the_lock_timeout_and_nothin
     });
     locked_rx.recv().expect("the row is locked");
     let started = Instant::now();
-    let (result, runs) = handle_counted(&mut ledger, &req);
+    let (result, runs) = handle_counted_as(&mut ledger, "acct-locked", &req);
     let waited = started.elapsed();
-    match result {
-        Err(HandleError::Unavailable { error: Error::Protocol(ProtocolError::Ledger(LedgerError::Busy)), response }) => {
-            assert_eq!(response.status, 503);
-            assert_eq!(response.header("retry-after"), Some("1"));
-        }
-        other => panic!("expected busy, got {other:?}"),
-    }
+    let (outcome, status, retry_after, log) = refused(result, "acct-locked");
+    assert_eq!((outcome, status, retry_after.as_deref()), (Outcome::LedgerBusy, 503, Some("1")), "{log}");
+    assert!(log.contains("ledger busy"), "{log}");
     assert_eq!(runs, 0, "fail closed: nothing ran");
     assert!(waited >= Duration::from_secs(4), "waited {waited:?} for the 5 s lock_timeout");
     release_tx.send(()).expect("release");
     holder.join().expect("holder");
     // The lock is gone: the same request now takes the stale row over.
-    let h = ledger.handle("acct", &req, created).expect("handled");
-    assert!(matches!(h.outcome, Outcome::Executed { ref ticket, .. } if ticket.generation == 2), "{:?}", h.outcome);
+    let h = ledger.handle("acct-locked", &req, created).expect("handled");
+    assert_eq!((h.outcome, h.ticket.as_ref().map(|t| t.generation)), (Outcome::TakenOver, Some(2)));
 }
 
 /// A ledger on a pool whose connections carry an `application_name` of their
@@ -203,13 +213,13 @@ fn named_ledger(db: &TestDb, tag: &str, max_size: usize) -> (Ledger, String) {
     let name = format!("ledger-{tag}-{schema}");
     let url = format!("{}&application_name={name}", url_with_schema(&postgres_url(), schema));
     let pool = PostgresPool::connect(&url, max_size).expect("pool");
-    let ledger = Ledger::new(runtime(), pool.backend(), Config::default(), ManualClock::new(T0)).expect("ledger");
+    let ledger = Ledger::new(runtime(), pool.backend(), Settings::default(), ManualClock::new(T0)).expect("ledger");
     (ledger, name)
 }
 
 /// One statement on the test's own admin connection.
 fn admin_sql(db: &TestDb, sql: String) -> Vec<Vec<Value>> {
-    let results = db.pg().expect("postgres").pool.backend().execute_batch(&[Statement { sql, params: vec![] }]).expect("admin sql");
+    let results = db.pg().expect("postgres").pool.backend().execute_batch(&[SqlStatement { sql: sql.into(), params: vec![] }]).expect("admin sql");
     results.into_iter().next().expect("one result").rows
 }
 
@@ -226,14 +236,15 @@ fn killed_connections_fail_closed_and_the_pool_reconnects() {
     let mut failures = 0;
     for k in 0..3 {
         let (result, runs) = handle_counted(&mut ledger, &order(&format!("after-{k}")));
-        match result {
-            Ok(h) => assert!(matches!(h.outcome, Outcome::Executed { .. }), "{:?}", h.outcome),
-            Err(HandleError::Unavailable { response, .. }) => {
+        let h = result.unwrap_or_else(|e| panic!("unexpected {e}"));
+        match h.outcome {
+            Outcome::Executed => assert_eq!(runs, 1),
+            Outcome::LedgerFailed | Outcome::LedgerBusy | Outcome::LedgerOutcomeUnknown => {
                 failures += 1;
                 assert_eq!(runs, 0, "fail closed: nothing ran on a dead connection");
-                assert!(response.status >= 500);
+                assert!(h.response.status >= 500);
             }
-            Err(other) => panic!("unexpected {other}"),
+            other => panic!("unexpected {other:?}"),
         }
     }
     assert!(failures <= 1, "at most the first batch meets the dead connection, got {failures} failures");
@@ -258,7 +269,7 @@ fn a_connection_terminated_while_idle_is_replaced_before_use() {
         }
         let (result, runs) = handle_counted(&mut ledger, &order(&format!("idle-{round}")));
         let handled = result.unwrap_or_else(|e| panic!("round {round}: the request after an idle termination failed: {e}"));
-        assert!(matches!(handled.outcome, Outcome::Executed { stored: Stored::Completed, .. }), "round {round}: {:?}", handled.outcome);
+        assert_eq!(handled.outcome, Outcome::Executed, "round {round}");
         assert_eq!(runs, 1, "round {round}");
     }
     assert_eq!(db.rows().len(), 21);
@@ -269,7 +280,7 @@ fn concurrent_takeovers_of_one_stale_row_have_one_winner() {
     let db = TestDb::postgres();
     let clock = ManualClock::new(T0);
     // The fingerprint covers method, path, allowlisted headers and body, not the key.
-    let fingerprint = db.ledger(&clock).fingerprint(&order("any")).expect("fingerprint");
+    let fingerprint = runtime().fingerprint(&order("any")).expect("fingerprint");
     for round in 0..5 {
         let key = format!("stale-{round}");
         db.insert_rows(&[json!({
@@ -278,37 +289,51 @@ fn concurrent_takeovers_of_one_stale_row_have_one_winner() {
             "created_at": T0 - 60_000, "updated_at": T0 - 60_000,
         })]);
         let barrier = Arc::new(std::sync::Barrier::new(8));
+        let runs = Arc::new(AtomicUsize::new(0));
         let threads: Vec<_> = (0..8)
             .map(|_| {
-                let (opener, clock, barrier) = (db.opener(), clock.clone(), barrier.clone());
-                let (key, fingerprint) = (key.clone(), fingerprint.clone());
+                let (opener, clock, barrier, runs) = (db.opener(), clock.clone(), barrier.clone(), runs.clone());
+                let key = key.clone();
                 thread::spawn(move || {
                     let mut ledger = opener.ledger(clock);
                     barrier.wait();
-                    matches!(ledger.decide("acct", &key, &fingerprint).expect("decide"), Decision::Execute(_))
+                    let h = ledger
+                        .handle("acct", &order(&key), |r| {
+                            runs.fetch_add(1, Ordering::SeqCst);
+                            thread::sleep(Duration::from_millis(20)); // the others meet the fresh takeover
+                            created(r)
+                        })
+                        .expect("handled");
+                    (h.outcome, h.ticket.map(|t| t.generation))
                 })
             })
             .collect();
-        let winners: Vec<bool> = threads.into_iter().map(|h| h.join().expect("thread")).collect();
-        assert_eq!(winners.iter().filter(|w| **w).count(), 1, "round {round}: one takeover wins");
+        let outcomes: Vec<(Outcome, Option<i64>)> = threads.into_iter().map(|h| h.join().expect("thread")).collect();
+        let winners: Vec<_> = outcomes.iter().filter(|(o, _)| *o == Outcome::TakenOver).collect();
+        assert_eq!(winners.len(), 1, "round {round}: one takeover wins: {outcomes:?}");
+        assert_eq!(winners[0].1, Some(2));
+        assert!(
+            outcomes.iter().all(|(o, _)| matches!(o, Outcome::TakenOver | Outcome::InProgress | Outcome::Replayed)),
+            "round {round}: the others wait or replay: {outcomes:?}"
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "round {round}: one execution");
         let row = db.rows().into_iter().find(|r| r["key"] == key).expect("row");
         assert_eq!(row["generation"], 2, "round {round}: generation advanced once");
+        assert_eq!(row["status"], "completed");
     }
 }
 
 #[test]
 fn an_unreachable_server_fails_closed_and_a_saturated_pool_is_busy() {
+    capture_logs();
     // Nothing listens on this port (bound, then closed).
     let port = TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
     let pool = PostgresPool::connect(&format!("postgresql://postgres@127.0.0.1:{port}/postgres"), 2).expect("lazy pool");
-    let mut ledger = Ledger::new(runtime(), pool.backend(), Config::default(), ManualClock::new(T0)).expect("ledger");
-    let (result, runs) = handle_counted(&mut ledger, &order("k"));
-    match result {
-        Err(HandleError::Unavailable { error: Error::Protocol(ProtocolError::Ledger(LedgerError::Io(m))), response }) => {
-            assert_eq!(response.status, 500, "{m}");
-        }
-        other => panic!("expected an io error, got {other:?}"),
-    }
+    let mut ledger = Ledger::new(runtime(), pool.backend(), Settings::default(), ManualClock::new(T0)).expect("ledger");
+    let (result, runs) = handle_counted_as(&mut ledger, "acct-unreachable", &order("k"));
+    let (outcome, status, _, log) = refused(result, "acct-unreachable");
+    assert_eq!((outcome, status), (Outcome::LedgerFailed, 500), "{log}");
+    assert!(log.contains("ledger i/o error"), "an unreachable server is io: {log}");
     assert_eq!(runs, 0, "fail closed");
 
     // A pool of one connection, held by a 7 s batch: another ledger on it
@@ -320,19 +345,15 @@ fn an_unreachable_server_fails_closed_and_a_saturated_pool_is_busy() {
         let one = one.clone();
         thread::spawn(move || {
             let mut backend = one.backend();
-            let sleep = Statement { sql: "SELECT 1 FROM pg_sleep(7)".into(), params: vec![] };
+            let sleep = SqlStatement { sql: "SELECT 1 FROM pg_sleep(7)".into(), params: vec![] };
             backend.execute_batch(&[sleep]).expect("sleep")
         })
     };
     thread::sleep(Duration::from_millis(500));
-    let mut ledger = Ledger::new(runtime(), one.backend(), Config::default(), ManualClock::new(T0)).expect("ledger");
-    let (result, runs) = handle_counted(&mut ledger, &order("k"));
-    match result {
-        Err(HandleError::Unavailable { error: Error::Protocol(ProtocolError::Ledger(LedgerError::Busy)), response }) => {
-            assert_eq!(response.status, 503);
-        }
-        other => panic!("expected busy, got {other:?}"),
-    }
+    let mut ledger = Ledger::new(runtime(), one.backend(), Settings::default(), ManualClock::new(T0)).expect("ledger");
+    let (result, runs) = handle_counted_as(&mut ledger, "acct-saturated", &order("k"));
+    let (outcome, status, retry_after, log) = refused(result, "acct-saturated");
+    assert_eq!((outcome, status, retry_after.as_deref()), (Outcome::LedgerBusy, 503, Some("1")), "{log}");
     assert_eq!(runs, 0, "fail closed");
     held.join().expect("sleeper");
 }
@@ -351,7 +372,15 @@ fn simulation_on_postgres() {
             Ok(report) => {
                 println!("simulation on PostgreSQL ({what}): seeds {seeds:?}: {report}");
                 assert_eq!(report.steps, 2_000 * (seeds.end - seeds.start));
-                assert!(report.takeovers > 0 && report.replays > 0 && report.sweeps_deleted > 0, "{report}");
+                assert!(
+                    report.takeovers > 0
+                        && report.replays > 0
+                        && report.stored > 0
+                        && report.outcome_unknown > 0
+                        && report.crashes_in_handler > 0
+                        && report.sweeps_deleted > 0,
+                    "{report}"
+                );
             }
             Err(failure) => panic!("{failure}\nreproduce: make simulate SEEDS=<seed> POSTGRES=1{}", if component { " COMPONENT=1" } else { "" }),
         }
@@ -438,6 +467,7 @@ impl CuttingProxy {
 /// holds the pending claim, which a retry after the TTL takes over.
 #[test]
 fn a_decision_batch_cut_after_sending_is_outcome_unknown_and_says_so() {
+    capture_logs();
     let db = TestDb::postgres();
     let schema = db.pg().expect("postgres").name.clone();
     let (upstream, _) = via_port(&schema, 0);
@@ -446,29 +476,28 @@ fn a_decision_batch_cut_after_sending_is_outcome_unknown_and_says_so() {
     // Plain text, so the proxy can see the batch (the default `prefer` would encrypt).
     let pool = PostgresPool::connect(&format!("{url}&sslmode=disable"), 2).expect("pool");
     let clock = ManualClock::new(T0);
-    let mut ledger = Ledger::new(runtime(), pool.backend(), Config::default(), clock.clone()).expect("ledger");
+    let mut ledger = Ledger::new(runtime(), pool.backend(), Settings::default(), clock.clone()).expect("ledger");
     ledger.handle("acct", &order("warm-up"), created).expect("warm-up: statements prepared");
     proxy.arm();
-    let (result, runs) = handle_counted(&mut ledger, &order("cut"));
+    let (result, runs) = handle_counted_as(&mut ledger, "acct-cut", &order("cut"));
     proxy.wait_for_cut();
-    match result {
-        Err(HandleError::Unavailable { error: Error::Protocol(ProtocolError::Ledger(LedgerError::OutcomeUnknown(_))), response }) => {
-            assert_eq!(response.status, 503);
-            assert_eq!(response.header("retry-after"), Some("30"), "the key may stay reserved for the TTL");
-            let body = response.body_text().expect("json");
-            assert!(body.contains("idempotency_ledger_outcome_unknown") && body.contains("may stay reserved"), "{body}");
-        }
-        other => panic!("expected outcome unknown, got {other:?}"),
-    }
+    let h = result.expect("the core's answer");
+    assert_eq!((h.outcome, h.response.status), (Outcome::LedgerOutcomeUnknown, 503));
+    assert_eq!(h.response.header("retry-after"), Some("30"), "the key may stay reserved for the TTL");
+    let body = h.response.body_text().expect("json");
+    assert!(body.contains("idempotency_ledger_outcome_unknown") && body.contains("may stay reserved"), "{body}");
+    let (_, _, _, log) = refused(Ok(h), "acct-cut");
+    assert!(log.contains("decision outcome unknown"), "{log}");
     assert_eq!(runs, 0, "fail closed: the mutation never ran");
     let row = db.rows().into_iter().find(|r| r["key"] == "cut").expect("the claim did commit");
     assert_eq!(row["status"], "pending", "what the answer said: the key is reserved");
-    let (retry, runs) = handle_counted(&mut ledger, &order("cut"));
-    assert!(matches!(retry.expect("handled").outcome, Outcome::Rejected(idempotency_ledger::RejectionReason::InProgress)));
+    let (retry, runs) = handle_counted_as(&mut ledger, "acct-cut", &order("cut"));
+    assert_eq!(retry.expect("handled").outcome, Outcome::InProgress);
     assert_eq!(runs, 0);
     clock.advance(Duration::from_millis(30_001));
-    let (taken, runs) = handle_counted(&mut ledger, &order("cut"));
-    assert!(matches!(taken.expect("handled").outcome, Outcome::Executed { ref ticket, .. } if ticket.generation == 2));
+    let (taken, runs) = handle_counted_as(&mut ledger, "acct-cut", &order("cut"));
+    let taken = taken.expect("handled");
+    assert_eq!((taken.outcome, taken.ticket.as_ref().map(|t| t.generation)), (Outcome::TakenOver, Some(2)));
     assert_eq!(runs, 1, "after the TTL the retry takes the reservation over and runs once");
 }
 
@@ -477,26 +506,29 @@ fn a_decision_batch_cut_after_sending_is_outcome_unknown_and_says_so() {
 /// outcome unknown) instead of claiming it was stored or not.
 #[test]
 fn a_completion_batch_cut_after_sending_is_reported_as_unknown() {
+    capture_logs();
     let db = TestDb::postgres();
     let schema = db.pg().expect("postgres").name.clone();
     let (upstream, _) = via_port(&schema, 0);
     let proxy = CuttingProxy::start(upstream);
     let (_, url) = via_port(&schema, proxy.port);
     let pool = PostgresPool::connect(&format!("{url}&sslmode=disable"), 2).expect("pool");
-    let mut ledger = Ledger::new(runtime(), pool.backend(), Config::default(), ManualClock::new(T0)).expect("ledger");
+    let mut ledger = Ledger::new(runtime(), pool.backend(), Settings::default(), ManualClock::new(T0)).expect("ledger");
     ledger.handle("acct", &order("warm-up"), created).expect("warm-up");
     let h = ledger
-        .handle("acct", &order("cut-completion"), |r| {
+        .handle("acct-cut-completion", &order("cut-completion"), |r| {
             proxy.arm();
             created(r)
         })
         .expect("handled");
     proxy.wait_for_cut();
     assert_eq!(h.response.status, 201, "the caller gets what the mutation produced");
-    match &h.outcome {
-        Outcome::Executed { stored: idempotency_ledger::Stored::Failed(Error::Protocol(ProtocolError::Ledger(LedgerError::OutcomeUnknown(_)))), .. } => {}
-        other => panic!("expected an unknown completion, got {other:?}"),
-    }
+    assert_eq!(h.outcome, Outcome::CompletionFailed);
+    let needle = format!("principal={:?}", "acct-cut-completion");
+    assert!(
+        logged().iter().any(|l| l.contains(&needle) && l.contains("completion outcome unknown") && l.contains("may or may not be stored")),
+        "the host says it could not know"
+    );
     let row = db.rows().into_iter().find(|r| r["key"] == "cut-completion").expect("row");
     assert_eq!(row["status"], "completed", "it did commit; the host said it could not know");
 }
@@ -509,7 +541,7 @@ fn tls_from_the_url_with_verify_full_require_and_a_wrong_root() {
     let base = postgres_url();
     let ssl_in_use = |url: &str| -> Result<bool, String> {
         let pool = PostgresPool::connect(url, 1).map_err(|e| e.to_string())?;
-        let query = Statement { sql: "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()".into(), params: vec![] };
+        let query = SqlStatement { sql: "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()".into(), params: vec![] };
         let results = pool.backend().execute_batch(&[query]).map_err(|e| format!("{e:?}"))?;
         Ok(matches!(results[0].rows[0][0], idempotency_ledger::wit::Value::Integer(1)))
     };
@@ -528,10 +560,10 @@ fn tls_from_the_url_with_verify_full_require_and_a_wrong_root() {
     let schema = db.pg().expect("postgres").name.clone();
     let url = format!("{}&sslmode=verify-full&sslrootcert={ca}", url_with_schema(&base, &schema));
     let pool = PostgresPool::connect(&url, 2).expect("pool");
-    let mut ledger = Ledger::new(runtime(), pool.backend(), Config::default(), ManualClock::new(T0)).expect("ledger");
+    let mut ledger = Ledger::new(runtime(), pool.backend(), Settings::default(), ManualClock::new(T0)).expect("ledger");
     let (first, runs) = handle_counted(&mut ledger, &order("tls"));
-    assert!(matches!(first.expect("handled").outcome, Outcome::Executed { .. }) && runs == 1);
-    assert!(matches!(handle_counted(&mut ledger, &order("tls")).0.expect("handled").outcome, Outcome::Replayed));
+    assert!(first.expect("handled").outcome == Outcome::Executed && runs == 1);
+    assert_eq!(handle_counted(&mut ledger, &order("tls")).0.expect("handled").outcome, Outcome::Replayed);
 }
 
 /// The async API on the caller's runtime: `#[tokio::main]`-style setup, 20
@@ -547,7 +579,7 @@ fn async_ledger_on_postgres_inside_a_tokio_runtime() {
     let runs = Arc::new(AtomicUsize::new(0));
     let outcomes = rt.block_on(async {
         let backend = AsyncPostgres::connect(&url, 8).expect("pool");
-        let config = Config { wait_ms: 2_000, ..Config::default() };
+        let config = Settings { wait_ms: Some(2_000), ..Settings::default() };
         let ledger = AsyncLedger::new(runtime(), backend, config, idempotency_ledger::SystemClock).await.expect("ledger");
         let tasks: Vec<_> = (0..20)
             .map(|_| {
@@ -580,21 +612,18 @@ fn async_ledger_on_postgres_inside_a_tokio_runtime() {
 /// nothing run, never a panic; dropping its pool there is fine too.
 #[test]
 fn the_blocking_postgres_ledger_inside_a_runtime_fails_closed_without_panicking() {
+    capture_logs();
     let db = TestDb::postgres();
     let schema = db.pg().expect("postgres").name.clone();
     let url = url_with_schema(&postgres_url(), &schema);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
     rt.block_on(async {
         let pool = PostgresPool::connect(&url, 2).expect("connect inside a runtime");
-        let mut ledger = Ledger::new(runtime(), pool.backend(), Config::default(), ManualClock::new(T0)).expect("ledger");
-        let (result, runs) = handle_counted(&mut ledger, &order("in-runtime"));
-        match result {
-            Err(HandleError::Unavailable { error, response }) => {
-                assert!(error.to_string().contains("AsyncLedger"), "{error}");
-                assert_eq!(response.status, 500);
-            }
-            other => panic!("expected a clear refusal, got {other:?}"),
-        }
+        let mut ledger = Ledger::new(runtime(), pool.backend(), Settings::default(), ManualClock::new(T0)).expect("ledger");
+        let (result, runs) = handle_counted_as(&mut ledger, "acct-in-runtime", &order("in-runtime"));
+        let (outcome, status, _, log) = refused(result, "acct-in-runtime");
+        assert_eq!((outcome, status), (Outcome::LedgerFailed, 500), "{log}");
+        assert!(log.contains("AsyncLedger"), "the refusal says what to use instead: {log}");
         assert_eq!(runs, 0);
         drop(ledger);
         drop(pool);
@@ -607,6 +636,7 @@ fn the_blocking_postgres_ledger_inside_a_runtime_fails_closed_without_panicking(
 /// prepare must also give up after the lock timeout (busy), not wait forever.
 #[test]
 fn a_fresh_connection_behind_a_table_lock_is_busy_after_the_lock_timeout() {
+    capture_logs();
     let db = TestDb::postgres();
     let schema = db.pg().expect("postgres").name.clone();
     let (locked_tx, locked_rx) = std::sync::mpsc::channel();
@@ -627,20 +657,16 @@ fn a_fresh_connection_behind_a_table_lock_is_busy_after_the_lock_timeout() {
     locked_rx.recv().expect("the table is locked");
     // A fresh pool: its first connection has prepared nothing yet.
     let pool = PostgresPool::connect(&url_with_schema(&postgres_url(), &schema), 1).expect("pool");
-    let mut ledger = Ledger::new(runtime(), pool.backend(), Config::default(), ManualClock::new(T0)).expect("ledger");
+    let mut ledger = Ledger::new(runtime(), pool.backend(), Settings::default(), ManualClock::new(T0)).expect("ledger");
     let started = Instant::now();
-    let (result, runs) = handle_counted(&mut ledger, &order("behind-a-lock"));
+    let (result, runs) = handle_counted_as(&mut ledger, "acct-behind-a-lock", &order("behind-a-lock"));
     let waited = started.elapsed();
     release_tx.send(()).expect("release");
     holder.join().expect("holder");
-    match result {
-        Err(HandleError::Unavailable { error: Error::Protocol(ProtocolError::Ledger(LedgerError::Busy)), response }) => {
-            assert_eq!(response.status, 503)
-        }
-        other => panic!("expected busy, got {other:?}"),
-    }
+    let (outcome, status, _, log) = refused(result, "acct-behind-a-lock");
+    assert_eq!((outcome, status), (Outcome::LedgerBusy, 503), "{log}");
     assert_eq!(runs, 0);
     assert!(waited < Duration::from_secs(15), "gave up after {waited:?}");
     let (after, runs) = handle_counted(&mut ledger, &order("behind-a-lock"));
-    assert!(matches!(after.expect("handled").outcome, Outcome::Executed { .. }) && runs == 1, "the lock is gone: it runs");
+    assert!(after.expect("handled").outcome == Outcome::Executed && runs == 1, "the lock is gone: it runs");
 }

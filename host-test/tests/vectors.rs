@@ -234,9 +234,16 @@ fn action_json(a: &wit::Action) -> J {
         wit::Action::ReadBody(r) => json!({ "read-body": { "cap": r.cap, "prefix": r.prefix } }),
         wit::Action::RunBatch(statements) => json!({ "run-batch": statements_json(statements) }),
         wit::Action::Sleep(ms) => json!({ "sleep": ms }),
-        wit::Action::RunHandler(t) => json!({ "run-handler": {
-            "principal": t.principal, "key": t.key, "fingerprint": t.fingerprint,
-            "generation": t.generation, "created_at": t.created_at } }),
+        wit::Action::RunHandler(run) => {
+            let t = &run.ticket;
+            json!({ "run-handler": {
+                "ticket": { "principal": t.principal, "key": t.key, "fingerprint": t.fingerprint,
+                            "generation": t.generation, "created_at": t.created_at },
+                "renew-every-ms": run.renew_every_ms, "transaction": run.transaction } })
+        }
+        wit::Action::CompleteInTransaction(statements) => json!({ "complete-in-transaction": statements_json(statements) }),
+        wit::Action::Commit => json!({ "commit": null }),
+        wit::Action::Rollback => json!({ "rollback": null }),
         wit::Action::PassThrough => json!({ "pass-through": null }),
         wit::Action::Respond(r) => json!({ "respond": {
             "send": match &r.send { wit::Answer::Core(response) => response_json(response), wit::Answer::Handler => json!("handler") },
@@ -541,7 +548,7 @@ fn check_rows(v: &Vector<'_>, db: Option<&Db>, way: Way) -> Result<(), String> {
 }
 
 fn request_start(v: &Vector<'_>, mode: wit::IoMode) -> wit::RequestStart {
-    wit::RequestStart { head: v.head.clone(), principal: v.principal.clone(), now: v.now, mode }
+    wit::RequestStart { head: v.head.clone(), principal: v.principal.clone(), now: v.now, mode, transactional: false }
 }
 
 fn run_stepped(v: &Vector<'_>, way: Way) -> Result<(), String> {

@@ -8,7 +8,8 @@
 //      without it (miniflare + D1, and workerd alone), and what the package weighs;
 //   2. per request on D1: the package's handler vs the recipe's plain-JS handler;
 //   3. per request on Node: the Hono and Express middleware vs the same app
-//      without it (better-sqlite3 files, loopback HTTP), and where the time goes;
+//      without it (better-sqlite3 files, loopback HTTP), where the time goes,
+//      and what OpenTelemetry costs (off, the API without a provider, the SDK);
 //   4. PostgreSQL (when IDEMPOTENCY_PG_URL is set): the pg ledger vs a bare
 //      `INSERT ... ON CONFLICT` of the same row.
 import { execFileSync, spawn } from "node:child_process";
@@ -511,18 +512,18 @@ async function nodeOverhead(n = count(1500), warm = count(300)) {
 
 /**
  * Where the middleware's own time goes on Node, in-process (no HTTP): the
- * steps of IdempotencyLedger.begin / finish called one by one on a
- * better-sqlite3 file, each timed around itself; mean per call over n requests.
+ * steps of one exchange (IdempotencyLedger.exchange) performed one by one on
+ * a better-sqlite3 file, each timed around itself; mean per call over n
+ * requests. Then the whole exchange, fresh and replay, as the adapters run it.
  */
 async function nodeBreakdown(n = count(3000), warm = count(500)) {
-  const { ledgerFor, migrate } = await import("../src/node.js");
-  const { toMutationResponse } = await import("../src/ledger.js");
+  const { ledgerFor, migrate, mutationOf } = await import("../src/node.js");
   const dir = mkdtempSync(join(tmpdir(), "idem-bench-steps-"));
   const db = new Database(join(dir, "ledger.sqlite"));
   db.pragma("journal_mode = WAL");
   db.pragma("synchronous = NORMAL");
   migrate(db);
-  const OPTIONS = {};
+  const OPTIONS = { sweep: false };
   const ledger = ledgerFor(db, OPTIONS);
   const session = ledger.session;
   const body = Buffer.from(BODY);
@@ -543,50 +544,144 @@ async function nodeBreakdown(n = count(3000), warm = count(500)) {
     (steps[name] ??= []).push(performance.now() - t);
     return value;
   };
-  const keys = [];
+  const expect = (action, tag, what) => {
+    if (action.tag !== tag) throw new Error(`${what}: expected ${tag}, got ${action.tag}`);
+    return action;
+  };
   for (let i = 0; i < warm + n; i++) {
     if (i === warm) for (const k of Object.keys(steps)) steps[k] = [];
     const key = uniqueKey("s");
-    keys.push(key);
     const h = await time("request head (from raw headers)", () => head(key));
-    const admission = await time("admit", () => session.admit(h, principal));
-    const fp = await time("fingerprint (SHA-256 over prefix + body)", () => ledger.fingerprintOf(admission.val.fingerprintPrefix, body));
-    const now = Date.now();
-    const statements = await time("planDecision", () => session.planDecision(principal, admission.val.key, fp, now));
-    const results = await time("decision batch (better-sqlite3 transaction)", () => ledger.db.batch(statements));
-    const decision = await time("decide (claim won)", () => session.decide(principal, admission.val.key, fp, now, now, results));
-    const plan = await time("toMutationResponse + planCompletion", async () => session.planCompletion(decision.val, (await toMutationResponse(result)).wit, Date.now()));
-    const done = await time("completion batch (better-sqlite3 transaction)", () => ledger.db.batch(plan.statements));
-    await time("finishCompletion", () => session.finishCompletion(plan.action, done));
+    const started = await time("session.start (admission; read-body)", () => session.start(h, principal, Date.now()));
+    const exchange = started.exchange;
+    try {
+      const read = expect(started.action, "read-body", "start");
+      const fp = await time("fingerprint (SHA-256 over prefix + body)", () => ledger.digest(read.val.prefix, body));
+      const plan = expect(await time("step body-hashed (plans the decision batch)", () => exchange.step(Date.now(), { tag: "body-hashed", val: fp })), "run-batch", "body-hashed");
+      const decided = await time("decision batch (better-sqlite3 transaction)", () => ledger.runBatch(plan.val));
+      expect(await time("step batch-done (claim won: run-handler)", () => exchange.step(Date.now(), decided)), "run-handler", "decision");
+      const completion = expect(
+        await time("mutationOf + step handler-done (plans the completion)", async () => exchange.step(Date.now(), { tag: "handler-done", val: { tag: "answered", val: (await mutationOf(result)).wit } })),
+        "run-batch",
+        "handler-done",
+      );
+      const done = await time("completion batch (better-sqlite3 transaction)", () => ledger.runBatch(completion.val));
+      expect(await time("step batch-done (respond)", () => exchange.step(Date.now(), done)), "respond", "completion");
+    } finally {
+      exchange?.drop();
+    }
     // the replay of the same key, right after
-    const h2 = head(key);
-    const a2 = session.admit(h2, principal);
-    const fp2 = ledger.fingerprintOf(a2.val.fingerprintPrefix, body);
-    const now2 = Date.now();
-    const st2 = session.planDecision(principal, a2.val.key, await fp2, now2);
-    const r2 = await time("decision batch, replay (better-sqlite3 transaction)", () => ledger.db.batch(st2));
-    const d2 = await time("decide (replay)", () => session.decide(principal, a2.val.key, fp, now2, now2, r2));
-    if (d2.tag !== "replay") throw new Error(`expected a replay, got ${d2.tag}`);
+    const again = session.start(head(key), principal, Date.now());
+    try {
+      const read = expect(again.action, "read-body", "replay start");
+      const plan = expect(again.exchange.step(Date.now(), { tag: "body-hashed", val: ledger.digest(read.val.prefix, body) }), "run-batch", "replay body-hashed");
+      const decided = await time("decision batch, replay (better-sqlite3 transaction)", () => ledger.runBatch(plan.val));
+      const reply = expect(await time("step batch-done (replay: respond)", () => again.exchange.step(Date.now(), decided)), "respond", "replay decision");
+      if (reply.val.outcome !== "replayed") throw new Error(`expected a replay, got ${reply.val.outcome}`);
+    } finally {
+      again.exchange?.drop();
+    }
   }
   const mean = (xs) => xs.reduce((a, x) => a + x, 0) / xs.length;
   const out = {};
   for (const [name, xs] of Object.entries(steps)) out[name] = { meanUs: mean(xs) * 1000 };
-  // The whole begin + finish (what the adapters call), in-process.
+  // The whole exchange (what the adapters call), in-process.
+  const io = {
+    readBody: () => body,
+    runHandler: async () => ({ tag: "answered", val: (await mutationOf(result)).wit }),
+  };
   const whole = { fresh: [], replay: [] };
   for (let i = 0; i < n; i++) {
     const key = uniqueKey("w");
     let t = performance.now();
-    const begun = await ledger.begin(head(key), principal, async () => body);
-    await ledger.finish(begun.ticket, result);
+    const fresh = await ledger.exchange(head(key), principal, io);
     whole.fresh.push(performance.now() - t);
+    if (fresh.outcome !== "executed") throw new Error(`expected executed, got ${fresh.outcome}`);
     t = performance.now();
-    const again = await ledger.begin(head(key), principal, async () => body);
+    const again = await ledger.exchange(head(key), principal, io);
     whole.replay.push(performance.now() - t);
-    if (again.kind !== "answer") throw new Error("expected a replay");
+    if (again.outcome !== "replayed") throw new Error(`expected a replay, got ${again.outcome}`);
   }
   db.close();
   rmSync(dir, { recursive: true, force: true });
   report.nodeBreakdown = { requests: n, steps: out, whole: { freshMedianUs: median(whole.fresh) * 1000, replayMedianUs: median(whole.replay) * 1000 } };
+}
+
+/**
+ * What OpenTelemetry costs per exchange, in-process on better-sqlite3 (a
+ * fresh key, then its replay): telemetry off for the options object
+ * (`telemetry: false`), on with @opentelemetry/api but no provider
+ * registered, and on with the SDK's meter and tracer providers (in-memory
+ * exporters, an AsyncLocalStorage context manager). Variants interleaved,
+ * order alternating each round; per round the mean of m pairs after one
+ * untimed pair; median over the rounds.
+ */
+async function telemetryCost(rounds = count(30), m = count(100)) {
+  const api = await import("@opentelemetry/api");
+  const { AsyncLocalStorageContextManager } = await import("@opentelemetry/context-async-hooks");
+  const { InMemoryMetricExporter, AggregationTemporality, MeterProvider, PeriodicExportingMetricReader } = await import("@opentelemetry/sdk-metrics");
+  const { BasicTracerProvider, InMemorySpanExporter, SimpleSpanProcessor } = await import("@opentelemetry/sdk-trace-base");
+  const { ledgerFor, migrate, mutationOf } = await import("../src/node.js");
+  const dir = mkdtempSync(join(tmpdir(), "idem-bench-otel-"));
+  const db = new Database(join(dir, "ledger.sqlite"));
+  db.pragma("journal_mode = WAL");
+  db.pragma("synchronous = NORMAL");
+  migrate(db);
+  const off = ledgerFor(db, { sweep: false, telemetry: false });
+  const on = ledgerFor(db, { sweep: false });
+  const body = Buffer.from(BODY);
+  const head = (key) => ({ method: "POST", pathAndQuery: "/orders", headers: [{ name: "content-type", value: "application/json" }, { name: "idempotency-key", value: key }] });
+  const result = { status: 201, body: '{"ok":true}', headers: { "content-type": "application/json" } };
+  const io = { readBody: () => body, runHandler: async () => ({ tag: "answered", val: (await mutationOf(result)).wit }) };
+  const spans = new InMemorySpanExporter();
+  const metrics = new InMemoryMetricExporter(AggregationTemporality.DELTA);
+  const reader = new PeriodicExportingMetricReader({ exporter: metrics, exportIntervalMillis: 3_600_000 });
+  const meterProvider = new MeterProvider({ readers: [reader] });
+  const tracerProvider = new BasicTracerProvider({ spanProcessors: [new SimpleSpanProcessor(spans)] });
+  const contextManager = new AsyncLocalStorageContextManager().enable();
+  const setSdk = (installed) => {
+    api.metrics.disable();
+    api.trace.disable();
+    api.context.disable();
+    if (installed) {
+      api.context.setGlobalContextManager(contextManager);
+      api.metrics.setGlobalMeterProvider(meterProvider);
+      api.trace.setGlobalTracerProvider(tracerProvider);
+    }
+  };
+  const VARIANTS = { off: [off, false], "no provider": [on, false], SDK: [on, true] };
+  const pair = async (ledger) => {
+    const key = uniqueKey("o");
+    const a = await ledger.exchange(head(key), "bench", io);
+    const b = await ledger.exchange(head(key), "bench", io);
+    if (a.outcome !== "executed" || b.outcome !== "replayed") throw new Error(`telemetry bench: ${a.outcome}, ${b.outcome}`);
+  };
+  const means = Object.fromEntries(Object.keys(VARIANTS).map((v) => [v, []]));
+  try {
+    for (let i = 0; i < rounds; i++) {
+      const names = Object.keys(VARIANTS);
+      for (const name of i % 2 ? names : [...names].reverse()) {
+        const [ledger, sdk] = VARIANTS[name];
+        setSdk(sdk);
+        await pair(ledger);
+        const t = performance.now();
+        for (let j = 0; j < m; j++) await pair(ledger);
+        means[name].push((performance.now() - t) / m);
+      }
+      spans.reset();
+      await reader.forceFlush();
+      metrics.reset();
+    }
+  } finally {
+    setSdk(false);
+    await meterProvider.shutdown();
+    await tracerProvider.shutdown();
+    db.close();
+    rmSync(dir, { recursive: true, force: true });
+  }
+  const out = {};
+  for (const name of Object.keys(VARIANTS)) out[name] = { medianPairUs: median(means[name]) * 1000 };
+  report.telemetry = { rounds, pairsPerRound: m, result: out, sdk: versionOf("@opentelemetry/sdk-metrics"), api: versionOf("@opentelemetry/api") };
 }
 
 // ---------------------------------------------------------------------------
@@ -598,7 +693,7 @@ async function pgCompare(n = count(1500), warm = count(200)) {
   const { pool } = handle;
   try {
     await migrate(pool);
-    const OPTIONS = {};
+    const OPTIONS = { sweep: false };
     const ledger = ledgerFor(pool, OPTIONS);
     const body = Buffer.from(BODY);
     const head = (key) => ({
@@ -610,6 +705,11 @@ async function pgCompare(n = count(1500), warm = count(200)) {
       ],
     });
     const result = { status: 201, body: '{"ok":true}', headers: { "content-type": "application/json" } };
+    const { mutationOf } = await import("../src/node.js");
+    const io = {
+      readBody: () => body,
+      runHandler: async () => ({ tag: "answered", val: (await mutationOf(result)).wit }),
+    };
     const CLAIM =
       "INSERT INTO idempotency_keys (principal, key, fingerprint, status, generation, created_at, updated_at) VALUES ($1, $2, $3, 'pending', 1, $4, $5) ON CONFLICT (principal, key) DO NOTHING RETURNING generation, created_at";
     const bare = async (key) => {
@@ -628,14 +728,12 @@ async function pgCompare(n = count(1500), warm = count(200)) {
         let replay;
         if (side === "ledger") {
           let t = performance.now();
-          const begun = await ledger.begin(head(key), "bench", async () => body);
-          if (begun.kind !== "execute") throw new Error(`pg ledger: expected execute, got ${begun.kind}`);
-          const done = await ledger.finish(begun.ticket, result);
-          if (done.stored !== "completed") throw new Error(`pg ledger: completion ${done.stored}`);
+          const first = await ledger.exchange(head(key), "bench", io);
+          if (first.outcome !== "executed") throw new Error(`pg ledger: expected executed, got ${first.outcome}`);
           fresh = performance.now() - t;
           t = performance.now();
-          const again = await ledger.begin(head(key), "bench", async () => body);
-          if (again.kind !== "answer" || again.outcome !== "replayed") throw new Error("pg ledger: expected a replay");
+          const again = await ledger.exchange(head(key), "bench", io);
+          if (again.outcome !== "replayed") throw new Error(`pg ledger: expected a replay, got ${again.outcome}`);
           replay = performance.now() - t;
         } else {
           fresh = await bare(key);
@@ -681,6 +779,8 @@ log("Node middleware overhead");
 await nodeOverhead();
 log("Node: where the time goes");
 await nodeBreakdown();
+log("Node: what OpenTelemetry costs");
+await telemetryCost();
 if (PG_URL) {
   log("PostgreSQL");
   await pgCompare();
@@ -696,6 +796,7 @@ report.versions = {
   honoNodeServer: versionOf("@hono/node-server"),
   express: versionOf("express"),
   betterSqlite3: versionOf("better-sqlite3"),
+  opentelemetryApi: versionOf("@opentelemetry/api"),
   sqlite: new Database(":memory:").prepare("select sqlite_version() as v").get().v,
 };
 mkdirSync(join(PACKAGE_ROOT, ".tmp"), { recursive: true });
@@ -754,7 +855,7 @@ md.push(
   md.push(
     `*workerd alone*: the same comparison without miniflare and without a database, ${w.rounds} rounds: the \`workerd\` binary started on a generated config (modules embedded from files), ` +
       "until it listens; then two requests over loopback HTTP. `bench/nodb-bare-worker.js` answers 201; `bench/nodb-worker.js` also does what the package does for a protected request " +
-      "before its first database batch (instantiate the component and open the session on the first request; admit, fingerprint and plan the decision on each).",
+      "before its first database batch (instantiate the component and open the session on the first request; on each: start the exchange, hash the body, feed it and get the decision batch).",
     "",
   );
   const cpuCol = w.delta.cpu !== null;
@@ -857,8 +958,8 @@ md.push(
   table(["app, request", "without", "without p99", "with the middleware", "with p99", "overhead", "target"], rows);
   const b = report.nodeBreakdown;
   md.push(
-    `Where the middleware's time goes (in-process, no HTTP, better-sqlite3 file): the steps of \`IdempotencyLedger.begin\` / \`finish\` called one by one, mean per call over ${b.requests} requests. ` +
-      `The whole \`begin\` + \`finish\` of a fresh key: ${us(b.whole.freshMedianUs)}; \`begin\` of a replay: ${us(b.whole.replayMedianUs)} (medians).`,
+    `Where the middleware's time goes (in-process, no HTTP, better-sqlite3 file): the steps of one exchange (\`IdempotencyLedger.exchange\`) performed one by one, mean per call over ${b.requests} requests. ` +
+      `The whole exchange of a fresh key: ${us(b.whole.freshMedianUs)}; of a replay: ${us(b.whole.replayMedianUs)} (medians).`,
     "",
   );
   table(
@@ -867,13 +968,31 @@ md.push(
   );
 }
 
+// 3b. OpenTelemetry
+{
+  const t = report.telemetry;
+  const base = t.result.off.medianPairUs;
+  md.push("### What OpenTelemetry costs per request (Node, in-process)", "");
+  md.push(
+    `\`IdempotencyLedger.exchange\` on a better-sqlite3 file (WAL, \`synchronous=NORMAL\`), a fresh key then its replay (one pair), no HTTP: ` +
+      `*off* (\`telemetry: false\`), *no provider* (@opentelemetry/api ${t.api} loaded, nothing registered), *SDK* (@opentelemetry/sdk-metrics and sdk-trace-base ${t.sdk}: ` +
+      "meter and tracer providers with in-memory exporters, an AsyncLocalStorage context manager: the counter, the histogram and the span of each exchange recorded). " +
+      `${t.rounds} rounds, variants interleaved; per round the mean of ${t.pairsPerRound} pairs; median over the rounds.`,
+    "",
+  );
+  table(
+    ["variant", "per pair (fresh + replay)", "over off"],
+    Object.entries(t.result).map(([name, r]) => [name, us(r.medianPairUs), name === "off" ? "" : `${r.medianPairUs - base >= 0 ? "+" : "−"}${Math.abs(r.medianPairUs - base).toFixed(1)} µs`]),
+  );
+}
+
 // 4. PostgreSQL
 if (report.pg) {
   const p = report.pg;
   md.push("### PostgreSQL: the pg ledger vs a bare `INSERT ... ON CONFLICT` of the same row", "");
   md.push(
-    `In-process on Node, one \`pg.Pool\` (max 2) on the throwaway server of \`scripts/postgres.sh\` (loopback), a fresh schema. *ledger*: \`IdempotencyLedger.begin\` + \`finish\` for a fresh key ` +
-      "(the decision batch and the completion batch, each one transaction in one round trip), then `begin` again (a replay: the decision batch). " +
+    `In-process on Node, one \`pg.Pool\` (max 2) on the throwaway server of \`scripts/postgres.sh\` (loopback), a fresh schema. *ledger*: \`IdempotencyLedger.exchange\` for a fresh key ` +
+      "(the decision batch and the completion batch, each one transaction in one round trip), then the same request again (a replay: the decision batch). " +
       "*bare*: `pool.query` of the ledger's own claim statement (`INSERT INTO idempotency_keys ... ON CONFLICT (principal, key) DO NOTHING RETURNING ...`, autocommit, SHA-256 in Node), " +
       `for a fresh key and again for the same key. ${p.requests} keys per side after ${p.warmup} warm-up, interleaved.`,
     "",

@@ -2,6 +2,7 @@
 // load the component and which databases it can wrap.
 import { IdempotencyLedger, NothingChangedError, sessionFor, sha256Hex } from "./ledger.js";
 import { d1Ledger } from "./d1.js";
+import { makeIdempotentFunction, makeIdempotentQueueConsumer } from "./function.js";
 import { isPgPool, pgLedger } from "./pg.js";
 import { SETTING_NAMES } from "./runtime.js";
 
@@ -66,7 +67,7 @@ export function makeApi(getCore, wrapOther = () => null, describeDb = "a LedgerD
   async function handleIdempotentMutation(request, env, ctx, principal, runMutation, options = NO_OPTIONS) {
     const ledger = ledgerFor(dbFrom(env, options), options);
     const waitUntil = ctx && typeof ctx.waitUntil === "function" ? (p) => ctx.waitUntil(p) : undefined;
-    const { response } = await ledger.handle(request, principal ?? undefined, runMutation, { waitUntil });
+    const { response } = await ledger.handle(request, principal ?? undefined, runMutation, { waitUntil, route: options?.route });
     return response;
   }
 
@@ -109,6 +110,8 @@ export function makeApi(getCore, wrapOther = () => null, describeDb = "a LedgerD
     defaultOptions,
     schemaStatements,
     migrate,
+    idempotentFunction: makeIdempotentFunction({ ledgerFor }),
+    idempotentQueueConsumer: makeIdempotentQueueConsumer({ ledgerFor }),
   };
 }
 

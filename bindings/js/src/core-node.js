@@ -2,7 +2,14 @@
 // once per process, instantiated on first use; and Node's SHA-256.
 import { createHash } from "node:crypto";
 import { readFileSync } from "node:fs";
+import { createRequire } from "node:module";
 import { Core, CORE_MODULE_NAMES } from "./runtime.js";
+import { setOpenTelemetryLoader } from "./telemetry.js";
+
+// OpenTelemetry: `@opentelemetry/api` (an optional peer dependency) is
+// required on the first exchange, from where the application's own copy
+// resolves; when it is not installed, telemetry stays off.
+setOpenTelemetryLoader(() => createRequire(import.meta.url)("@opentelemetry/api"));
 
 const GENERATED = new URL("../generated/", import.meta.url);
 let modules = null;

@@ -91,6 +91,20 @@ function handlerRan(c, ours) {
   return c.req.routeIndex >= handler;
 }
 
+/**
+ * The route template for the metrics (`http.route`): the path of the route
+ * handler Hono matched (what `c.req.routePath` names once it runs: the last
+ * matched route registered for a method after this middleware, or this
+ * middleware's own route when it is mounted per route); undefined when no
+ * route matched, or `options.route` when given.
+ */
+function honoRoute(c, ours, option) {
+  if (option !== undefined) return typeof option === "function" ? option(c) : option;
+  const routes = matchedRoutes(c);
+  for (let i = routes.length - 1; i >= ours && i >= 0; i--) if (routes[i].method !== "ALL") return routes[i].path;
+  return undefined;
+}
+
 /** Builds `idempotency(options)` over `api` (the entry's makeApi result). */
 export function makeHonoIdempotency(api) {
   return function idempotency(options) {
@@ -123,7 +137,7 @@ export function makeHonoIdempotency(api) {
             return { tag: "answered", val: produced.wit };
           },
         },
-        { waitUntil: waitUntilOf(c) },
+        { waitUntil: waitUntilOf(c), route: () => honoRoute(c, ours, options.route) },
       );
       if (action.tag === "pass-through") return next();
       if (action.tag === "propagate") {

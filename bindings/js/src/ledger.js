@@ -13,6 +13,7 @@
 // ./sqlite.js for better-sqlite3, ./pg.js for node-postgres).
 import { drainRequestBody, mutationOf, readFetchBody, requestHead, toFetchResponse } from "./fetch.js";
 import { BatchFailure, ComponentFault, IdempotencyError, toBatchError, toWitConfig } from "./runtime.js";
+import { ExchangeRecording, currentInstruments } from "./telemetry.js";
 
 const encoder = new TextEncoder();
 const EMPTY = new Uint8Array(0);
@@ -28,6 +29,7 @@ export class NothingChangedError extends Error {
     super(message, options);
     this.name = "NothingChangedError";
     if (options?.response !== undefined) this.response = options.response;
+    if (options?.value !== undefined) this.value = options.value;
   }
 }
 
@@ -117,6 +119,9 @@ export class IdempotencyLedger {
     this.now = clockOf(options);
     this.logger = options.logger ?? console;
     this.onOutcome = typeof options.onOutcome === "function" ? options.onOutcome : null;
+    /** false: this ledger records no OpenTelemetry metrics or spans (option `telemetry: false`). */
+    this.telemetry = options.telemetry !== false;
+    this.recordKeys = options.recordKeys === true;
   }
 
   /** Writes a core-worded log line through the logger at the core's level. */
@@ -156,14 +161,26 @@ export class IdempotencyLedger {
    * respond or propagate) for the adapter to send, its outcome, and what the
    * handler threw. The core's log lines are written and the sweep it asks
    * for is scheduled (handed to `waitUntil` when given) before this returns.
+   * `route`: the route template for the metrics (a string, or a function
+   * asked once the exchange ended), when the adapter knows it.
    */
-  async exchange(head, principal, io, { waitUntil } = {}) {
-    if (!this.session.protects(head.method)) return this.#final(PASS_THROUGH, undefined, waitUntil);
+  async exchange(head, principal, io, { waitUntil, route } = {}) {
+    const instruments = this.telemetry ? currentInstruments() : null;
+    if (!this.session.protects(head.method)) {
+      if (instruments !== null) {
+        await new ExchangeRecording(instruments, head.method, principal, false, { traced: false }).finish("passed-through", route, this.digest, { measured: false }).catch(() => {});
+      }
+      return this.#final(PASS_THROUGH, undefined, waitUntil);
+    }
+    // null unless a meter or tracer provider is registered: nothing is timed then
+    const rec = instruments === null ? null : new ExchangeRecording(instruments, head.method, principal, this.recordKeys);
     let exchange;
     let error;
     let action;
     try {
+      rec?.enter();
       ({ action, exchange } = this.session.start(head, principal, this.now()));
+      rec?.leave();
       let body = EMPTY;
       while (exchange !== undefined && !isFinal(action)) {
         let event;
@@ -176,14 +193,18 @@ export class IdempotencyLedger {
             else if (typeof read === "string") event = { tag: "body-unreadable", val: read };
             else {
               body = read;
+              rec?.enter();
               let fingerprint = this.digest(prefix, read);
               if (typeof fingerprint !== "string") fingerprint = await fingerprint;
+              rec?.leave();
               event = { tag: "body-hashed", val: fingerprint };
             }
             break;
           }
           case "run-batch":
+            rec?.enter();
             event = await this.runBatch(action.val);
+            rec?.leave();
             break;
           case "sleep":
             await sleep(action.val);
@@ -191,8 +212,10 @@ export class IdempotencyLedger {
             break;
           case "run-handler": {
             let result;
+            const ticket = action.val;
+            if (rec !== null) rec.ticket = ticket;
             try {
-              result = await io.runHandler(action.val, body);
+              result = await (rec === null ? io.runHandler(ticket, body) : rec.inSpan(() => io.runHandler(ticket, body)));
             } catch (thrown) {
               error = thrown;
               result = raisedResult(thrown);
@@ -203,15 +226,23 @@ export class IdempotencyLedger {
           default:
             throw new TypeError(`unknown action ${action.tag}`);
         }
+        rec?.enter();
         action = exchange.step(this.now(), event);
+        rec?.leave();
       }
     } catch (failure) {
-      if (!(failure instanceof ComponentFault)) throw failure;
+      if (!(failure instanceof ComponentFault)) {
+        if (rec !== null) await rec.finish(undefined, undefined, this.digest, { error: failure }).catch(() => {});
+        throw failure;
+      }
+      rec?.leave();
       action = { tag: "respond", val: this.session.faultReply };
     } finally {
       exchange?.drop();
     }
-    return this.#final(action, error, waitUntil);
+    const end = this.#final(action, error, waitUntil);
+    if (rec !== null) await rec.finish(end.outcome, route, this.digest).catch(() => {});
+    return end;
   }
 
   #final(action, error, waitUntil) {
@@ -284,7 +315,7 @@ export class IdempotencyLedger {
    * throws is rethrown once the core has said what its reservation becomes
    * (a NothingChangedError carrying `response` is answered with it).
    */
-  async handle(request, principal, runMutation, { waitUntil } = {}) {
+  async handle(request, principal, runMutation, { waitUntil, route } = {}) {
     const head = requestHead(request);
     let produced = null;
     let returned;
@@ -299,7 +330,7 @@ export class IdempotencyLedger {
           return { tag: "answered", val: produced.wit };
         },
       },
-      { waitUntil },
+      { waitUntil, route },
     );
     if (action.tag === "pass-through") {
       const result = await runMutation(await request.arrayBuffer(), request);

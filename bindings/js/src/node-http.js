@@ -242,6 +242,21 @@ function declinedBy(req, state, error) {
 }
 
 /**
+ * The route template for the metrics (`http.route`): `option` (a string, or
+ * a function of the request), else under Express the route it matched
+ * (`req.baseUrl` + `req.route.path`, read once the exchange ended, when the
+ * path is a string); node:http knows none.
+ */
+function routeOf(req, option, framework) {
+  if (option !== undefined) return typeof option === "function" ? () => option(req) : option;
+  if (!framework) return undefined;
+  return () => {
+    const path = req.route?.path;
+    return typeof path === "string" ? `${req.baseUrl ?? ""}${path}` : undefined;
+  };
+}
+
+/**
  * The exchange for one node:http request. `run({ bypass })` runs the
  * application (Express's next(), or the node:http handler); its response is
  * held, completed through the core, and then the answer the core says is
@@ -261,6 +276,7 @@ export async function handleNode(api, options, parts, req, res, run, { framework
     if (error !== undefined) return raisedResult(error);
     return { tag: "answered", val: { status: captured.status, headers: captured.headers, body: { tag: "bytes", val: captured.body } } };
   };
+  const route = routeOf(req, options.route, framework);
   const { action } = await ledger.exchange(nodeHead(req), principal, {
     readBody: async (cap) => {
       const body = await readNodeBody(req, cap);
@@ -296,7 +312,7 @@ export async function handleNode(api, options, parts, req, res, run, { framework
             (thrown) => fail(req, thrown),
           );
       }),
-  });
+  }, { route });
   if (action.tag === "pass-through") return run({ bypass: true });
   const held = state.held;
   if (action.tag === "propagate") {

@@ -13,6 +13,8 @@ export const {
   handleIdempotentMutation,
   defaultOptions,
   schemaStatements,
+  idempotentFunction,
+  idempotentQueueConsumer,
 } = api;
 
 /** Creates the ledger table and index (idempotent). A better-sqlite3 Database migrates synchronously; others return a promise. */
@@ -53,4 +55,6 @@ export { readNodeBody } from "./node-http.js";
 export { nodeHead } from "./middleware.js";
 export { IdempotencyLedger, NothingChangedError, sweepsDone, sha256Hex, sessionFor } from "./ledger.js";
 export { requestHead, readFetchBody, toFetchResponse, mutationOf } from "./fetch.js";
+export { RejectedError } from "./function.js";
+export { canonicalJson, canonicalJsonBytes } from "./canonical-json.js";
 export { Core, Session, Exchange, BatchFailure, ComponentFault, IdempotencyError, SETTING_NAMES, toWitConfig, databaseError } from "./runtime.js";

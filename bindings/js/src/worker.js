@@ -13,6 +13,8 @@ export const {
   handleIdempotentMutation,
   defaultOptions,
   schemaStatements,
+  idempotentFunction,
+  idempotentQueueConsumer,
   migrate,
 } = api;
 
@@ -21,4 +23,6 @@ export { d1Ledger, fromD1Results, fromD1Value, toD1Value } from "./d1.js";
 export { pgLedger } from "./pg.js";
 export { IdempotencyLedger, NothingChangedError, sweepsDone, sha256Hex, sessionFor } from "./ledger.js";
 export { requestHead, readFetchBody, toFetchResponse, mutationOf } from "./fetch.js";
+export { RejectedError } from "./function.js";
+export { canonicalJson, canonicalJsonBytes } from "./canonical-json.js";
 export { Core, Session, Exchange, BatchFailure, ComponentFault, IdempotencyError, SETTING_NAMES, toWitConfig, databaseError } from "./runtime.js";

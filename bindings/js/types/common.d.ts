@@ -59,6 +59,12 @@ export interface IdempotencyOptions extends IdempotencySettings {
   sweep?: boolean;
   /** The env binding that holds the database (default "DB"). */
   binding?: string;
+  /** false: this ledger records no OpenTelemetry metrics or spans (default: recorded whenever a provider is registered). */
+  telemetry?: boolean;
+  /** true: the `idempotency` span also carries the key (`idempotency.key`) and the principal (`enduser.id`) in clear. */
+  recordKeys?: boolean;
+  /** The route template for the metrics' `http.route` (Hono and Express find it themselves; node:http and Workers only have this). */
+  route?: string | ((ctx: any) => string | undefined);
 }
 
 /** What runMutation may return: a plain result (the recipe's shape) or a Response. */
@@ -142,9 +148,89 @@ export declare class ComponentFault extends Error {}
  * framework's answer to the error (or `options.response`) goes out unstored.
  */
 export declare class NothingChangedError extends Error {
-  constructor(message?: string, options?: ErrorOptions & { response?: MutationResult });
+  constructor(message?: string, options?: ErrorOptions & { response?: MutationResult; value?: unknown });
   readonly response?: MutationResult;
+  /** What an idempotent function returns when it throws this (the key is released). */
+  readonly value?: unknown;
 }
+
+/**
+ * An idempotent call the core answered instead of running it, or ran and
+ * could not store: `outcome` is the core's name (`key-reused`, `in-progress`,
+ * `principal-required`, `key-invalid`, `ledger-busy`, ...).
+ */
+export declare class RejectedError extends Error {
+  readonly outcome: Outcome;
+  /** The same as `outcome` (Python's Rejected.reason). */
+  readonly reason: Outcome;
+  readonly status: number;
+  readonly headers: Array<{ name: string; value: string }>;
+  readonly body: string | null;
+  /** The core's Retry-After in seconds, when its answer has one. */
+  readonly retryAfterSeconds: number | undefined;
+}
+
+/** Options of idempotentFunction: where the ledger is, whose and which key, what is fingerprinted; plus every setting. */
+export interface IdempotentFunctionOptions<A extends unknown[], Db> extends IdempotencyOptions {
+  /** The ledger's database, or a function of the call's arguments returning it (or pass `ledger`). */
+  db?: Db | ((...args: A) => Db | Promise<Db>);
+  /** An IdempotencyLedger to use instead of `db`. */
+  ledger?: IdempotencyLedger;
+  /** The principal (a string, or a function of the arguments); none: every call is rejected principal-required. */
+  principal: string | undefined | ((...args: A) => string | undefined | null | Promise<string | undefined | null>);
+  /** The Idempotency-Key of a call (1-255 printable ASCII characters). */
+  key: (...args: A) => string | Promise<string>;
+  /** What is fingerprinted, as canonical JSON (default: the arguments array). */
+  payload?: (...args: A) => unknown;
+  /** The synthetic path's last part, /functions/<name> (default fn.name). */
+  name?: string;
+}
+
+/** The parts of a Cloudflare Queues Message the consumer uses. */
+export interface QueueMessageLike<Body = unknown> {
+  readonly id: string;
+  readonly body: Body;
+  readonly attempts: number;
+  ack(): void;
+  retry(options?: { delaySeconds?: number }): void;
+}
+
+/** The parts of a Cloudflare Queues MessageBatch the consumer uses. */
+export interface QueueBatchLike<Body = unknown> {
+  readonly queue: string;
+  readonly messages: readonly QueueMessageLike<Body>[];
+}
+
+/** Options of idempotentQueueConsumer; plus every setting (inProgressRetryMs defaults to null: the time left until a takeover). */
+export interface QueueConsumerOptions<Body, Env> extends IdempotencyOptions {
+  /** The ledger's database as a function of env (default env[binding ?? "DB"]). */
+  db?: object | ((env: Env) => object | Promise<object>);
+  /** A message's key (default message.id). */
+  key?: (message: QueueMessageLike<Body>) => string | Promise<string>;
+  /** What is fingerprinted (default message.body). */
+  payload?: (message: QueueMessageLike<Body>) => unknown;
+  /** The principal (default `queue:<queue name>`). */
+  principal?: string | ((message: QueueMessageLike<Body>, env: Env) => string | undefined | Promise<string | undefined>);
+  /** The synthetic path's last part (default the queue's name). */
+  name?: string;
+  /** Told what happened to each message. */
+  onMessage?: (report: { message: QueueMessageLike<Body>; outcome: Outcome; ack: boolean; delaySeconds?: number; error?: unknown }) => void;
+}
+
+/**
+ * A Queues `queue(batch, env, ctx)` handler running `handler` at most once
+ * per message key, one message after the other; acks a message once the
+ * handler ran or its stored result was found, else retries it.
+ */
+export declare function idempotentQueueConsumer<Body = unknown, Env = any>(
+  handler: (message: QueueMessageLike<Body>, env: Env, ctx: ExecutionContextLike | undefined) => unknown,
+  options?: QueueConsumerOptions<Body, Env>,
+): (batch: QueueBatchLike<Body>, env: Env, ctx?: ExecutionContextLike) => Promise<void>;
+
+/** RFC 8785 canonical JSON (BigInt as digits, bytes as one code point per byte); see README. */
+export declare function canonicalJson(value: unknown): string;
+/** The same, as UTF-8 bytes. */
+export declare function canonicalJsonBytes(value: unknown): Uint8Array;
 
 export declare function sweepsDone(): Promise<void>;
 
@@ -179,11 +265,21 @@ export declare class IdempotencyLedger {
   constructor(core: Core, db: LedgerDb, options?: IdempotencyOptions);
   readonly session: Session;
   /** One request's exchange, stepped; the final action for the adapter to send. */
-  exchange(head: RequestHead, principal: string | undefined, io: ExchangeIo, ctx?: { waitUntil?: (p: Promise<unknown>) => void }): Promise<ExchangeEnd>;
+  exchange(
+    head: RequestHead,
+    principal: string | undefined,
+    io: ExchangeIo,
+    ctx?: { waitUntil?: (p: Promise<unknown>) => void; route?: string | (() => string | undefined) },
+  ): Promise<ExchangeEnd>;
   sweep(now?: number): Promise<SweepReport>;
   sweepAll(now?: number): Promise<number>;
   migrate(): Promise<void>;
-  handle(request: Request, principal: string | undefined, runMutation: RunMutation, ctx?: { waitUntil?: (p: Promise<unknown>) => void }): Promise<Handled>;
+  handle(
+    request: Request,
+    principal: string | undefined,
+    runMutation: RunMutation,
+    ctx?: { waitUntil?: (p: Promise<unknown>) => void; route?: string | (() => string | undefined) },
+  ): Promise<Handled>;
 }
 
 export type HeadersInput = Headers | Iterable<[string, string]> | Array<{ name: string; value: string }> | Record<string, string>;

@@ -1,5 +1,5 @@
 // Node.js entry (better-sqlite3 v12).
-import type { AdapterOptions, PgPoolLike, Core, ExecutionContextLike, IdempotencyLedger, IdempotencyOptions, LedgerDb, RunMutation, SqlStatement, StatementResult } from "./common.js";
+import type { IdempotentFunctionOptions, AdapterOptions, PgPoolLike, Core, ExecutionContextLike, IdempotencyLedger, IdempotencyOptions, LedgerDb, RunMutation, SqlStatement, StatementResult } from "./common.js";
 export * from "./common.js";
 
 /** The parts of a better-sqlite3 (v12) Database this package uses. */
@@ -35,3 +35,9 @@ export declare function idempotentHandler(
 export declare function getCore(): Core;
 /** A fresh component instance of its own. */
 export declare function newCore(): Core;
+
+/** `fn` at most once per (principal, key): an async function with the same arguments returning its (stored, replayed) result. */
+export declare function idempotentFunction<A extends unknown[], R>(
+  fn: (...args: A) => R | Promise<R>,
+  options: IdempotentFunctionOptions<A, Database | PgPoolLike | LedgerDb>,
+): (...args: A) => Promise<R>;

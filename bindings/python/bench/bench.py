@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import platform
 import sqlite3
 import statistics
@@ -37,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import plain  # noqa: E402
 
-from idempotency_ledger import Ledger, MutationResponse  # noqa: E402
+from idempotency_ledger import Ledger, MutationResponse, RunHandler  # noqa: E402
 
 PRINCIPAL = "acct-bench"
 PATH = "/orders"
@@ -107,12 +106,16 @@ def sides(tmp: Path) -> list[Side]:
     callback.migrate()
     baseline = plain.PlainLedger(str(tmp / "plain.sqlite"))
     baseline.migrate()
+    fp = ""
     for name, ledger in (("package", native), ("package, own sqlite3 connection", callback)):
         ledger.handle(PRINCIPAL, "POST", PATH, [*HEADERS, ("Idempotency-Key", "done")], BODY, mutation)
-        assert ledger.begin(PRINCIPAL, "POST", PATH, [*HEADERS, ("Idempotency-Key", "pending")], BODY).ticket is not None
+        # A reservation left pending: an exchange abandoned after the decision.
+        with ledger.start(PRINCIPAL, "POST", PATH, [*HEADERS, ("Idempotency-Key", "pending")]) as pending:
+            action = pending.body(BODY)
+            assert isinstance(action, RunHandler), action
+            fp = action.ticket.fingerprint
         made.append(Side(name, ledger.handle, lambda key: None))
     baseline.handle(PRINCIPAL, "POST", PATH, [*HEADERS, ("Idempotency-Key", "done")], BODY, mutation)
-    fp = native.fingerprint("POST", PATH, HEADERS, BODY)
     now = baseline.clock()
     baseline._batch([(plain.CLAIM, (PRINCIPAL, "pending", fp, now, now))])
     made.append(Side("plain Python", baseline.handle, lambda key: None))
@@ -190,12 +193,9 @@ def fmt(us: float) -> str:
 
 
 def _package_sqlite_version() -> str:
-    """The SQLite the extension runs on (it links the process's libsqlite3)."""
-    from idempotency_ledger.session import Session
-
-    with tempfile.TemporaryDirectory() as tmp:
-        answer = Session({}, os.path.join(tmp, "version.sqlite")).call("sql", statements=[["SELECT sqlite_version()", []]])
-    return str(answer["ok"][0][0][0])
+    """The SQLite the extension runs on: it links the process's libsqlite3,
+    the one Python's sqlite3 loaded (tests/test_shared_sqlite.py checks it)."""
+    return sqlite3.sqlite_version
 
 
 def main() -> None:

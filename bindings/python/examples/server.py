@@ -40,7 +40,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from idempotency_ledger import Ledger, default_settings
+from idempotency_ledger import Ledger, default_config
 from idempotency_ledger.asgi import IdempotencyMiddleware, mark_nothing_changed
 
 log = logging.getLogger("example")
@@ -61,7 +61,7 @@ def settings_from_env() -> dict[str, Any]:
         settings["wait_ms"] = int(env("IDEMPOTENCY_WAIT_MS", ""))
     if env("IDEMPOTENCY_ON_SERVER_ERROR"):
         settings["on_server_error"] = env("IDEMPOTENCY_ON_SERVER_ERROR")
-    request_cap = int(env("IDEMPOTENCY_MAX_BODY_BYTES") or default_settings(settings.get("profile", "recipe"))["request_body_cap_bytes"])
+    request_cap = int(env("IDEMPOTENCY_MAX_BODY_BYTES") or default_config(settings.get("profile", "recipe")).request_body_cap_bytes)
     if env("IDEMPOTENCY_MAX_BODY_BYTES"):
         settings["request_body_cap_bytes"] = request_cap
     # The response echoes the request, so it can be larger than the request
@@ -189,7 +189,7 @@ def main() -> None:
     settings = settings_from_env()
     app, ledger = build(database, settings)
     shown = database.split("@")[-1] if database.startswith(("postgres://", "postgresql://")) else database
-    log.info("listening on http://127.0.0.1:%d database=%s settings=%s", port, shown, json.dumps(ledger.settings, sort_keys=True))
+    log.info("listening on http://127.0.0.1:%d database=%s settings=%s", port, shown, json.dumps(ledger.config.as_dict(), sort_keys=True))
     server = GracefulServer(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="info", access_log=False))
     server.run()
     ledger.close()

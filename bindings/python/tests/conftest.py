@@ -167,6 +167,36 @@ def order_count(db_path: Path) -> int:
     return int(sqlite_sql(db_path, [("SELECT count(*) FROM orders", [])])[0][0][0])
 
 
+def fingerprint(method: str, path: str, headers: list[tuple[str, str]], body: bytes, names: tuple[str, ...] = ("content-type", "x-api-version")) -> str:
+    """SPEC 4, written here independently of the core: SHA-256 of UPPER(method),
+    the path and query, each fingerprint header (values trimmed, joined by
+    ", ") on its own line, then the body."""
+    import hashlib
+
+    lines = []
+    for name in names:
+        values = [v.strip(" \t\r\n") for n, v in headers if n.lower() == name]
+        lines.append(f"{name}:{', '.join(values)}")
+    prefix = f"{method.upper()}\n{path}\n" + "\n".join(lines) + "\n"
+    return hashlib.sha256(prefix.encode() + body).hexdigest()
+
+
+#: How the core's log line names each ledger-error it classified (its words).
+LEDGER_WORDS = {
+    "busy": "ledger busy",
+    "constraint": "ledger constraint failed",
+    "schema": "ledger schema error",
+    "io": "ledger i/o error",
+    "other": "ledger error:",
+    "malformed": "malformed ledger result",
+}
+
+
+def logged(caplog: Any, words: str) -> bool:
+    """True when the core logged a line containing `words` on `idempotency_ledger`."""
+    return any(words in rec.getMessage() for rec in caplog.records if rec.name == "idempotency_ledger")
+
+
 def post(ledger: Ledger, key: str | None, mutation: Callable[[], Any], *, body: bytes = b'{"sku":"A-1"}', principal: str = "acct-1",
          path: str = "/orders", method: str = "POST", headers: list[tuple[str, str]] | None = None) -> Any:
     hs = [("Content-Type", "application/json")] if headers is None else list(headers)

@@ -25,7 +25,7 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import make_conninfo
 
-from idempotency_ledger import Ledger, MutationResponse, Outcome
+from idempotency_ledger import Ledger, MutationResponse
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         line: dict[str, Any] = {
             "worker": args.name, "lang": "python", "key": key, "status": r.status,
-            "body": r.body.decode("utf-8", "replace"), "executed": ran and r.outcome == Outcome.EXECUTED,
+            "body": r.body.decode("utf-8", "replace"), "executed": ran and r.outcome in ("executed", "taken-over"),
         }
         out.write(json.dumps(line, separators=(",", ":")) + "\n")
     out.flush()

@@ -14,7 +14,7 @@ from idempotency_ledger import Ledger, MutationResponse
 def race(db: str, key: str, barrier: Any, results: Any, hold_s: float) -> None:
     try:
         ledger = Ledger(db, busy_timeout_ms=30_000)  # a loaded CI box must not turn the race into 503s
-        ledger.fingerprint_prefix("POST", "/", [])  # instantiate before the start line
+        ledger.sweep(now=0)  # connected and instantiated before the start line (deletes nothing)
 
         def mutation() -> MutationResponse:
             conn = sqlite3.connect(db, timeout=30)
@@ -30,7 +30,7 @@ def race(db: str, key: str, barrier: Any, results: Any, hold_s: float) -> None:
             [("Idempotency-Key", key), ("Content-Type", "application/json")],
             b'{"sku":"A-1","qty":2}', mutation,
         )
-        results.put((os.getpid(), r.outcome.value, r.status, r.reason, r.body.decode()))
+        results.put((os.getpid(), r.outcome, r.status, r.body.decode()))
         ledger.close()
     except BaseException as error:  # reported to the parent, which fails the test
-        results.put((os.getpid(), "error", 0, repr(error), ""))
+        results.put((os.getpid(), "error", 0, repr(error)))

@@ -56,3 +56,41 @@ def wsgi_server(app: Any) -> Iterator[str]:
         server.shutdown()
         server.server_close()
         thread.join(30)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def process_server(argv: list[str], port: int, *, cwd: str, env: dict[str, str]) -> Iterator[str]:
+    """A server started as its own process (gunicorn, Django's runserver,
+    uvicorn); stopped with SIGTERM, its output shown when it fails to start."""
+    import os
+    import subprocess
+    import tempfile
+
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen(argv, cwd=cwd, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log.seek(0)
+                raise RuntimeError(f"{argv[:3]} did not start:\n{log.read().decode(errors='replace')}")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(30)
+        log.close()

@@ -11,6 +11,7 @@ import httpx
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import BaseModel
 
 from conftest import python_connection, rows
 import sqlite3
@@ -73,7 +74,7 @@ class App:
         self.conn = python_connection(db) if single_connection else None
         self.ledger = Ledger(self.conn) if self.conn is not None else Ledger(db)
         self.ledger.migrate()
-        app.add_middleware(IdempotencyMiddleware, ledger=self.ledger, principal=principal_from_auth)
+        app.add_middleware(IdempotencyMiddleware, ledger=self.ledger, principal=principal_from_auth, include="*")
         self.asgi = app
 
 
@@ -102,6 +103,8 @@ def test_retry_replays_the_stored_response(served: Any) -> None:
     assert first.content == retry.content and first.json() == {"order": "o_1", "sku": "A-1"}
     assert first.headers["location"] == retry.headers["location"] == "/orders/o_1"
     assert first.headers["content-type"] == retry.headers["content-type"] == "application/json"
+    # The first caller gets every header the app set; a replay only the stored replay-headers.
+    assert first.headers["x-request-id"] == "r1" and "x-request-id" not in retry.headers
     assert app.created == 1
 
 
@@ -159,7 +162,7 @@ def test_handler_exception_leaves_the_key_pending(served: Any, db_path: Path) ->
     with httpx.Client(base_url=client.base_url, timeout=30) as c:
         retry = c.post("/boom", json={}, headers=auth(key="boom"))
     assert retry.status_code == 409 and retry.json()["error"] == "idempotency_key_in_progress"
-    assert retry.headers["retry-after"] == "30"
+    assert retry.headers["retry-after"] == "1"  # the core's default hint (in_progress_retry_ms), not the 30 s until a takeover
 
 
 def test_concurrent_requests_through_the_server_execute_once(served: Any) -> None:
@@ -175,3 +178,62 @@ def test_concurrent_requests_through_the_server_execute_once(served: Any) -> Non
     assert app.created == 1
     assert statuses.count(201) >= 1 and set(statuses) <= {201, 409}, statuses
     assert client.post("/slow", content=b"x", headers=auth(key="burst")).text == "slow done"
+
+
+# ------------------------------------------------------------------ FastAPI's own answers
+
+
+class Order(BaseModel):
+    sku: str
+    qty: int
+
+
+def _fastapi_app(ledger: Ledger, calls: list[Any], include: Any) -> FastAPI:
+    app = FastAPI()
+
+    @app.post("/orders", status_code=201)
+    async def create(order: Order) -> Any:
+        calls.append(order.sku)
+        return {"sku": order.sku, "qty": order.qty}
+
+    app.add_middleware(IdempotencyMiddleware, ledger=ledger, principal=principal_from_auth, include=include)
+    return app
+
+
+@pytest.mark.parametrize("include", ["*", ["/orders"]])
+def test_fastapi_validation_errors_release_the_key_and_unknown_routes_are_404(db_path: Path, include: Any) -> None:
+    ledger = Ledger(db_path)
+    ledger.migrate()
+    calls: list[Any] = []
+    with uvicorn_server(_fastapi_app(ledger, calls, include)) as base, httpx.Client(base_url=base, timeout=30) as c:
+        invalid = c.post("/orders", json={"sku": "A-1", "qty": "many"}, headers=auth(key="v-1"))
+        assert invalid.status_code == 422 and invalid.json()["detail"][0]["loc"] == ["body", "qty"]  # FastAPI's own 422
+        assert rows(db_path) == []  # declined: nothing stored, the key released
+        fixed = c.post("/orders", json={"sku": "A-1", "qty": 2}, headers=auth(key="v-1"))
+        again = c.post("/orders", json={"sku": "A-1", "qty": 2}, headers=auth(key="v-1"))
+        assert (fixed.status_code, again.status_code, again.json()) == (201, 201, {"sku": "A-1", "qty": 2})
+        assert c.post("/nope", json={}, headers=auth(key="v-2")).status_code == 404  # the framework's 404, not the core's 400
+        assert c.post("/nope", json={}, headers=auth()).status_code == 404
+        assert c.get("/orders", headers=auth()).status_code == 405
+    assert calls == ["A-1"]
+    ledger.close()
+
+
+def test_protection_is_opt_in(db_path: Path) -> None:
+    with pytest.raises(TypeError, match=r'include=\["/orders"\].*include="\*"'):
+        IdempotencyMiddleware(FastAPI(), ledger=Ledger(db_path), principal=principal_from_auth)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="include="):
+        IdempotencyMiddleware(FastAPI(), ledger=Ledger(db_path), principal=principal_from_auth, include="/orders")
+
+
+def test_a_refused_body_closes_the_connection(db_path: Path) -> None:
+    ledger = Ledger(db_path, request_body_cap_bytes=100)
+    ledger.migrate()
+    calls: list[Any] = []
+    with uvicorn_server(_fastapi_app(ledger, calls, "*")) as base, httpx.Client(base_url=base, timeout=30) as c:
+        big = c.post("/orders", content=b"x" * 1000, headers=auth(key="big"))  # Content-Length over the cap: refused unread
+        assert big.status_code == 413 and big.headers["connection"] == "close"
+        ok = c.post("/orders", json={"sku": "A-1", "qty": 1}, headers=auth(key="small"))  # a new connection
+        assert ok.status_code == 201 and "connection" not in ok.headers
+    assert calls == ["A-1"]
+    ledger.close()

@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 
-from conftest import ConnectionProxy, ManualClock, Mutation, post, rows
-from idempotency_ledger import Ledger, LedgerUnavailable, Outcome
+from conftest import LEDGER_WORDS, ConnectionProxy, ManualClock, Mutation, logged, post, rows
+from idempotency_ledger import Ledger
+
+FAILED = {"busy": "ledger-busy"}
 
 
 def _ledger(db_path: Path, clock: ManualClock | None = None) -> tuple[Ledger, ConnectionProxy]:
@@ -33,18 +35,19 @@ def _ledger(db_path: Path, clock: ManualClock | None = None) -> tuple[Ledger, Co
         (MemoryError(), "other"),
     ],
 )
-def test_failing_database_leaves_the_ledger_usable(db_path: Path, fault: Exception, reason: str) -> None:
+def test_failing_database_leaves_the_ledger_usable(db_path: Path, fault: Exception, reason: str, caplog: Any) -> None:
     ledger, conn = _ledger(db_path)
     m = Mutation()
     conn.faults.append(fault)
-    failed = post(ledger, "k", m)
-    assert (failed.outcome, m.calls) == (Outcome.UNAVAILABLE, 0)
+    with caplog.at_level(logging.ERROR, logger="idempotency_ledger"):
+        failed = post(ledger, "k", m)
+    assert (failed.outcome, m.calls) == (FAILED.get(reason, "ledger-failed"), 0)
     assert failed.status == (503 if reason == "busy" else 500)
-    assert isinstance(failed.error, LedgerUnavailable) and failed.error.reason == reason
+    assert logged(caplog, LEDGER_WORDS[reason]), [r.getMessage() for r in caplog.records]
     assert rows(db_path) == []  # nothing of the batch took effect
     # The very next request on the same Ledger (same Store: no trap) works.
     ok = post(ledger, "k", m)
-    assert (ok.outcome, ok.status, m.calls) == (Outcome.EXECUTED, 201, 1)
+    assert (ok.outcome, ok.status, m.calls) == ("executed", 201, 1)
     ledger.close()
     conn.close()
 
@@ -61,28 +64,27 @@ def test_fault_mid_batch_rolls_back_the_whole_batch(db_path: Path) -> None:
 
     object.__setattr__(conn, "execute", failing_update)
     r = post(ledger, "k", Mutation())
-    assert r.outcome == Outcome.UNAVAILABLE
+    assert r.outcome == "ledger-failed"
     object.__setattr__(conn, "execute", original)
     assert rows(db_path) == []
     assert not conn.in_transaction
-    assert post(ledger, "k", Mutation()).outcome == Outcome.EXECUTED
+    assert post(ledger, "k", Mutation()).outcome == "executed"
     ledger.close()
     conn.close()
 
 
-def test_failed_completion_still_answers_with_the_shaped_response(db_path: Path, caplog: Any) -> None:
+def test_failed_completion_still_answers_with_the_handlers_response(db_path: Path, caplog: Any) -> None:
     ledger, conn = _ledger(db_path)
+    headers = [("Content-Type", "application/json"), ("X-Kept", "1")]
 
     def mutation() -> Any:
         conn.faults.append(sqlite3.OperationalError("disk I/O error"))  # the completion batch fails
-        return Mutation(headers=[("Content-Type", "application/json"), ("X-Dropped", "1")])()
+        return Mutation(headers=headers)()
 
     with caplog.at_level(logging.ERROR, logger="idempotency_ledger"):
         r = post(ledger, "k", mutation)
-    assert (r.outcome, r.status, r.stored, r.fenced_out) == (Outcome.EXECUTED, 201, False, False)
-    assert r.headers == [("content-type", "application/json")]  # shaped as a replay would be
-    assert isinstance(r.error, LedgerUnavailable)
-    assert any("completion not stored" in rec.getMessage() for rec in caplog.records)
+    assert (r.outcome, r.status, r.headers) == ("completion-failed", 201, headers)  # the caller still gets its response
+    assert logged(caplog, "completion not stored") and logged(caplog, LEDGER_WORDS["io"])
     assert [x["status"] for x in rows(db_path)] == ["pending"]  # a retry after the TTL takes over
     ledger.close()
     conn.close()
@@ -93,32 +95,33 @@ def test_open_transaction_on_a_given_connection_fails_closed(db_path: Path) -> N
     conn.execute("BEGIN")
     m = Mutation()
     r = post(ledger, "k", m)
-    assert (r.outcome, r.status, m.calls) == (Outcome.UNAVAILABLE, 500, 0)
+    assert (r.outcome, r.status, m.calls) == ("ledger-failed", 500, 0)
     conn.execute("ROLLBACK")
-    assert post(ledger, "k", m).outcome == Outcome.EXECUTED
+    assert post(ledger, "k", m).outcome == "executed"
     ledger.close()
     conn.close()
 
 
-def test_unopenable_database_is_an_io_error_then_recovers(tmp_path: Path) -> None:
+def test_unopenable_database_is_an_io_error_then_recovers(tmp_path: Path, caplog: Any) -> None:
     missing_dir = tmp_path / "not-yet"
     with Ledger(missing_dir / "ledger.sqlite") as ledger:
         m = Mutation()
-        r = post(ledger, "k", m)
-        assert (r.outcome, m.calls) == (Outcome.UNAVAILABLE, 0)
-        assert isinstance(r.error, LedgerUnavailable) and r.error.reason == "io"
+        with caplog.at_level(logging.ERROR, logger="idempotency_ledger"):
+            r = post(ledger, "k", m)
+        assert (r.outcome, m.calls) == ("ledger-failed", 0)
+        assert logged(caplog, LEDGER_WORDS["io"])
         missing_dir.mkdir()
         ledger.migrate()
-        assert post(ledger, "k", m).outcome == Outcome.EXECUTED
+        assert post(ledger, "k", m).outcome == "executed"
 
 
-def test_real_sqlite_errors_are_reported_with_their_codes(db_path: Path) -> None:
+def test_real_sqlite_errors_are_reported_with_their_codes(db_path: Path, caplog: Any) -> None:
     """The driver's code (sqlite3's sqlite_errorname) goes to the core, which classifies it."""
     ledger, conn = _ledger(db_path)
     conn.close()
     readonly = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, isolation_level=None, check_same_thread=False)
-    with Ledger(readonly) as ro:
+    with Ledger(readonly) as ro, caplog.at_level(logging.ERROR, logger="idempotency_ledger"):
         r = post(ro, "k", Mutation())
-        assert r.outcome == Outcome.UNAVAILABLE and r.status == 500
-        assert isinstance(r.error, LedgerUnavailable) and r.error.reason == "io", r.error
+        assert r.outcome == "ledger-failed" and r.status == 500
+        assert logged(caplog, LEDGER_WORDS["io"]) and logged(caplog, "SQLITE_READONLY")
     readonly.close()

@@ -20,7 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from conftest import Mutation, post, rows
-from idempotency_ledger import Ledger, MutationResponse, NothingChanged, Outcome, Rejected, idempotent_function
+from idempotency_ledger import Ledger, MutationResponse, NothingChanged, Rejected, idempotent_function
 from idempotency_ledger.asgi import IdempotencyMiddleware, mark_nothing_changed
 from servers import uvicorn_server
 
@@ -47,7 +47,7 @@ def test_wait_instead_of_409_with_real_threads(db_path: Path) -> None:
     for t in [first, *waiters]:
         t.join(10)
     assert len(calls) == 1
-    assert sorted(r.outcome.value for r in results) == ["executed"] + ["replayed"] * 4
+    assert sorted(r.outcome for r in results) == ["executed"] + ["replayed-after-wait"] * 4
     assert all(r.status == 201 and r.json() == {"order": "o_1"} for r in results)
     # Without wait_ms the same race answers 409 in progress.
     ledger2 = Ledger(db_path)
@@ -58,16 +58,16 @@ def test_optional_keys_and_release_on_server_error(db_path: Path) -> None:
     ledger = Ledger(db_path, key_required=False, on_server_error="release")
     ledger.migrate()
     m = Mutation()
-    assert post(ledger, None, m).outcome == Outcome.PASS_THROUGH and m.calls == 1
+    assert post(ledger, None, m).outcome == "passed-through" and m.calls == 1
     assert rows(db_path) == []
     failing = Mutation(status=503, body='{"error":"later"}')
     first = post(ledger, "r", failing)
-    assert (first.status, first.outcome, first.released) == (503, Outcome.EXECUTED, True)
+    assert (first.status, first.outcome) == (503, "released")
     assert rows(db_path) == []  # released: the retry runs again at once
-    assert post(ledger, "r", Mutation()).outcome == Outcome.EXECUTED
+    assert post(ledger, "r", Mutation()).outcome == "executed"
     with pytest.raises(RuntimeError) as raised:
         post(ledger, "boom", lambda: (_ for _ in ()).throw(RuntimeError("down")))
-    assert getattr(raised.value, "idempotency_released") is True
+    assert getattr(raised.value, "idempotency_outcome") == "released"
     assert [r["key"] for r in rows(db_path)] == ["r"]
 
 
@@ -79,9 +79,9 @@ def test_nothing_changed_releases_the_reservation(db_path: Path) -> None:
         raise NothingChanged(MutationResponse.json(422, {"error": "sku unknown"}))
 
     r = post(ledger, "n", invalid)
-    assert (r.status, r.outcome, r.released) == (422, Outcome.RELEASED, True)
+    assert (r.status, r.outcome) == (422, "released")
     assert rows(db_path) == []
-    assert post(ledger, "n", Mutation()).outcome == Outcome.EXECUTED
+    assert post(ledger, "n", Mutation()).outcome == "executed"
 
 
 # ------------------------------------------------------------------ ASGI
@@ -110,7 +110,7 @@ def _app(ledger: Ledger, calls: list[int]) -> FastAPI:
                 return value.decode()
         return None
 
-    app.add_middleware(IdempotencyMiddleware, ledger=ledger, principal=principal, exclude=["/public/"])
+    app.add_middleware(IdempotencyMiddleware, ledger=ledger, principal=principal, include="*", exclude=["/public/"])
     return app
 
 
@@ -169,7 +169,7 @@ from idempotency_ledger.asgi import IdempotencyMiddleware
 ledger = Ledger(sys.argv[1]); ledger.migrate()
 async def app(scope, receive, send):
     raise AssertionError("the app must not run")
-mw = IdempotencyMiddleware(app, ledger=ledger, principal=lambda scope: "acct")
+mw = IdempotencyMiddleware(app, ledger=ledger, principal=lambda scope: "acct", include="*")
 sent = []
 async def main():
     chunk = b"x" * (1 << 20)
@@ -251,7 +251,7 @@ def test_flask_extension(db_path: Path, mode: str) -> None:
     ledger = Ledger(db_path)
     ledger.migrate()
     app = Flask(__name__)
-    ext = Idempotency(app, ledger=ledger, principal=lambda: request.headers.get("X-User"), protect=mode)
+    ext = Idempotency(app, ledger=ledger, principal=lambda: request.headers.get("X-User"), include="*" if mode == "all" else [])
     calls: list[Any] = []
 
     def create() -> Any:
@@ -319,3 +319,38 @@ def test_idempotent_function_replays_rejects_and_runs_once_across_threads(db_pat
     ledger.close()
 
 
+
+
+def test_async_idempotent_function_runs_through_an_exchange(db_path: Path) -> None:
+    import asyncio
+
+    ledger = Ledger(db_path)
+    ledger.migrate()
+    runs: list[str] = []
+
+    @idempotent_function(ledger, key_args=("job",), principal="worker")
+    async def work(job: str, n: int) -> dict[str, Any]:
+        runs.append(job)
+        if n < 0:
+            raise NothingChanged(value={"skipped": job})
+        if n == 0:
+            raise RuntimeError("down")
+        await asyncio.sleep(0)
+        return {"job": job, "n": n}
+
+    async def main() -> list[Any]:
+        first = await work("a", 1)
+        again = await work("a", 1)
+        with pytest.raises(Rejected) as reused:
+            await work("a", 2)
+        skipped = [await work("s", -1), await work("s", -1)]  # released each time: runs twice
+        with pytest.raises(RuntimeError):
+            await work("f", 0)
+        with pytest.raises(Rejected) as pending:
+            await work("f", 0)
+        return [first, again, reused.value.outcome, skipped, pending.value.outcome]
+
+    assert asyncio.run(main()) == [{"job": "a", "n": 1}, {"job": "a", "n": 1}, "key-reused", [{"skipped": "s"}] * 2, "in-progress"]
+    assert runs == ["a", "s", "s", "f"]
+    assert {r["key"]: r["status"] for r in rows(db_path)} == {"a": "completed", "f": "pending"}
+    ledger.close()

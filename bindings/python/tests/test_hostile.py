@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
-from conftest import T0, ConnectionProxy, Mutation, insert_rows, sqlite_sql, post, rows
-from idempotency_ledger import InvalidArgument, InvalidConfig, Ledger, MalformedResult, MutationResponse, NothingChanged, Outcome, ticket_of
+from conftest import T0, ConnectionProxy, Mutation, fingerprint, insert_rows, sqlite_sql, post, rows
+from idempotency_ledger import InvalidConfig, Ledger, MutationResponse, NothingChanged, ticket_of
 
-FP = "0" * 64
+#: The fingerprint of what `post` sends by default.
+POSTED = fingerprint("POST", "/orders", [("Content-Type", "application/json")], b'{"sku":"A-1"}')
 
 
 @pytest.mark.parametrize(
@@ -29,10 +30,10 @@ def test_keys_at_every_boundary(ledger: Ledger, db_path: Path, key: str, reason:
     m = Mutation()
     r = post(ledger, key, m)
     if reason is None:
-        assert (r.outcome, r.stored) == (Outcome.EXECUTED, True)
+        assert r.outcome == "executed"
         assert rows(db_path)[0]["key"] == key
     else:
-        assert (r.status, r.reason, m.calls) == (400, reason, 0)
+        assert (r.status, r.outcome, m.calls) == (400, reason, 0)
         assert rows(db_path) == []
 
 
@@ -42,19 +43,20 @@ def test_request_bodies_binary_empty_and_large(db_path: Path, clock: Any, body: 
     # with 413; raised to 16 MiB, an 8 MiB body is fingerprinted like any other.
     ledger = Ledger(db_path, clock=clock, request_body_cap_bytes=16 << 20)
     ledger.migrate()
-    assert Ledger(db_path).handle("acct-1", "POST", "/orders", [("Idempotency-Key", "big")], bytes((1 << 20) + 1), Mutation()).reason == "body-too-large"
+    assert Ledger(db_path).handle("acct-1", "POST", "/orders", [("Idempotency-Key", "big")], bytes((1 << 20) + 1), Mutation()).outcome == "body-too-large"
     m = Mutation()
-    assert post(ledger, "b", m, body=body).outcome == Outcome.EXECUTED
-    assert post(ledger, "b", m, body=body).outcome == Outcome.REPLAYED
-    assert post(ledger, "b", m, body=body + b"\x01").reason == "key-reused"
-    assert post(ledger, "b", m, body=memoryview(body)).outcome == Outcome.REPLAYED
+    assert post(ledger, "b", m, body=body).outcome == "executed"
+    assert post(ledger, "b", m, body=body).outcome == "replayed"
+    assert post(ledger, "b", m, body=body + b"\x01").outcome == "key-reused"
+    assert post(ledger, "b", m, body=memoryview(body)).outcome == "replayed"
     assert m.calls == 1
-    if len(body) < (1 << 20):
-        assert ledger.fingerprint("POST", "/orders", [], body) == ledger.fingerprint_in_component("POST", "/orders", [], body)
+    assert rows(db_path)[-1]["fingerprint"] == fingerprint("POST", "/orders", [("Content-Type", "application/json")], body)
 
 
 def test_invalid_bytes_do_not_collide(ledger: Ledger) -> None:
-    assert ledger.fingerprint("POST", "/", [], b"\xff") != ledger.fingerprint("POST", "/", [], b"\xfe")
+    m = Mutation()
+    assert post(ledger, "x", m, body=b"\xff").outcome == "executed"
+    assert post(ledger, "x", m, body=b"\xfe").outcome == "key-reused"
 
 
 def test_hostile_request_heads(ledger: Ledger) -> None:
@@ -62,10 +64,10 @@ def test_hostile_request_heads(ledger: Ledger) -> None:
     headers = [(f"x-h-{i}", "v" * 100) for i in range(2000)]
     headers += [("content-type", "\x00\xff\u0100\U0010ffff"), ("", ""), ("Idempotency-Key", "k")]
     m = Mutation(status=200)
-    assert ledger.handle("acct", "pOsT", path, headers, b"", m).outcome == Outcome.EXECUTED
-    assert ledger.handle("acct", "P\x00ST", "/", [("Idempotency-Key", "k")], b"", m).outcome == Outcome.PASS_THROUGH
+    assert ledger.handle("acct", "pOsT", path, headers, b"", m).outcome == "executed"
+    assert ledger.handle("acct", "P\x00ST", "/", [("Idempotency-Key", "k")], b"", m).outcome == "passed-through"
     # Raw header bytes are decoded as ISO-8859-1, as WSGI/ASGI do.
-    assert ledger.handle("acct", b"POST", b"/x", [(b"Idempotency-Key", b"k2"), (b"Content-Type", b"\xff\xfe")], b"", m).stored
+    assert ledger.handle("acct", b"POST", b"/x", [(b"Idempotency-Key", b"k2"), (b"Content-Type", b"\xff\xfe")], b"", m).outcome == "executed"
 
 
 def test_strings_python_cannot_encode_are_a_clear_error(ledger: Ledger) -> None:
@@ -75,19 +77,18 @@ def test_strings_python_cannot_encode_are_a_clear_error(ledger: Ledger) -> None:
         key = args.pop("key")
         with pytest.raises(ValueError):
             post(ledger, key, m, **args)
-    assert post(ledger, "k", m, principal=None).reason == "principal-required"  # type: ignore[arg-type]
+    assert post(ledger, "k", m, principal=None).outcome == "principal-required"  # type: ignore[arg-type]
     for bad in ({"body": "text, not bytes"}, {"headers": [("a",)]}):
         with pytest.raises((TypeError, ValueError)):
             post(ledger, "k", m, **bad)  # type: ignore[arg-type]
     assert m.calls == 0
-    assert post(ledger, "k", m).outcome == Outcome.EXECUTED  # and the ledger carries on
+    assert post(ledger, "k", m).outcome == "executed"  # and the ledger carries on
 
 
 def test_principal_too_long_fails_closed(ledger: Ledger) -> None:
     m = Mutation()
     r = post(ledger, "k", m, principal="p" * 5000)
-    assert (r.status, r.outcome, m.calls) == (500, Outcome.UNAVAILABLE, 0)
-    assert isinstance(r.error, InvalidArgument)
+    assert (r.status, r.outcome, m.calls) == (500, "principal-invalid", 0)
 
 
 def test_response_bodies_statuses_and_headers_that_cannot_be_stored(ledger: Ledger) -> None:
@@ -95,7 +96,7 @@ def test_response_bodies_statuses_and_headers_that_cannot_be_stored(ledger: Ledg
     assert post(ledger, "huge-bytes", Mutation(body=b"\xff" * (4 << 20))).status == 500
     for status in (0, 99, 600, 65535):
         r = post(ledger, f"bad{status}", Mutation(status=status, body="x"))
-        assert (r.status, r.has_body) == (500, False), status
+        assert (r.status, r.json()["error"]) == (500, "idempotency_response_unstorable"), status
     r = post(ledger, "hdr", Mutation(headers=[("Location", "/a\r\nSet-Cookie: evil=1")]))
     assert r.status == 500
 
@@ -106,7 +107,7 @@ def test_mutation_returning_garbage_raises_with_the_ticket(ledger: Ledger, db_pa
     for i, (produced, raised) in enumerate(cases):
         with pytest.raises(raised) as info:
             post(ledger, f"g{i}", lambda p=produced: p)
-        assert ticket_of(info.value) is not None and getattr(info.value, "idempotency_released") is False
+        assert ticket_of(info.value) is not None and getattr(info.value, "idempotency_outcome") == "abandoned"
     assert {r["status"] for r in rows(db_path)} == {"pending"}
     # NothingChanged with an unusable response: the key is released all the
     # same (nothing changed), then the response's error is raised.
@@ -115,12 +116,12 @@ def test_mutation_returning_garbage_raises_with_the_ticket(ledger: Ledger, db_pa
 
     with pytest.raises(ValueError, match="0..65535") as info:
         post(ledger, "nc", lambda: nothing((99_999, [], b"")))
-    assert getattr(info.value, "idempotency_released") is True and "nc" not in {r["key"] for r in rows(db_path)}
+    assert getattr(info.value, "idempotency_outcome") == "released" and "nc" not in {r["key"] for r in rows(db_path)}
 
 
 def test_corrupt_stored_rows_answer_500_and_never_execute(ledger: Ledger, db_path: Path) -> None:
     def row(key: str, status: Any, response_status: Any, headers: Any) -> dict[str, Any]:
-        return {"principal": "acct", "key": key, "fingerprint": FP, "status": status, "generation": 1, "response_status": response_status,
+        return {"principal": "acct-1", "key": key, "fingerprint": POSTED, "status": status, "generation": 1, "response_status": response_status,
                 "response_body": "stored", "response_headers": headers, "created_at": T0, "updated_at": T0}
 
     insert_rows(db_path, [
@@ -131,17 +132,14 @@ def test_corrupt_stored_rows_answer_500_and_never_execute(ledger: Ledger, db_pat
         row("empty-status", "", None, None),
     ])
     sqlite_sql(db_path, [
-        ("INSERT INTO idempotency_keys VALUES ('acct', 'blob-body', ?, 'completed', 1, 200, X'FFFE', '{}', ?, ?)", [FP, T0, T0]),
-        ("INSERT INTO idempotency_keys VALUES ('acct', 'bad-utf8', ?, 'completed', 1, 200, CAST(X'FF' AS TEXT), '{}', ?, ?)", [FP, T0, T0]),
+        ("INSERT INTO idempotency_keys VALUES ('acct-1', 'blob-body', ?, 'completed', 1, 200, X'FFFE', '{}', ?, ?)", [POSTED, T0, T0]),
+        ("INSERT INTO idempotency_keys VALUES ('acct-1', 'bad-utf8', ?, 'completed', 1, 200, CAST(X'FF' AS TEXT), '{}', ?, ?)", [POSTED, T0, T0]),
     ])
-    from idempotency_ledger.session import Session
-
-    session = Session({}, str(db_path))
+    m = Mutation()
     for key in ["bad-json", "deep-json", "bad-status", "unknown-status", "empty-status", "blob-body", "bad-utf8"]:
-        d = session.call("run-decision", principal="acct", key=key, fingerprint=FP, now=T0, waiting_since=T0)["ok"]
-        assert (d["kind"], d["reason"]) == ("reject", "record-corrupt"), key
-        assert d["response"]["status"] == 500
-    del session
+        r = post(ledger, key, m)
+        assert (r.outcome, r.status, r.json()["error"]) == ("record-corrupt", 500, "idempotency_record_corrupt"), key
+    assert m.calls == 0
     assert len(rows(db_path)) == 7
 
 
@@ -188,13 +186,12 @@ def test_malformed_sql_results_fail_closed(db_path: Path, existing: bool, marker
     ledger.migrate()
     m = Mutation()
     if existing:  # the claim then loses and the decision reads the lookup
-        assert post(ledger, "k", m).outcome == Outcome.EXECUTED
+        assert post(ledger, "k", m).outcome == "executed"
     object.__setattr__(conn, "tamper", [(marker, rewrite)])
     r = post(ledger, "k", m)
     object.__setattr__(conn, "tamper", [])
-    assert (r.outcome, r.status, m.calls) == (Outcome.UNAVAILABLE, 500, int(existing))
-    assert isinstance(r.error, MalformedResult), r.error
-    assert post(ledger, "other", m).outcome == Outcome.EXECUTED  # the ledger carries on
+    assert (r.outcome, r.status, m.calls) == ("ledger-failed", 500, int(existing))
+    assert post(ledger, "other", m).outcome == "executed"  # the ledger carries on
     ledger.close()
     conn.close()
 
@@ -216,8 +213,8 @@ def test_random_requests_never_crash(ledger: Ledger) -> None:
         r = ledger.handle(rng.choice(["acct-1", "acct-2", junk(20)]), method, "/" + junk(80), headers, body, lambda: produced)
         assert 0 <= r.status <= 65535 and isinstance(r.body, bytes)
         statuses.add(r.outcome)
-    assert {Outcome.EXECUTED, Outcome.REJECTED, Outcome.PASS_THROUGH} <= statuses
-    assert post(ledger, "final", Mutation()).outcome == Outcome.EXECUTED
+    assert {"executed", "passed-through", "key-invalid"} <= statuses
+    assert post(ledger, "final", Mutation()).outcome == "executed"
 
 
 @pytest.mark.parametrize(

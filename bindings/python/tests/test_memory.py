@@ -32,3 +32,33 @@ def test_replays_do_not_leak(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "m.sqlite")], capture_output=True, text=True, check=True)
     growth_kib = int(out.stdout.strip())
     assert growth_kib < 1024, f"resident set grew by {growth_kib} KiB over 6000 calls"
+
+
+EXCHANGES = r"""
+import gc, resource, sys
+from idempotency_ledger import Ledger, RunHandler
+now = [1_767_225_600_000]
+ledger = Ledger(sys.argv[1], clock=lambda: now[0]); ledger.migrate()
+def call(i):
+    now[0] += 30_001  # every pending row left behind is stale by the next call: taken over
+    exchange = ledger.start("acct", "POST", "/orders", [("Idempotency-Key", f"k{i % 50}")])
+    action = exchange.body(b"{}")
+    if isinstance(action, RunHandler) and i % 2:
+        exchange.answered(201, [("Content-Type", "application/json")], b"{}")
+        assert exchange.done
+    # the others are dropped at run-handler (freed in the component) or were replays
+for i in range(1500):
+    call(i)
+gc.collect()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+for i in range(6000):
+    call(i)
+gc.collect()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
+"""
+
+
+def test_exchanges_dropped_before_their_end_do_not_leak(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-c", EXCHANGES, str(tmp_path / "x.sqlite")], capture_output=True, text=True, check=True)
+    growth_kib = int(out.stdout.strip())
+    assert growth_kib < 1024, f"resident set grew by {growth_kib} KiB over 6000 exchanges"

@@ -30,7 +30,7 @@ class App:
         self.gate = threading.Event()
         self.ledger = Ledger(db)
         self.ledger.migrate()
-        self.wsgi = IdempotencyWSGIMiddleware(self.app, ledger=self.ledger, principal=principal)
+        self.wsgi = IdempotencyWSGIMiddleware(self.app, ledger=self.ledger, principal=principal, include="*")
 
     def app(self, environ: dict[str, Any], start_response: Any) -> Any:
         method, path = environ["REQUEST_METHOD"], environ["PATH_INFO"]
@@ -71,6 +71,8 @@ def test_retry_replays_and_reuse_409s(served: Any) -> None:
     assert (first.status_code, retry.status_code, reuse.status_code) == (201, 201, 409)
     assert first.content == retry.content and first.json() == {"order": "o_1", "sku": "A"}
     assert first.headers["location"] == retry.headers["location"] == "/orders/o_1"
+    # The first caller gets every header the app set; a replay only the stored replay-headers.
+    assert first.headers["x-request-id"] == "1" and "x-request-id" not in retry.headers
     assert reuse.json() == {"error": "idempotency_key_reused"}
     assert app.created == 1
 
@@ -123,3 +125,24 @@ def test_environ_helpers() -> None:
     assert wsgi_path_and_query(env) == "/api/a%20b/%E9?z=1&a=2"
     assert wsgi_path_and_query({**env, "RAW_URI": "/api/a%20b?z=1&a=2"}) == "/api/a%20b?z=1&a=2"
     assert sorted(wsgi_headers(env)) == [("content-type", "application/json"), ("x-api-version", "2")]
+
+
+def test_a_chunked_body_wsgiref_cannot_delimit_is_the_cores_411(served: Any, db_path: Path) -> None:
+    """wsgiref hands the app the raw stream without `wsgi.input_terminated`:
+    reading it would block past the body's end, and an empty stand-in would
+    be fingerprinted as the body. The core answers 411 instead."""
+    app, client = served
+
+    def chunks() -> Iterator[bytes]:
+        yield b'{"sku":'
+        yield b'"A"}'
+
+    with httpx.Client(base_url=client.base_url, timeout=30) as c:  # the unread body stays on this connection
+        r = c.post("/orders", content=chunks(), headers={**H, "Idempotency-Key": "chunked"})
+    assert r.status_code == 411 and r.json()["error"] == "idempotency_length_required"
+    assert app.created == 0 and rows(db_path) == []
+
+
+def test_protection_is_opt_in(db_path: Path) -> None:
+    with pytest.raises(TypeError, match=r'include=\["/orders"\].*include="\*"'):
+        IdempotencyWSGIMiddleware(lambda e, s: [], ledger=Ledger(db_path), principal=principal)  # type: ignore[call-arg]

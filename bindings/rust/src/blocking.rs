@@ -475,6 +475,14 @@ impl Ledger {
         }
     }
 
+    /// Ends an exchange before its final action (the request was
+    /// abandoned): its state in the component is freed and nothing more
+    /// runs, so a reservation it made stays pending until the TTL. Nothing
+    /// to do for an exchange that already ended.
+    pub fn end(&mut self, exchange: &mut Exchange) {
+        self.finish(exchange);
+    }
+
     /// Frees the exchange in the component once it ended (and a transaction
     /// it left open, which only an abandoned exchange does, is rolled back).
     fn finish(&mut self, exchange: &mut Exchange) {

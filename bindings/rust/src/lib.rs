@@ -61,7 +61,7 @@ mod layer;
 pub use blocking::{Exchange, Ledger};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use convert::{latin1, outcome_name, Body, MutationResponse, Queries, Request, Response, Settings, SqlStatement, Unstored};
-pub use pool::LedgerPool;
+pub use pool::{LedgerPool, Lent};
 pub use runtime::{engine_config, HostState, Runtime, COMPONENT};
 pub use sqlite::{SqliteBackend, DEFAULT_BUSY_TIMEOUT};
 pub use telemetry::key_hash;

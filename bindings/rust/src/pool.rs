@@ -119,20 +119,40 @@ impl LedgerPool {
     /// its log line) and nothing runs; that ledger is not kept. Errs only
     /// when no component instance can be created.
     pub fn with<R>(&self, f: impl FnOnce(&mut Ledger) -> R) -> Result<R, Error> {
-        let idle = self.inner.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).pop();
-        let (mut ledger, keep) = match idle {
-            Some(ledger) => (ledger, true),
-            None => match self.connect() {
-                Ok(ledger) => (ledger, true),
-                Err(Error::Setup(why)) => (self.unreachable(why)?, false),
-                Err(other) => return Err(other),
-            },
-        };
+        let (mut ledger, keep) = self.acquire()?;
         let result = f(&mut ledger);
         if keep {
-            self.inner.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(ledger);
+            self.give_back(ledger);
         }
         Ok(result)
+    }
+
+    /// Lends a ledger until the returned [`Lent`] drops, for work that spans
+    /// several calls: an exchange lives in the ledger it started on, so an
+    /// adapter that feeds it from several calls keeps that ledger lent
+    /// meanwhile. As [`LedgerPool::with`]: when no connection can be made,
+    /// the ledger lent answers every batch as unreachable (and is not kept);
+    /// errs only when no component instance can be created.
+    pub fn lend(&self) -> Result<Lent, Error> {
+        let (ledger, keep) = self.acquire()?;
+        Ok(Lent { ledger: Some(ledger), pool: keep.then(|| self.clone()) })
+    }
+
+    /// An idle ledger, or a new one (and whether to keep it afterwards).
+    fn acquire(&self) -> Result<(Ledger, bool), Error> {
+        let idle = self.inner.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).pop();
+        match idle {
+            Some(ledger) => Ok((ledger, true)),
+            None => match self.connect() {
+                Ok(ledger) => Ok((ledger, true)),
+                Err(Error::Setup(why)) => Ok((self.unreachable(why)?, false)),
+                Err(other) => Err(other),
+            },
+        }
+    }
+
+    fn give_back(&self, ledger: Ledger) {
+        self.inner.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(ledger);
     }
 
     /// [`Ledger::handle`] on a pooled ledger; a sweep the core asks for runs
@@ -245,6 +265,35 @@ impl LedgerPool {
     }
 }
 
+/// A ledger lent by [`LedgerPool::lend`]; back in its pool when dropped.
+pub struct Lent {
+    ledger: Option<Ledger>,
+    /// `None` for a ledger the pool does not keep (no connection could be made).
+    pool: Option<LedgerPool>,
+}
+
+impl std::ops::Deref for Lent {
+    type Target = Ledger;
+
+    fn deref(&self) -> &Ledger {
+        self.ledger.as_ref().expect("a lent ledger is held until drop")
+    }
+}
+
+impl std::ops::DerefMut for Lent {
+    fn deref_mut(&mut self) -> &mut Ledger {
+        self.ledger.as_mut().expect("a lent ledger is held until drop")
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        if let (Some(ledger), Some(pool)) = (self.ledger.take(), self.pool.as_ref()) {
+            pool.give_back(ledger);
+        }
+    }
+}
+
 /// The backend of a ledger lent while no connection could be made.
 struct Unreachable(String);
 
@@ -278,4 +327,46 @@ fn spawn_sweeper(pool: Weak<PoolInner>) -> Option<(SyncSender<()>, JoinHandle<()
 /// trap, by the ledger too.
 fn sweep_logging_failure(pool: &LedgerPool) {
     let _ = pool.with(|ledger| ledger.sweep_all());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{wit, Feed, ManualClock, Next};
+
+    fn head() -> wit::RequestHead {
+        wit::RequestHead {
+            method: "POST".into(),
+            path_and_query: "/orders".into(),
+            headers: vec![wit::Header { name: "Idempotency-Key".into(), value: "k-1".into() }],
+        }
+    }
+
+    #[test]
+    fn a_lent_ledger_stays_out_of_the_pool_until_dropped_and_carries_its_exchange() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pool = LedgerPool::with_settings(dir.path().join("l.sqlite"), Settings::default(), ManualClock::new(1_000)).expect("pool");
+        assert_eq!(pool.idle(), 1);
+        let mut lent = pool.lend().expect("lend");
+        assert_eq!(pool.idle(), 0, "the lent ledger is out of the pool");
+        // Another caller meanwhile gets a ledger of its own.
+        pool.with(|other| assert!(other.protects("POST"))).expect("with");
+        assert_eq!(pool.idle(), 1);
+        let (next, mut exchange) = lent.start(Some("acct"), &head());
+        assert!(matches!(next, Next::ReadBody { .. }), "{next:?}");
+        assert!(matches!(lent.feed(&mut exchange, Feed::Body(b"{}")), Next::RunHandler(_)));
+        // Abandoned before the handler answered: freed, nothing more runs, the row stays pending.
+        lent.end(&mut exchange);
+        assert!(matches!(lent.feed(&mut exchange, Feed::Body(b"{}")), Next::Respond(_)), "an ended exchange answers the fault");
+        drop(lent);
+        assert_eq!(pool.idle(), 2, "back in the pool");
+        let again = pool.with(|ledger| {
+            let (_, mut exchange) = ledger.start(Some("acct"), &head());
+            match ledger.feed(&mut exchange, Feed::Body(b"{}")) {
+                Next::Respond(answer) => answer.outcome,
+                other => panic!("{other:?}"),
+            }
+        });
+        assert_eq!(again.expect("with"), wit::Outcome::InProgress);
+    }
 }

@@ -16,6 +16,7 @@ use std::time::Duration;
 use crate::{outcome_name, Outcome, Ticket};
 
 /// The outcomes whose span status is ERROR.
+#[cfg_attr(not(feature = "opentelemetry"), allow(dead_code))]
 pub fn is_failure(outcome: Outcome) -> bool {
     matches!(
         outcome,

@@ -5,6 +5,7 @@ import { openLedgerDatabase, handleIdempotentMutation as nodeHandle, idempotentH
 import { idempotency as hono, ledgerFor as honoLedgerFor, NothingChangedError as HonoNothingChanged } from "@idempotency/ledger/hono";
 import { idempotency as expressIdempotency, ledgerFor as expressLedgerFor } from "@idempotency/ledger/express";
 import { createPgPool } from "@idempotency/ledger/pg";
+import { ERROR_OUTCOMES, REQUESTS, useOpenTelemetryApi } from "@idempotency/ledger/opentelemetry";
 
 interface Env {
   DB: { prepare(sql: string): { bind(...v: unknown[]): { run(): Promise<unknown> } }; batch(s: unknown[]): Promise<any[]> };
@@ -13,7 +14,12 @@ const outcomes: Outcome[] = [];
 const options: IdempotencyOptions = {
   pendingTtlMs: 60_000, retentionMs: 86_400_000, bodyCapBytes: 8192, profile: "ietf", waitMs: 1000, onServerError: "release", replayHeader: null,
   onOutcome: (outcome) => outcomes.push(outcome),
+  route: "/orders", recordKeys: false, telemetry: true,
 };
+const counterName: "idempotency.requests" = REQUESTS;
+void counterName;
+void ERROR_OUTCOMES.has("fenced-out");
+void useOpenTelemetryApi;
 
 export default {
   async fetch(request: Request, env: Env, ctx: { waitUntil(p: Promise<unknown>): void }): Promise<Response> {
@@ -43,4 +49,46 @@ export async function node(): Promise<number> {
   const pool = await createPgPool("postgresql://localhost/app", { max: 5 });
   void pgLedger(pool);
   return r.status;
+}
+
+// Idempotent functions and a Queues consumer (README "Jobs, queues, webhooks").
+import { idempotentFunction, RejectedError, canonicalJson } from "@idempotency/ledger/node";
+import { idempotentQueueConsumer, idempotentFunction as workerFunction } from "@idempotency/ledger/worker";
+
+export async function jobs(db: Awaited<ReturnType<typeof openLedgerDatabase>>): Promise<string> {
+  const charge = idempotentFunction(async (order: { id: string; amount: number }) => ({ chargeId: `ch_${order.id}`, amount: order.amount }), {
+    db,
+    principal: "billing",
+    key: (order) => order.id,
+    payload: (order) => order,
+  });
+  const { chargeId } = await charge({ id: "o-1", amount: 5 });
+  try {
+    await charge({ id: "o-1", amount: 6 });
+  } catch (e) {
+    if (e instanceof RejectedError && e.outcome === "key-reused") return canonicalJson({ chargeId, status: e.status });
+  }
+  const viaEnv = workerFunction(async (n: number, env: Env) => n * 2, { db: (_n, env) => env.DB, principal: "p", key: (n) => String(n) });
+  void viaEnv;
+  return chargeId;
+}
+
+export const queueWorker = {
+  queue: idempotentQueueConsumer<{ orderId: string }, Env>(async (message, env) => {
+    await env.DB.prepare("INSERT INTO charges (order_id) VALUES (?)").bind(message.body.orderId).run();
+    return { charged: message.body.orderId };
+  }, { key: (m) => m.body.orderId, principal: "billing", onMessage: ({ outcome, ack }) => void [outcome, ack] }),
+};
+
+// The test kit (README "Testing your handlers").
+import { createTestLedger, fireDuplicates, testClock } from "@idempotency/ledger/testing";
+
+export async function kit(): Promise<number> {
+  const ledger = createTestLedger({ principal: () => "acct-1", waitMs: 1000, clock: testClock({ frozen: true }) });
+  const mw = hono(ledger.options);
+  void mw;
+  ledger.clock.advance(30_001);
+  const results = await fireDuplicates(3, async (i) => i);
+  const deleted: number = await ledger.sweep();
+  return results.length + deleted + ledger.count("executed") + ledger.rows().length;
 }

@@ -1,26 +1,38 @@
 """Idempotency-Key ledger for Python APIs.
 
-The protocol (docs/SPEC.md: admission, claim before mutate, fingerprint,
-fenced takeover, response lifecycle, sweep, failure classification) runs in
-the idempotency core WebAssembly component under wasmtime inside the native
-extension `idempotency_ledger._native`, built from the Rust host crate; SQL
-runs on its SQLite or PostgreSQL backends, or on a connection you bring.
+Every request is one exchange of the idempotency core, a WebAssembly
+component run under wasmtime inside the native extension
+`idempotency_ledger._native` (built from the Rust host crate): admission,
+claim before mutate, fingerprint, fenced takeover, waits, the response
+lifecycle, the sweep and every answer and log line are the core's. SQL runs
+on the crate's SQLite or PostgreSQL backends, or on a connection you bring.
 
     from idempotency_ledger import Ledger, MutationResponse
 
     ledger = Ledger("ledger.sqlite")
     ledger.migrate()
-    result = ledger.handle("account-42", "POST", "/orders",
-                           [("Idempotency-Key", "k-1"), ("Content-Type", "application/json")],
-                           b'{"sku":"A-1"}',
-                           lambda: MutationResponse.json(201, {"order": "o_1"}))
-    result.status, result.headers, result.body, result.outcome
+    handled = ledger.handle("account-42", "POST", "/orders",
+                            [("Idempotency-Key", "k-1"), ("Content-Type", "application/json")],
+                            b'{"sku":"A-1"}',
+                            lambda: MutationResponse.json(201, {"order": "o_1"}))
+    handled.status, handled.headers, handled.body, handled.outcome
 """
 
-from ._ledger import SETTINGS, Begun, Ledger, default_settings, schema, ticket_of
-from ._native import BatchFailure
+from ._ledger import SETTINGS, Ledger, default_config, schema, ticket_of
+from ._native import (
+    BatchFailure,
+    Config,
+    Exchange,
+    Handled,
+    PassThrough,
+    Propagate,
+    ReadBody,
+    Respond,
+    Response,
+    RunHandler,
+    Ticket,
+)
 from ._types import (
-    Admission,
     ComponentTrap,
     IdempotencyError,
     InvalidArgument,
@@ -32,17 +44,15 @@ from ._types import (
     Outcome,
     ProtocolError,
     Rejected,
-    Response,
-    Result,
-    Ticket,
 )
 from .function import idempotent_function
 
 __all__ = [
-    "Admission",
     "BatchFailure",
-    "Begun",
     "ComponentTrap",
+    "Config",
+    "Exchange",
+    "Handled",
     "IdempotencyError",
     "InvalidArgument",
     "InvalidConfig",
@@ -52,13 +62,17 @@ __all__ = [
     "MutationResponse",
     "NothingChanged",
     "Outcome",
+    "PassThrough",
+    "Propagate",
     "ProtocolError",
+    "ReadBody",
     "Rejected",
+    "Respond",
     "Response",
-    "Result",
+    "RunHandler",
     "SETTINGS",
     "Ticket",
-    "default_settings",
+    "default_config",
     "idempotent_function",
     "schema",
     "ticket_of",

@@ -1,35 +1,29 @@
 """ASGI middleware (Starlette, FastAPI, any ASGI 3 app).
 
-    app.add_middleware(IdempotencyMiddleware, ledger=ledger, principal=lambda scope: ...)
+    app.add_middleware(IdempotencyMiddleware, ledger=ledger, principal=lambda scope: ..., include=["/orders"])
 
-Requests whose method the core does not protect (and paths outside
-`include` / inside `exclude`) go straight to the app: no buffering, no ledger
-access. For a protected request:
+A loop over the core's exchange: it reads the body when the exchange asks
+(at most its cap: a chunked body never sits in memory past it), runs the app
+when it asks, and sends what it answers: the core's response, or the app's
+own response exactly as the app made it. Requests whose method the core does
+not protect, and routes outside `include` / inside `exclude`, go straight to
+the app. The ledger calls run in a worker thread (they wait on the database):
+the event loop never blocks on them.
 
-- the principal comes from `principal(scope)` (sync or async), from YOUR
-  auth; None gets the core's 401 (`principal-required`), never a silent pass;
-- the core admits it (key, principal, a `Content-Length` over the request
-  body cap: its 413 before a byte is read);
-- the body is counted while it is received, and the core's 413 goes out as
-  soon as it passes the cap (a chunked body never sits in memory past it);
-- the decision and completion run in a worker thread (they wait on the
-  database: the event loop never blocks on them), the app runs on the loop;
-- the app's response is buffered so it can be stored; the client gets the
-  core's shaped response, exactly what a retry replays.
+FastAPI's request validation errors (`RequestValidationError`, its 422) are
+the framework refusing the request before the endpoint ran: the middleware
+tells the core so (`declined`), which releases the key.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import logging
 from typing import Any, Awaitable, Callable, MutableMapping, Optional, Sequence, Union
 
-from ._http import NOTHING_CHANGED, RouteSpec, Routes, mark_nothing_changed
+from ._http import _REQUIRED, DECLINED, Include, RouteSpec, Routes, describe, handler_result, mark_declined, mark_nothing_changed
 from ._ledger import Ledger
-from ._types import IdempotencyError, MutationResponse, Response, Result
-
-log = logging.getLogger("idempotency_ledger")
+from ._native import Exchange, PassThrough, Propagate, ReadBody, Respond, Response, RunHandler
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -37,7 +31,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 PrincipalFn = Callable[[Scope], Union[Optional[str], Awaitable[Optional[str]]]]
 
-__all__ = ["IdempotencyMiddleware", "asgi_path_and_query", "mark_nothing_changed", "send_response"]
+__all__ = ["IdempotencyMiddleware", "asgi_path_and_query", "mark_declined", "mark_nothing_changed", "send_response"]
 
 
 async def _to_thread(fn: Callable[..., Any], *args: Any) -> Any:
@@ -52,7 +46,7 @@ async def _to_thread(fn: Callable[..., Any], *args: Any) -> Any:
 
 def asgi_path_and_query(scope: Scope) -> str:
     """The request target as received: `raw_path` (when the server gives it)
-    plus `?query_string`, decoded as ISO-8859-1."""
+    plus `?query_string`, read as ISO-8859-1."""
     raw = scope.get("raw_path")
     if raw is None:
         from urllib.parse import quote
@@ -63,143 +57,56 @@ def asgi_path_and_query(scope: Scope) -> str:
     return target.decode("latin-1")
 
 
-async def send_response(send: Send, response: Union[Result, Response], null_body: frozenset[int] = frozenset()) -> None:
-    """Sends a response as it is, with a Content-Length (none for 1xx, 204, 304)."""
-    status, body = response.status, response.body
-    if status in null_body:
-        body = b""
-    headers = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in response.headers if n.lower() != "content-length"]
-    if status not in (204, 304) and status >= 200:
-        headers.append((b"content-length", str(len(body)).encode("ascii")))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-class IdempotencyMiddleware:
-    """Idempotency-Key protection for an ASGI app.
-
-    ledger: a `Ledger` (migrated) shared by all requests.
-    principal: `principal(scope) -> str | None` (sync or async), from your auth.
-    include / exclude: path prefixes, regexes or callables selecting the
-    protected routes (default: every route).
-    inline: run the ledger calls on the event loop instead of a worker
-    thread (default False; see the README's measurements before turning it
-    on: only a SQLite ledger without `wait_ms` never waits long).
-    """
-
-    def __init__(
-        self,
-        app: Any,
-        *,
-        ledger: Ledger,
-        principal: PrincipalFn,
-        include: Optional[Sequence[RouteSpec]] = None,
-        exclude: Optional[Sequence[RouteSpec]] = None,
-        inline: bool = False,
-    ) -> None:
-        if not callable(principal):
-            raise TypeError("principal must be a callable taking the ASGI scope")
-        self.app = app
-        self.ledger = ledger
-        self.principal = principal
-        self.routes = Routes(include, exclude)
-        self.inline = inline
-
-    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        if self.inline:
-            return fn(*args)
-        return await _to_thread(fn, *args)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        ledger = self.ledger
-        if scope.get("type") != "http" or scope["method"].upper() not in ledger.protected_methods or not self.routes(scope.get("path", "")):
-            await self.app(scope, receive, send)
-            return
-        principal = self.principal(scope)
-        if inspect.isawaitable(principal):
-            principal = await principal
-        method = scope["method"]
-        path = asgi_path_and_query(scope)
-        headers = [(bytes(n).decode("latin-1"), bytes(v).decode("latin-1")) for n, v in scope.get("headers", [])]
-        try:
-            admission = ledger.admit(method, path, headers, principal)
-        except IdempotencyError as error:  # a bad principal: fail closed
-            log.error("[idempotency] request not admitted: %s", error)
-            await send_response(send, ledger.error_response(error))
-            return
-        if admission.kind == "pass-through":
-            await self.app(scope, receive, send)
-            return
-        if admission.kind == "reject":
-            assert admission.response is not None
-            await send_response(send, admission.response)
-            return
-
-        body = await _read_capped(receive, ledger.request_body_cap_bytes)
-        if body is None:  # the client went away
-            return
-        if body is _TOO_LARGE:
-            await send_response(send, ledger.body_too_large())
-            return
-        assert isinstance(body, bytes)
-        begun = await self._call(ledger.begin, principal, method, path, headers, body)
-        if begun.result is not None:
-            await send_response(send, begun.result)
-            return
-        if begun.pass_through:
-            await self.app(scope, _replay_receive(body, receive), send)
-            return
-        ticket = begun.ticket
-        assert ticket is not None
-        captured = _Captured()
-        try:
-            await self.app(scope, _replay_receive(body, receive), captured.send)
-            if captured.status is None:
-                raise RuntimeError("the ASGI app returned without sending a response")
-        except BaseException as error:
-            await self._call(ledger.abandon, ticket, error)
-            raise
-        produced = MutationResponse(captured.status, captured.headers, b"".join(captured.chunks))
-        if scope.get(NOTHING_CHANGED):
-            await self._call(functools.partial(ledger.abandon, ticket, None, nothing_changed=True))
-            await send_response(send, produced_response(produced), ledger.null_body_statuses)
-            return
-        result = await self._call(ledger.finish, ticket, produced)
-        await send_response(send, result)
-
-
-def produced_response(produced: MutationResponse) -> Response:
-    body = produced.body.encode("utf-8") if isinstance(produced.body, str) else bytes(produced.body)
-    return Response(produced.status, list(produced.headers), body)
+async def send_response(send: Send, response: Response, close: bool = False) -> None:
+    """Sends a response the core made, as it is (the server frames it);
+    `close`: the core asked to close the connection after it."""
+    headers = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in response.headers]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": response.status, "headers": headers})
+    await send({"type": "http.response.body", "body": response.body, "more_body": False})
 
 
 class _Captured:
+    """The app's response, held until the core says what to send."""
+
     def __init__(self) -> None:
-        self.status: Optional[int] = None
-        self.headers: list[tuple[str, str]] = []
+        self.start: Optional[Message] = None
         self.chunks: list[bytes] = []
 
     async def send(self, message: Message) -> None:
         kind = message.get("type")
         if kind == "http.response.start":
-            self.status = int(message["status"])
-            self.headers = [(bytes(n).decode("latin-1"), bytes(v).decode("latin-1")) for n, v in message.get("headers", [])]
+            self.start = message
         elif kind == "http.response.body":
             self.chunks.append(bytes(message.get("body", b"")))
 
+    @property
+    def body(self) -> bytes:
+        return b"".join(self.chunks)
+
+    async def replay(self, send: Send, close: bool) -> None:
+        assert self.start is not None
+        start = dict(self.start)
+        if close:
+            start["headers"] = [*start.get("headers", []), (b"connection", b"close")]
+        await send(start)
+        await send({"type": "http.response.body", "body": self.body, "more_body": False})
+
 
 _TOO_LARGE = object()
+_GONE = object()
 
 
 async def _read_capped(receive: Receive, cap: int) -> Any:
-    """The body, or _TOO_LARGE as soon as more than `cap` bytes arrived, or
-    None when the client disconnected."""
+    """The body; `_TOO_LARGE` as soon as more than `cap` bytes arrived;
+    `_GONE` when the client disconnected first."""
     chunks: list[bytes] = []
     total = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            return None
+            return _GONE
         if message["type"] != "http.request":
             continue
         chunk = message.get("body", b"")
@@ -223,3 +130,157 @@ def _replay_receive(body: bytes, receive: Receive) -> Receive:
         return await receive()
 
     return replay
+
+
+def _routed(scope: Scope) -> bool:
+    """With include="*": whether a route of the Starlette app serves this
+    method and path (otherwise the framework answers: its 404 or 405). True
+    for an app without a Starlette router."""
+    routes = getattr(getattr(scope.get("app"), "router", None), "routes", None)
+    if routes is None:
+        return True
+    from starlette.routing import Match
+
+    return any(route.matches(scope)[0] is Match.FULL for route in routes)
+
+
+class _Declines:
+    """Marks FastAPI's request validation errors as declined: wraps the
+    app's handler for `RequestValidationError` (FastAPI's default or yours)
+    in the `ExceptionMiddleware` below this middleware, through its public
+    `add_exception_handler`, once."""
+
+    def __init__(self, app: Any) -> None:
+        self.below = app
+        self.installed = False
+
+    def install(self, scope: Scope) -> None:
+        self.installed = True
+        try:
+            from fastapi.exceptions import RequestValidationError
+            from starlette.concurrency import run_in_threadpool
+            from starlette.middleware.exceptions import ExceptionMiddleware
+        except ImportError:
+            return
+        handlers = getattr(scope.get("app"), "exception_handlers", None)
+        original = handlers.get(RequestValidationError) if isinstance(handlers, dict) else None
+        node, depth = self.below, 0
+        while node is not None and not isinstance(node, ExceptionMiddleware) and depth < 64:
+            node, depth = getattr(node, "app", None), depth + 1
+        if original is None or not isinstance(node, ExceptionMiddleware):
+            return
+
+        async def declined(request: Any, exc: Exception) -> Any:
+            mark_declined(request.scope)
+            if inspect.iscoroutinefunction(original):
+                return await original(request, exc)
+            return await run_in_threadpool(original, request, exc)
+
+        node.add_exception_handler(RequestValidationError, declined)
+
+
+class IdempotencyMiddleware:
+    """Idempotency-Key protection for an ASGI app.
+
+    ledger: a `Ledger` (migrated) shared by all requests.
+    principal: `principal(scope) -> str | None` (sync or async), from your
+    auth (a middleware outside this one); None gets the core's 401.
+    include: the routes to protect: path prefixes, compiled regexes or
+    callables, or "*" for every route the app serves. exclude: routes left
+    out of `include`.
+    inline: run the ledger calls on the event loop instead of a worker
+    thread (only sensible for a SQLite ledger without `wait_ms`).
+    """
+
+    def __init__(
+        self,
+        app: Any,
+        *,
+        ledger: Ledger,
+        principal: PrincipalFn,
+        include: Include = _REQUIRED,  # type: ignore[assignment]
+        exclude: Optional[Sequence[RouteSpec]] = None,
+        inline: bool = False,
+    ) -> None:
+        if not callable(principal):
+            raise TypeError("principal must be a callable taking the ASGI scope")
+        self.app = app
+        self.ledger = ledger
+        self.principal = principal
+        self.routes = Routes(include, exclude, "IdempotencyMiddleware")
+        self.inline = inline
+        self._declines = _Declines(app)
+
+    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if self.inline:
+            return fn(*args)
+        return await _to_thread(fn, *args)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope.get("type") != "http"
+            or not self.ledger.protects(scope["method"])
+            or not self.routes(scope.get("path", ""))
+            or (self.routes.everything and not _routed(scope))
+        ):
+            await self.app(scope, receive, send)
+            return
+        if not self._declines.installed:
+            self._declines.install(scope)
+        principal = self.principal(scope)
+        if inspect.isawaitable(principal):
+            principal = await principal
+        headers = [(bytes(n).decode("latin-1"), bytes(v).decode("latin-1")) for n, v in scope.get("headers", [])]
+        exchange = await self._call(self.ledger.start, principal, scope["method"], asgi_path_and_query(scope), headers)
+        try:
+            await self._run(exchange, scope, receive, send)
+        finally:
+            exchange.close()  # gives the ledger back if the request ended early (cancelled)
+
+    async def _run(self, exchange: Exchange, scope: Scope, receive: Receive, send: Send) -> None:
+        action: Any = exchange.action
+        body = b""
+        captured = _Captured()
+        while True:
+            if isinstance(action, ReadBody):
+                read = await _read_capped(receive, action.cap)
+                if read is _TOO_LARGE:
+                    action = await self._call(exchange.body_too_large)
+                elif read is _GONE:
+                    action = await self._call(exchange.body_unreadable, "incomplete")
+                else:
+                    body = read
+                    action = await self._call(exchange.body, body)
+            elif isinstance(action, RunHandler):
+                scope.pop(DECLINED, None)
+                try:
+                    await self.app(scope, _replay_receive(body, receive), captured.send)
+                    if captured.start is None:
+                        raise RuntimeError("the ASGI app returned without sending a response")
+                except Exception as error:
+                    action = await self._call(exchange.raised, describe(error))
+                    if isinstance(action, Propagate):
+                        raise
+                    continue
+                except BaseException as error:  # cancelled: told at once, on this thread
+                    exchange.raised(describe(error))
+                    raise
+                result = handler_result(scope)
+                if result == "answered":
+                    status, raw = int(captured.start["status"]), captured.start.get("headers", [])
+                    action = await self._call(exchange.answered, status, [(bytes(n), bytes(v)) for n, v in raw], captured.body)
+                else:
+                    action = await self._call(exchange.declined if result == "declined" else exchange.nothing_changed)
+            elif isinstance(action, Respond):
+                if action.response is None:
+                    await captured.replay(send, action.close)
+                else:
+                    await send_response(send, action.response, action.close)
+                return
+            elif isinstance(action, PassThrough):
+                await self.app(scope, receive, send)
+                return
+            else:  # Propagate without an exception to re-raise: the core's 500
+                assert isinstance(action, Propagate)
+                await send_response(send, action.response)
+                return

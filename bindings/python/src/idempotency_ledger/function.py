@@ -4,30 +4,38 @@ consumers, webhooks, jobs), on the same ledger and the same core rules.
     @idempotent_function(ledger, key=lambda order: order["id"], principal="billing-worker")
     def charge(order): ...
 
-The call becomes a synthetic request the core admits and fingerprints: the
-first of the core's protected methods, the path `/functions/<qualname>`, the
-key as its `Idempotency-Key`, `Content-Type: application/json`, and as body
-the call's arguments as canonical JSON (sorted keys, no whitespace, UTF-8).
-The core hashes its prefix with that body, decides, and stores the return
-value (JSON) as the response body, which a retry with the same key gets back
-instead of running the function again. The same key with other arguments,
-or while the first call still runs, raises `Rejected` (the core's 409 /
-422); `wait_ms` makes a duplicate wait for the first call's result instead.
+The call becomes a synthetic request the core admits and fingerprints: a
+method the core protects (POST by default), the path
+`/functions/<module.qualname>`, the key as its `Idempotency-Key`,
+`Content-Type: application/json`, and as body the call's arguments as
+canonical JSON (sorted keys, no whitespace, UTF-8). The return value is
+stored as JSON (a 200 response), which a retry with the same key gets back
+instead of running the function again. Any other answer of the core (the
+key reused with other arguments, a call with it in progress, no principal,
+a failed ledger, a result it could not store) raises `Rejected` with the
+outcome's name; `wait_ms` makes a duplicate wait for the first call's result.
+Sync functions run inside `Ledger.handle`; async ones through an exchange.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import json
 from typing import Any, Callable, Optional, Sequence, TypeVar, Union, cast
 
+from ._http import describe
 from ._ledger import Ledger
-from ._types import NothingChanged, Outcome, Rejected, Result
+from ._native import Propagate, ReadBody, Respond, RunHandler
+from ._types import MutationResponse, NothingChanged, Rejected
 
 F = TypeVar("F", bound=Callable[..., Any])
 KeyFn = Callable[..., Any]
 PrincipalArg = Union[str, Callable[..., Optional[str]], None]
+
+JSON = [("Content-Type", "application/json")]
+_REPLAYS = ("replayed", "replayed-after-wait")
 
 
 def canonical_json(value: Any) -> bytes:
@@ -43,6 +51,16 @@ def _default(value: Any) -> Any:
     if hasattr(value, "__dict__"):
         return vars(value)
     raise TypeError(f"{type(value).__name__} is not JSON serialisable: give the function JSON-able arguments")
+
+
+def _answer(outcome: str, status: int, body: bytes, ran: bool, value: Any) -> Any:
+    """What the call returns for the core's answer: the function's own value
+    when it ran and its result was stored, the stored value on a replay."""
+    if ran and status == 200:
+        return value
+    if outcome in _REPLAYS and status == 200:
+        return json.loads(body) if body else None
+    raise Rejected(outcome, status, body)
 
 
 def idempotent_function(
@@ -70,7 +88,7 @@ def idempotent_function(
         signature = inspect.signature(fn)
         path = "/functions/" + (name or f"{fn.__module__}.{fn.__qualname__}")
 
-        def prepare(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Optional[str], list[tuple[str, str]], bytes]:
+        def prepare(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Optional[str], str, list[tuple[str, str]], bytes]:
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
             if key is not None:
@@ -79,70 +97,62 @@ def idempotent_function(
                 k = ":".join(str(bound.arguments[a]) for a in cast(Sequence[str], key_args))
             who = principal(*args, **kwargs) if callable(principal) else principal
             arguments = bound.arguments if payload_args is None else {a: bound.arguments[a] for a in payload_args}
-            headers = [("Idempotency-Key", str(k)), ("Content-Type", "application/json")]
-            return who, headers, canonical_json(arguments)
-
-        def method() -> str:
-            return sorted(ledger.protected_methods)[0] if "POST" not in ledger.protected_methods else "POST"
-
-        def outcome(result: Result) -> Any:
-            if result.outcome is Outcome.REPLAYED:
-                if result.status != 200:
-                    raise Rejected(result)
-                return json.loads(result.body) if result.body else None
-            if result.outcome is Outcome.UNAVAILABLE:
-                assert result.error is not None
-                raise result.error
-            raise Rejected(result)
-
-        def finish(result: Result, value: Any) -> Any:
-            return value
+            method = "POST" if ledger.protects("POST") else sorted(ledger.config.protected_methods)[0]
+            return who, method, [("Idempotency-Key", str(k)), *JSON], canonical_json(arguments)
 
         if inspect.iscoroutinefunction(fn):
-            import asyncio
 
             @functools.wraps(fn)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                who, headers, body = prepare(args, kwargs)
-                begun = await asyncio.to_thread(ledger.begin, who, method(), path, headers, body)
-                if begun.ticket is None:
-                    if begun.pass_through:
-                        return await fn(*args, **kwargs)
-                    assert begun.result is not None
-                    return outcome(begun.result)
-                try:
-                    value = await fn(*args, **kwargs)
-                except NothingChanged as nothing:
-                    await asyncio.to_thread(ledger.abandon, begun.ticket, None, nothing_changed=True)
-                    return nothing.value
-                except BaseException as error:
-                    await asyncio.to_thread(ledger.abandon, begun.ticket, error)
-                    raise
-                stored = canonical_json(value)
-                await asyncio.to_thread(ledger.finish, begun.ticket, (200, [("Content-Type", "application/json")], stored))
-                return value
+                who, method, headers, body = prepare(args, kwargs)
+                exchange = await asyncio.to_thread(ledger.start, who, method, path, headers)
+                with exchange:
+                    action: Any = exchange.action
+                    ran, value = False, None
+                    while True:
+                        if isinstance(action, ReadBody):
+                            feed = exchange.body_too_large if len(body) > action.cap else functools.partial(exchange.body, body)
+                            action = await asyncio.to_thread(feed)
+                        elif isinstance(action, RunHandler):
+                            try:
+                                value = await fn(*args, **kwargs)
+                                stored = canonical_json(value)
+                            except NothingChanged as nothing:
+                                await asyncio.to_thread(exchange.nothing_changed)
+                                return nothing.value
+                            except BaseException as error:
+                                await asyncio.to_thread(exchange.raised, describe(error))
+                                raise
+                            ran = True
+                            action = await asyncio.to_thread(exchange.answered, 200, JSON, stored)
+                        elif isinstance(action, Respond):
+                            if action.response is None:
+                                return value
+                            r = action.response
+                            return _answer(action.outcome, r.status, r.body, ran, value)
+                        elif isinstance(action, Propagate):
+                            raise Rejected(action.outcome, action.response.status, action.response.body)
+                        else:  # pass-through: the synthetic request is not protected
+                            return await fn(*args, **kwargs)
 
             return cast(F, async_wrapper)
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            who, headers, body = prepare(args, kwargs)
-            begun = ledger.begin(who, method(), path, headers, body)
-            if begun.ticket is None:
-                if begun.pass_through:
-                    return fn(*args, **kwargs)
-                assert begun.result is not None
-                return outcome(begun.result)
-            try:
+            who, method, headers, body = prepare(args, kwargs)
+            ran: list[Any] = []
+
+            def handler() -> MutationResponse:
                 value = fn(*args, **kwargs)
+                stored = canonical_json(value)
+                ran.append(value)
+                return MutationResponse(200, JSON, stored)
+
+            try:
+                handled = ledger.handle(who, method, path, headers, body, handler)
             except NothingChanged as nothing:
-                ledger.abandon(begun.ticket, None, nothing_changed=True)
                 return nothing.value
-            except BaseException as error:
-                ledger.abandon(begun.ticket, error)
-                raise
-            ledger.finish(begun.ticket, (200, [("Content-Type", "application/json")], canonical_json(value)))
-            return value
+            return _answer(handled.outcome, handled.status, handled.body, bool(ran), ran[0] if ran else None)
 
         return cast(F, wrapper)
 

@@ -21,14 +21,13 @@ import os
 import select
 import threading
 from decimal import Decimal
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 import psycopg
 from psycopg import pq
 from psycopg.rows import tuple_row
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
-from ._ledger import _lock_timeout_literal
 from ._native import BatchFailure
 
 log = logging.getLogger("idempotency_ledger")
@@ -46,8 +45,13 @@ def _message(error: BaseException) -> str:
 
 def lock_timeout_literal(ms: int) -> str:
     """`SET LOCAL lock_timeout` for `ms` milliseconds; 0 (do not wait) is
-    '1ms', since PostgreSQL reads 0 as "wait forever"."""
-    return _lock_timeout_literal(ms)
+    '1ms', since PostgreSQL reads 0 as "wait forever" (the Rust crate rounds
+    0 up to 1 ms the same way for `Ledger.postgres`)."""
+    if isinstance(ms, bool) or not isinstance(ms, int) or ms < 0:
+        raise ValueError("busy_timeout_ms must be a non-negative int")
+    if ms == 0:
+        return "1ms"
+    return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
 
 
 def _value(v: Any) -> Any:
@@ -202,7 +206,7 @@ class PoolBatch:
                 raise BatchFailure("unreachable", None, f"the psycopg pool is closed: {_message(error)}") from error
             if not _stale(conn):
                 return conn
-            log.info("[idempotency] discarding a PostgreSQL connection the server closed while it was idle")
+            log.info("discarding a PostgreSQL connection the server closed while it was idle")
             try:
                 conn.close()
             finally:
@@ -271,4 +275,4 @@ def open_pool(conninfo: str = "", *, min_size: int = 1, max_size: int = 10, time
     return ConnectionPool(conninfo, min_size=min_size, max_size=max_size, timeout=timeout, kwargs=kwargs, open=True, **pool_options)
 
 
-__all__ = ["ConnectionBatch", "PoolBatch", "lock_timeout_literal", "open_pool", "run_on", "Optional"]
+__all__ = ["ConnectionBatch", "PoolBatch", "lock_timeout_literal", "open_pool", "run_on"]

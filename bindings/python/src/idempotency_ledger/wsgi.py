@@ -1,42 +1,47 @@
-"""WSGI middleware (Flask, Django, any PEP 3333 app).
+"""WSGI middleware (any PEP 3333 app: Django's or Flask's WSGI app too).
 
-    app.wsgi_app = IdempotencyWSGIMiddleware(app.wsgi_app, ledger=ledger, principal=lambda environ: ...)
+    app.wsgi_app = IdempotencyWSGIMiddleware(app.wsgi_app, ledger=ledger, principal=lambda environ: ..., include=["/orders"])
 
-Requests whose method the core does not protect (and paths outside
-`include` / inside `exclude`) go straight to the app. For a protected
-request the principal comes from `principal(environ)` (None: the core's
-401); the core admits it (a `Content-Length` over the request body cap is
-its 413 before the body is read); `wsgi.input` is read in chunks and reading
-stops as soon as the cap is passed (the core's 413); the app gets the body
-through a fresh `wsgi.input`; its response is buffered so it can be stored,
-and the client gets the core's shaped response, exactly what a retry
-replays. Safe under threaded servers: the ledger lends each thread its own
-connection and component instance.
+A loop over the core's exchange: it reads `wsgi.input` when the exchange
+asks (in chunks, stopping past the cap), runs the app on those bytes (a
+fresh `wsgi.input` with their `CONTENT_LENGTH`), and answers what the core
+says: its own response, or the app's response exactly as the app made it.
+Requests whose method the core does not protect, and routes outside
+`include` / inside `exclude`, go straight to the app.
 
-The path and query are taken verbatim from `RAW_URI` / `REQUEST_URI` when the
-server provides them (gunicorn, uWSGI); otherwise they are rebuilt from
-`SCRIPT_NAME` + `PATH_INFO` (re-quoted) and `QUERY_STRING`.
+A body without `Content-Length` is read only when the server ends the
+stream itself (`wsgi.input_terminated`: gunicorn, Werkzeug's server); under
+a server that does not (wsgiref), a chunked body cannot be read safely and
+the core answers 411. A body that ends before its `Content-Length` is the
+core's 400. The path and query are taken verbatim from `RAW_URI` /
+`REQUEST_URI` when the server provides them (gunicorn, uWSGI); otherwise
+they are rebuilt from `SCRIPT_NAME` + `PATH_INFO` (re-quoted) and
+`QUERY_STRING`.
 """
 
 from __future__ import annotations
 
 import io
-import logging
-from typing import Any, Callable, Iterable, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Literal, Optional, Sequence, Union
 from urllib.parse import quote
 
-from ._http import NOTHING_CHANGED, RouteSpec, Routes, mark_nothing_changed, status_line
+from ._http import _REQUIRED, DECLINED, Include, RouteSpec, Routes, describe, handler_result, mark_declined, mark_nothing_changed, status_line
 from ._ledger import Ledger
-from ._types import IdempotencyError, MutationResponse, Response, Result
-
-log = logging.getLogger("idempotency_ledger")
+from ._native import Exchange, PassThrough, Propagate, ReadBody, Respond, Response, RunHandler
 
 Environ = dict[str, Any]
 StartResponse = Callable[..., Any]
 PrincipalFn = Callable[[Environ], Optional[str]]
 CHUNK = 64 * 1024
 
-__all__ = ["IdempotencyWSGIMiddleware", "mark_nothing_changed", "read_capped", "wsgi_headers", "wsgi_path_and_query"]
+__all__ = [
+    "IdempotencyWSGIMiddleware",
+    "mark_declined",
+    "mark_nothing_changed",
+    "read_body",
+    "wsgi_headers",
+    "wsgi_path_and_query",
+]
 
 
 def wsgi_path_and_query(environ: Environ) -> str:
@@ -58,34 +63,7 @@ def wsgi_headers(environ: Environ) -> list[tuple[str, str]]:
     return headers
 
 
-_TOO_LARGE = object()
-
-
-def read_capped(stream: Any, content_length: Optional[int], terminated: bool, cap: int) -> Any:
-    """Reads the body in chunks: the bytes, or _TOO_LARGE as soon as more than
-    `cap` bytes were read (the rest is never read)."""
-    if stream is None:
-        return b""
-    if content_length is None and not terminated:
-        return b""  # no length and a server that does not end the stream: nothing to read safely
-    chunks: list[bytes] = []
-    total = 0
-    remaining = content_length
-    while remaining is None or remaining > 0:
-        want = CHUNK if remaining is None else min(CHUNK, remaining)
-        chunk = stream.read(want)
-        if not chunk:
-            break
-        total += len(chunk)
-        if total > cap:
-            return _TOO_LARGE
-        chunks.append(bytes(chunk))
-        if remaining is not None:
-            remaining -= len(chunk)
-    return b"".join(chunks)
-
-
-def _content_length(environ: Environ) -> Optional[int]:
+def content_length(environ: Environ) -> Optional[int]:
     try:
         n = int(environ.get("CONTENT_LENGTH") or "")
     except ValueError:
@@ -93,40 +71,82 @@ def _content_length(environ: Environ) -> Optional[int]:
     return n if n >= 0 else None
 
 
-def _send(start_response: StartResponse, response: Union[Result, Response], null_body: frozenset[int] = frozenset()) -> list[bytes]:
-    body = b"" if response.status in null_body else response.body
-    headers = [(n, v) for n, v in response.headers if n.lower() != "content-length"]
-    if response.status not in (204, 304) and response.status >= 200:
-        headers.append(("Content-Length", str(len(body))))
-    start_response(status_line(response.status), headers)
-    return [body]
+#: `read_body` found more than `cap` bytes (and stopped reading).
+TOO_LARGE: Literal["too-large"] = "too-large"
 
 
-def run_wsgi_app(app: Any, environ: Environ, body: bytes) -> MutationResponse:
-    """Runs a WSGI app on `body` and buffers its response."""
-    environ["wsgi.input"] = io.BytesIO(body)
-    environ["CONTENT_LENGTH"] = str(len(body))
-    captured: dict[str, Any] = {}
-    written: list[bytes] = []
+BodyProblem = Literal["length-unknown", "incomplete", "consumed"]
 
-    def capture(status: str, response_headers: list[tuple[str, str]], exc_info: Any = None) -> Callable[[bytes], None]:
-        if exc_info is not None and captured:
-            raise exc_info[1].with_traceback(exc_info[2])
-        captured["status"] = status
-        captured["headers"] = response_headers
-        return written.append
 
-    iterable = app(environ, capture)
-    try:
-        chunks = [bytes(chunk) for chunk in iterable]
-    finally:
-        close = getattr(iterable, "close", None)
-        if close is not None:
-            close()
-    if "status" not in captured:
-        raise RuntimeError("the WSGI app returned without calling start_response")
-    status = int(str(captured["status"]).split(" ", 1)[0])
-    return MutationResponse(status, list(captured["headers"]), b"".join(written + chunks))
+def read_body(environ: Environ, cap: int) -> Union[bytes, BodyProblem, Literal["too-large"]]:
+    """The request body from `wsgi.input`, at most `cap` bytes: the bytes, or
+    `TOO_LARGE` once they pass `cap`, or the WIT `body-problem` that keeps
+    them from being read (`length-unknown`, `incomplete`)."""
+    stream = environ.get("wsgi.input")
+    length = content_length(environ)
+    if length is None:
+        if "HTTP_TRANSFER_ENCODING" not in environ or stream is None:
+            return b""  # no body
+        if not environ.get("wsgi.input_terminated"):
+            return "length-unknown"  # the server would block past the body's end
+    elif stream is None:
+        return "incomplete" if length else b""
+    chunks: list[bytes] = []
+    total = 0
+    while length is None or total < length:
+        try:
+            chunk = stream.read(CHUNK if length is None else min(CHUNK, length - total))
+        except OSError:
+            return "incomplete"
+        if not chunk:
+            if length is not None:
+                return "incomplete"  # the stream ended before Content-Length
+            break
+        total += len(chunk)
+        if total > cap:
+            return TOO_LARGE
+        chunks.append(bytes(chunk))
+    return b"".join(chunks)
+
+
+class _Captured:
+    """A WSGI app's response, held until the core says what to send."""
+
+    def __init__(self) -> None:
+        self.status: Optional[str] = None
+        self.headers: list[tuple[str, str]] = []
+        self.body = b""
+
+    def run(self, app: Any, environ: Environ) -> None:
+        written: list[bytes] = []
+
+        def capture(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Callable[[bytes], None]:
+            if exc_info is not None and self.status is not None:
+                raise exc_info[1].with_traceback(exc_info[2])
+            self.status, self.headers = status, list(headers)
+            return written.append
+
+        iterable = app(environ, capture)
+        try:
+            chunks = [bytes(chunk) for chunk in iterable]
+        finally:
+            close = getattr(iterable, "close", None)
+            if close is not None:
+                close()
+        if self.status is None:
+            raise RuntimeError("the WSGI app returned without calling start_response")
+        self.body = b"".join(written + chunks)
+
+    def send(self, start_response: StartResponse) -> list[bytes]:
+        assert self.status is not None
+        start_response(self.status, self.headers)
+        return [self.body]
+
+
+def send_response(start_response: StartResponse, response: Response) -> list[bytes]:
+    """Sends a response the core made, as it is (the server frames it)."""
+    start_response(status_line(response.status), response.headers)
+    return [response.body]
 
 
 class IdempotencyWSGIMiddleware:
@@ -135,8 +155,8 @@ class IdempotencyWSGIMiddleware:
     ledger: a `Ledger` (migrated) shared by all requests and threads.
     principal: `principal(environ) -> str | None` from your auth layer (never
     a client header); None gets the core's 401.
-    include / exclude: path prefixes, regexes or callables selecting the
-    protected routes (default: every route).
+    include: the routes to protect (path prefixes, compiled regexes or
+    callables), or "*" for every route; exclude: routes left out.
     """
 
     def __init__(
@@ -145,7 +165,7 @@ class IdempotencyWSGIMiddleware:
         *,
         ledger: Ledger,
         principal: PrincipalFn,
-        include: Optional[Sequence[RouteSpec]] = None,
+        include: Include = _REQUIRED,  # type: ignore[assignment]
         exclude: Optional[Sequence[RouteSpec]] = None,
     ) -> None:
         if not callable(principal):
@@ -153,45 +173,50 @@ class IdempotencyWSGIMiddleware:
         self.app = app
         self.ledger = ledger
         self.principal = principal
-        self.routes = Routes(include, exclude)
+        self.routes = Routes(include, exclude, "IdempotencyWSGIMiddleware")
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
-        ledger = self.ledger
         method = environ.get("REQUEST_METHOD", "GET")
-        if method.upper() not in ledger.protected_methods or not self.routes(environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")):
+        if not self.ledger.protects(method) or not self.routes(environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")):
             return self.app(environ, start_response)  # type: ignore[no-any-return]
-        principal = self.principal(environ)
-        path = wsgi_path_and_query(environ)
-        headers = wsgi_headers(environ)
-        try:
-            admission = ledger.admit(method, path, headers, principal)
-        except IdempotencyError as error:  # a bad principal: fail closed
-            log.error("[idempotency] request not admitted: %s", error)
-            return _send(start_response, ledger.error_response(error))
-        if admission.kind == "pass-through":
-            return self.app(environ, start_response)  # type: ignore[no-any-return]
-        if admission.kind == "reject":
-            assert admission.response is not None
-            return _send(start_response, admission.response)
-        body = read_capped(environ.get("wsgi.input"), _content_length(environ), bool(environ.get("wsgi.input_terminated")), ledger.request_body_cap_bytes)
-        if body is _TOO_LARGE:
-            return _send(start_response, ledger.body_too_large())
-        begun = ledger.begin(principal, method, path, headers, body)
-        if begun.result is not None:
-            return _send(start_response, begun.result)
-        if begun.pass_through:
-            environ["wsgi.input"] = io.BytesIO(body)
-            return self.app(environ, start_response)  # type: ignore[no-any-return]
-        ticket = begun.ticket
-        assert ticket is not None
-        try:
-            produced = run_wsgi_app(self.app, environ, body)
-        except BaseException as error:
-            ledger.abandon(ticket, error)
-            raise
-        if environ.get(NOTHING_CHANGED):
-            ledger.abandon(ticket, None, nothing_changed=True)
-            raw = produced.body.encode("utf-8") if isinstance(produced.body, str) else bytes(produced.body)
-            return _send(start_response, Response(produced.status, list(produced.headers), raw), ledger.null_body_statuses)
-        return _send(start_response, ledger.finish(ticket, produced))
+        exchange = self.ledger.start(self.principal(environ), method, wsgi_path_and_query(environ), wsgi_headers(environ))
+        with exchange:
+            return self._run(exchange, environ, start_response)
 
+    def _run(self, exchange: Exchange, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
+        action: Any = exchange.action
+        captured = _Captured()
+        while True:
+            if isinstance(action, ReadBody):
+                body = read_body(environ, action.cap)
+                if body == TOO_LARGE:
+                    action = exchange.body_too_large()
+                elif body == "length-unknown" or body == "incomplete" or body == "consumed":
+                    action = exchange.body_unreadable(body)
+                else:
+                    environ["wsgi.input"] = io.BytesIO(body)
+                    environ["CONTENT_LENGTH"] = str(len(body))
+                    environ.pop("HTTP_TRANSFER_ENCODING", None)  # the app reads the body as one known length
+                    action = exchange.body(body)
+            elif isinstance(action, RunHandler):
+                environ.pop(DECLINED, None)
+                try:
+                    captured.run(self.app, environ)
+                except BaseException as error:
+                    action = exchange.raised(describe(error))
+                    if isinstance(action, Propagate):
+                        raise
+                    continue
+                result = handler_result(environ)
+                if result == "answered":
+                    assert captured.status is not None
+                    action = exchange.answered(int(captured.status.split(" ", 1)[0]), captured.headers, captured.body)
+                else:
+                    action = exchange.declined() if result == "declined" else exchange.nothing_changed()
+            elif isinstance(action, Respond):
+                return captured.send(start_response) if action.response is None else send_response(start_response, action.response)
+            elif isinstance(action, PassThrough):
+                return self.app(environ, start_response)  # type: ignore[no-any-return]
+            else:  # Propagate without an exception to re-raise: the core's 500
+                assert isinstance(action, Propagate)
+                return send_response(start_response, action.response)
