@@ -124,8 +124,9 @@ clean: ## Remove build output
 	$(CARGO) clean
 
 # faults/: the example servers as real processes under SIGKILL, database
-# faults and sustained load (Python standard library; see faults/README.md).
-FAULTS_PY ?= python3
+# faults and sustained load (see faults/README.md). The harness runs on the
+# Python package's venv (make -C bindings/python venv), for its pinned psycopg.
+FAULTS_PY ?= bindings/python/.venv/bin/python
 HOST ?= rust
 DB ?= sqlite
 MINUTES ?= 10
@@ -141,15 +142,15 @@ faults-build: $(COMPONENT_WASM) ## Build the three example servers as their serv
 
 # In make test the Rust server is the debug build test-rust made (a release
 # build of wasmtime would cost CI minutes); faults and soak use the release one.
-test-faults: $(COMPONENT_WASM) ## Faults, short: SIGKILL at chosen points, database faults and 4 s of load per host, on SQLite and PostgreSQL
+test-faults: $(COMPONENT_WASM) ## Faults, short: SIGKILL at chosen points, database faults, 4 s of load and the exactly-once probes per host, on SQLite and PostgreSQL
 	$(CARGO) build --locked -p idempotency-ledger --features tower --example serve
 	$(MAKE) --no-print-directory -C bindings/js build
 	$(MAKE) --no-print-directory -C bindings/python venv
 	FAULTS_RUST_PROFILE=debug $(FAULTS_PY) faults/run.py short --db sqlite
 	FAULTS_RUST_PROFILE=debug ./scripts/postgres.sh run -- $(FAULTS_PY) faults/run.py short --db postgres
 
-faults: faults-build ## Crashes and database faults at depth: make faults HOST=rust|python|node DB=sqlite|postgres [ROUNDS=5 CYCLES=3]
-	$(FAULTS_PG) sh -c '$(FAULTS_PY) faults/run.py crash --host $(HOST) --db $(DB) --rounds $(ROUNDS) && $(FAULTS_PY) faults/run.py dbfaults --host $(HOST) --db $(DB) --cycles $(CYCLES)'
+faults: faults-build ## Crashes, database faults and the exactly-once probes at depth: make faults HOST=rust|python|node DB=sqlite|postgres [ROUNDS=5 CYCLES=3]
+	$(FAULTS_PG) sh -c '$(FAULTS_PY) faults/run.py crash --host $(HOST) --db $(DB) --rounds $(ROUNDS) && $(FAULTS_PY) faults/run.py dbfaults --host $(HOST) --db $(DB) --cycles $(CYCLES) && $(FAULTS_PY) faults/run.py exactly-once --host $(HOST) --db $(DB) --rounds $(ROUNDS) --cycles $(CYCLES)'
 
 soak: faults-build ## Sustained load: make soak HOST=rust|python|node DB=sqlite|postgres MINUTES=10 [SERVER_ENV=NAME=VALUE]
 	$(FAULTS_PG) nice -n $(NICE) $(FAULTS_PY) faults/run.py soak --host $(HOST) --db $(DB) --minutes $(MINUTES) $(if $(SERVER_ENV),--server-env '$(SERVER_ENV)')

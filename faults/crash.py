@@ -28,6 +28,7 @@ restart.
 from __future__ import annotations
 
 import json
+import math
 import random
 import subprocess
 import sys
@@ -36,22 +37,15 @@ import time
 from typing import Any, Optional
 
 import load
-from common import (
-    Answer,
-    Background,
-    Ledger,
-    PgLedger,
-    Proxy,
-    Report,
-    Row,
-    Server,
-    SqliteLedger,
-    payload,
-    post_order,
-    random_key,
-    wait_until,
-)
+from answers import IN_PROGRESS_RETRY_MS, Answer, Background, expected_retry_after_ms, payload, post_order, random_key
+from ledgers import Ledger, PgLedger, PgRowLock, Row, SqliteLedger
+from orders import OrdersMode
+from proxy import Proxy
+from report import Report, wait_until
+from servers import Server
 
+# An in-TTL retry is sent only while this much of the TTL is left.
+IN_TTL_MARGIN_MS = 300
 NANOSLEEP = {35, 230}  # x86_64 nanosleep, clock_nanosleep: SQLite's busy handler sleeping
 
 LOCK_HOLDER = r"""
@@ -81,33 +75,17 @@ class SqliteWriteLock:
         self.proc.wait(30)
 
 
-class PgRowLock:
-    """Another session holding the row lock (SELECT ... FOR UPDATE)."""
-
-    def __init__(self, ledger: PgLedger, principal: str, key: str) -> None:
-        from pgwire import literal
-
-        self.conn = ledger.connect("faults-rowlock")
-        self.conn.query("BEGIN")
-        rows = self.conn.query(f"SELECT generation FROM idempotency_keys WHERE principal = {literal(principal)} AND key = {literal(key)} FOR UPDATE")
-        if not rows:
-            raise RuntimeError("no row to lock")
-
-    def release(self) -> None:
-        self.conn.query("ROLLBACK")
-        self.conn.close()
-
-
 class Key:
     """One request identity in a crash round, with every answer it got."""
 
-    def __init__(self, label: str, principal: str, delay: Optional[int] = None, size: int = 0) -> None:
+    def __init__(self, label: str, principal: str, delay: Optional[int] = None, size: int = 0, ref: bool = False) -> None:
         self.label = label
         self.principal = principal
         self.key = random_key(label)
-        self.body = payload(label, size)
+        self.body = payload(label, size, ref=self.key if ref else None)
         self.delay = delay
         self.answers: list[Answer] = []
+        self.took_over: Optional[Answer] = None  # an in-TTL retry that was decided past the TTL
 
     def post(self, port: int, timeout: float = 60.0) -> Answer:
         a = post_order(port, self.key, self.body, principal=self.principal, delay_ms=self.delay, timeout=timeout)
@@ -133,6 +111,10 @@ class Crash:
         self.executions = 0  # counted from /orders/count before each kill plus after each restart
         self.tally: dict[str, int] = {"kills": 0, "in_ttl_409": 0, "takeovers": 0, "replays_checked": 0, "lost_completions": 0, "orphan_completions_committed": 0}
         self.keys: list[Key] = []
+        # Orders in the ledger's database (the exactly-once part): payloads
+        # carry their key, and GET /orders/count counts committed rows.
+        self.orders: Optional[OrdersMode] = None
+        self.models: list[load.Model] = []
 
     # ------------------------------------------------------------- helpers
 
@@ -140,7 +122,7 @@ class Crash:
         return self.report.check(ok, f"{self.host}/{self.ledger.kind}: {message}")
 
     def new_key(self, label: str, delay: Optional[int] = None, size: int = 0) -> Key:
-        k = Key(label, random.choice(["alice", "bob", "carol"]), delay, size)
+        k = Key(label, random.choice(["alice", "bob", "carol"]), delay, size, ref=self.orders is not None)
         self.keys.append(k)
         return k
 
@@ -209,22 +191,39 @@ class Crash:
         return killed
 
     def in_ttl_retry(self, k: Key, row: Row, what: str) -> Optional[Answer]:
-        """A retry of a pending key inside its TTL: 409 in progress, nothing runs."""
+        """A retry of a pending key inside its TTL: 409 in progress (SPEC 5.1)
+        whose `retry_after_ms` is min(in-progress-retry-ms, the time left
+        until a takeover) and whose `Retry-After` is that in whole seconds
+        (SPEC 5.3); nothing runs. Not sent once the TTL is nearly over (a
+        slow restart): the takeover then checks the key. A retry decided past
+        the TTL anyway (the server was slow to answer) is that takeover."""
+        age_now = time.time() * 1000 - row.updated_at
+        if age_now > self.ttl - IN_TTL_MARGIN_MS:
+            self.report.note(f"{self.host}/{self.ledger.kind} {what} {k.label}: the restart took until {age_now:.0f} ms into the {self.ttl} ms TTL; in-TTL retry not sent")
+            return None
         before = self.count()
         a = k.post(self.server.port)
         age_at_answer = a.received * 1000 - row.updated_at
         age_at_send = a.sent * 1000 - row.updated_at
-        if age_at_answer < self.ttl - 20:
-            self.tally["in_ttl_409"] += 1
-            ok = a.status == 409 and a.error == "idempotency_key_in_progress"
-            self.check(ok, f"{what} {k.label}: a retry {age_at_send:.0f} ms into the TTL got {a.brief()}, not 409 in progress")
-            if ok:
-                ra = int(a.json()["retry_after_ms"])
-                self.check(0 < ra <= self.ttl - age_at_send + 20 and ra >= self.ttl - age_at_answer - 20,
-                           f"{what} {k.label}: retry_after_ms {ra} is not the time left ({self.ttl - age_at_answer:.0f}-{self.ttl - age_at_send:.0f})")
-                self.check(self.count() == before, f"{what} {k.label}: a 409 in progress ran the mutation")
-        else:
-            self.report.note(f"{self.host}/{self.ledger.kind} {what} {k.label}: the restart took past the TTL ({age_at_send:.0f} ms); in-TTL retry not checked")
+        if a.status == 201 and not a.replayed and age_at_answer >= self.ttl:
+            self.report.note(f"{self.host}/{self.ledger.kind} {what} {k.label}: the retry sent {age_at_send:.0f} ms into the TTL was answered after it, as a takeover")
+            after = self.count()
+            self.executions += after - before
+            self.check(after - before == 1, f"{what} {k.label}: a retry past the TTL ran {after - before} times")
+            k.took_over = a
+            return a
+        self.tally["in_ttl_409"] += 1
+        ok = a.status == 409 and a.error == "idempotency_key_in_progress"
+        self.check(ok, f"{what} {k.label}: a retry {age_at_send:.0f} ms into the TTL got {a.brief()}, not 409 in progress")
+        if ok:
+            ra = int(a.json()["retry_after_ms"])
+            low = expected_retry_after_ms(self.ttl, age_at_answer) - 20
+            high = expected_retry_after_ms(self.ttl, age_at_send) + 20
+            self.check(0 < ra and low <= ra <= high,
+                       f"{what} {k.label}: retry_after_ms {ra} is not min({IN_PROGRESS_RETRY_MS}, the time left) ({low + 20:.0f}-{high - 20:.0f})")
+            header = a.headers.get("retry-after")
+            self.check(header == str(math.ceil(ra / 1000)), f"{what} {k.label}: Retry-After {header!r} for retry_after_ms {ra}")
+            self.check(self.count() == before, f"{what} {k.label}: a 409 in progress ran the mutation")
         return a
 
     def wait_past_ttl(self, rows: list[Row]) -> None:
@@ -237,6 +236,16 @@ class Crash:
         """After the TTL: `concurrent` retries at once; exactly one takes over
         (generation + 1) and runs; the others get 409 in progress (or the
         replay if it completed first); then a retry replays its answer."""
+        if k.took_over is not None:
+            winner, k.took_over = k.took_over, None
+            self.tally["takeovers"] += 1
+            self.fresh_ok(k, winner, what)
+            r = self.ledger.row(*k.ident)
+            self.check(r is not None and r.status == "completed" and r.generation == row.generation + 1,
+                       f"{what} {k.label}: after the takeover the row is {r}, expected completed at generation {row.generation + 1}")
+            self.stored_equals(k, winner)
+            self.same_answer(winner, k.post(self.server.port), f"{what} {k.label} retry after the takeover")
+            return winner
         before = self.count()
         bgs = [k.background(self.server.port) for _ in range(concurrent)]
         answers = []
@@ -415,7 +424,8 @@ class Crash:
         """A kill at a random instant under load, then every key retried."""
         srv = self.server
         base = self.count()
-        model = load.Model(seed, f"E{seed}", dict(load.DEFAULT_MIX, _delayed_share=0.25), (50, 400), 120)
+        model = load.Model(seed, f"E{seed}", dict(load.DEFAULT_MIX, _delayed_share=0.25), (50, 400), 120, ref=self.orders is not None)
+        self.models.append(model)
         stop = threading.Event()
         threads = [load.Client(model, srv.port, stop, seed * 100 + i, timeout=30, tolerate_transport=True) for i in range(clients)]
         polled = [base]
@@ -479,7 +489,7 @@ class Crash:
                 if r.sent > killed and r.status == 409 and r.error == "idempotency_key_in_progress":
                     self.check(False, f"E: {ks.principal}/{ks.key}: 409 in progress after the TTL ({r.kind})")
         sub = Report(self.report.name)
-        tally = load.check_keys(model.keys, sub, crashed_at=[killed])
+        tally = load.check_keys(model.keys, sub, crashed_at=[killed], transactional=self.orders is not None and self.orders.transactional, orders=self.orders is not None)
         for v in sub.violations:
             self.check(False, f"E: {v}")
         self.report.checks += sub.checks

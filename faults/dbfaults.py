@@ -23,7 +23,6 @@ from __future__ import annotations
 import errno
 import os
 import random
-import shutil
 import subprocess
 import threading
 import time
@@ -31,7 +30,12 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import load
-from common import Ledger, PgLedger, Report, Server, SqliteLedger, pg_ctl, wait_until
+from answers import ORDER_NOT_WRITTEN, post_order
+from ledgers import Ledger, PgLedger, SqliteLedger
+from orders import OrdersMode, check_orders
+from pgcontrol import pg_ctl, server_log
+from report import Report
+from servers import Server, StartError
 
 
 def tmpfs_available(path: Path) -> bool:
@@ -78,7 +82,9 @@ class Timing:
 class FaultRun:
     """Load on `server` while `inject` runs between `warm` and the recovery."""
 
-    def __init__(self, name: str, server: Server, ledger: Ledger, report: Report, ttl_ms: int, clients: int = 6, seed: int = 11, payload_size: int = 200) -> None:
+    def __init__(self, name: str, server: Server, ledger: Ledger, report: Report, ttl_ms: int, clients: int = 6, seed: int = 11, payload_size: int = 200,
+                 orders: Optional[OrdersMode] = None) -> None:
+        self.orders = orders
         self.name = name
         self.server = server
         self.ledger = ledger
@@ -86,12 +92,13 @@ class FaultRun:
         self.ttl = ttl_ms
         self.faults = load.Faults()
         self.faults.ttl_ms = ttl_ms
-        self.model = load.Model(seed, f"{name}-{seed}", dict(load.DEFAULT_MIX, _delayed_share=0.05), (20, 100), payload_size)
+        self.model = load.Model(seed, f"{name}-{seed}", dict(load.DEFAULT_MIX, _delayed_share=0.05), (20, 100), payload_size, ref=orders is not None)
         self.clients = clients
         self.seed = seed
 
     def check(self, ok: bool, message: str) -> bool:
-        return self.report.check(ok, f"{self.server.host.name}/{self.name}: {message}")
+        mode = f" {self.orders.name}" if self.orders is not None else ""
+        return self.report.check(ok, f"{self.server.host.name}/{self.name}{mode}: {message}")
 
     def run(self, inject: Callable[["FaultRun", int], None], timing: "Timing", grace: float) -> dict[str, Any]:
         srv = self.server
@@ -118,24 +125,35 @@ class FaultRun:
         until = max([r.updated_at / 1000 + self.ttl / 1000 + 0.05 for r in pending] + [max(e for _, e in self.faults.windows) + grace])
         if until > time.time():
             time.sleep(until - time.time())
+        orders = self.orders
+        transactional = orders is not None and orders.transactional
+
+        def stored_failure(a: Any) -> bool:
+            # With orders in the database, an insert the fault broke is the
+            # handler's own 500 order_not_written, stored like any answer (SPEC 9.3).
+            return orders is not None and (a.status, a.error) == ORDER_NOT_WRITTEN
+
         for ks, a in load.retry_all(self.model, srv.port, self.model.keys):
             if a is not None:
-                self.check(a.status == 201 or (a.status == 409 and a.error == "idempotency_key_reused"), f"{ks.principal}/{ks.key}: the first retry after the fault got {a.brief()}")
+                self.check(a.status == 201 or (a.status == 409 and a.error == "idempotency_key_reused") or (stored_failure(a) and a.replayed),
+                           f"{ks.principal}/{ks.key}: the first retry after the fault got {a.brief()}")
         second = load.retry_all(self.model, srv.port, self.model.keys)
         for ks, a in second:
             if a is not None:
-                self.check((a.status == 201 and a.replayed) or (a.status == 409 and a.error == "idempotency_key_reused"), f"{ks.principal}/{ks.key}: the second retry got {a.brief()}")
+                self.check((a.status == 201 and a.replayed) or (a.status == 409 and a.error == "idempotency_key_reused") or (stored_failure(a) and a.replayed),
+                           f"{ks.principal}/{ks.key}: the second retry got {a.brief()}")
         pending_ids = {(r.principal, r.key) for r in self.ledger.rows_for(ids) if r.status == "pending"}
         for ks, a in load.retry_reuse_claims(self.model, srv.port, second, pending_ids):
             if a is not None:
                 self.check(a.status == 201 and a.replayed, f"{ks.principal}/{ks.key}: the second retry of the payload that claimed it got {a.brief()}")
         sub = Report(self.report.name)
-        tally = load.check_keys(self.model.keys, sub, faults=self.faults)
+        tally = load.check_keys(self.model.keys, sub, faults=self.faults, transactional=transactional, orders=orders is not None)
         for v in sub.violations + self.model.violations:
             self.check(False, v)
         self.report.checks += sub.checks
         executions = srv.count() - count_base
-        self.check(executions == tally["fresh"], f"the server counted {executions} executions, the clients saw {tally['fresh']} fresh answers")
+        if orders is None:
+            self.check(executions == tally["fresh"], f"the server counted {executions} executions, the clients saw {tally['fresh']} fresh answers")
         rows = {(r.principal, r.key): r for r in self.ledger.rows_for(ids)}
         pending = [r for r in rows.values() if r.status != "completed"]
         self.check(not pending, f"{len(pending)} rows left pending after every key was retried past the TTL: {pending[:2]}")
@@ -148,7 +166,21 @@ class FaultRun:
                 continue
             took_over += row.generation > 1
             self.check(len(fresh) <= row.generation, f"{ks.principal}/{ks.key}: executed {len(fresh)} times at generation {row.generation}")
-        self.check(len(rows) == tally["executed_keys"], f"{len(rows)} rows for {tally['executed_keys']} executed keys")
+        order_figures = None
+        if orders is None:
+            self.check(len(rows) == tally["executed_keys"], f"{len(rows)} rows for {tally['executed_keys']} executed keys")
+        else:
+            # Orders are counted, not executions: the count is the table's
+            # rows (an insert can commit without its answer arriving).
+            answered = {(ks.principal, ks.key) for ks in self.model.keys if any(r.status == 201 for r in ks.recs)}
+            with_201 = {k for k, r in rows.items() if r.response_status == 201}
+            self.check(with_201 == answered, f"{len(with_201)} rows store a 201, {len(answered)} keys were answered 201: {sorted(with_201 ^ answered)[:3]}")
+            failed = [r for k, r in rows.items() if k not in with_201]
+            self.check(all(r.response_status == 500 and '"order_not_written"' in (r.response_body or "") for r in failed),
+                       f"rows storing neither a 201 nor the server's order_not_written: {failed[:2]}")
+            order_figures = check_orders(self.report, self.ledger, orders, ids, answered, f"{srv.host.name}/{self.name} {orders.name}",
+                                         server_count=srv.count(), sent=set(ids))
+            order_figures["stored_order_not_written"] = len(failed)
         # What the fault did, as the clients saw it.
         during = [r for ks in self.model.keys for r in ks.recs if self.faults.during(r.sent, r.received)]
         kinds: dict[str, int] = {}
@@ -169,6 +201,7 @@ class FaultRun:
             "executions": executions,
             "takeovers_in_reconcile": took_over,
             "tally": tally,
+            **({"orders": order_figures, "mode": orders.name} if orders is not None else {}),
         }
 
 
@@ -178,7 +211,7 @@ class FaultRun:
 TMPFS_MIB = 256
 
 
-def sqlite_full(server_factory: Callable[[str], Server], workdir: Path, report: Report, ttl_ms: int, timing: Timing, clients: int) -> dict[str, Any]:
+def sqlite_full(server_factory: Callable[[str], Server], workdir: Path, report: Report, ttl_ms: int, timing: Timing, clients: int, orders: Optional[OrdersMode] = None) -> dict[str, Any]:
     mnt = workdir / "full"
     if not tmpfs_available(mnt):
         report.note("sqlite-full not run: cannot mount a tmpfs here (PRAGMA max_page_count is per connection, so the harness cannot impose it on the server)")
@@ -191,7 +224,7 @@ def sqlite_full(server_factory: Callable[[str], Server], workdir: Path, report: 
     try:
         ledger = SqliteLedger(mnt / "ledger.sqlite")
         server = server_factory(ledger.url()).start()
-        run = FaultRun("sqlite-full", server, ledger, report, ttl_ms, clients=clients, payload_size=2000)
+        run = FaultRun("sqlite-full", server, ledger, report, ttl_ms, clients=clients, payload_size=2000, orders=orders)
         filler = mnt / "filler"
         fills = {"bytes": 0, "enospc_writes": 0}
 
@@ -229,7 +262,7 @@ def sqlite_full(server_factory: Callable[[str], Server], workdir: Path, report: 
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
-def sqlite_readonly(server_factory: Callable[[str], Server], workdir: Path, report: Report, ttl_ms: int, timing: Timing, clients: int) -> dict[str, Any]:
+def sqlite_readonly(server_factory: Callable[[str], Server], workdir: Path, report: Report, ttl_ms: int, timing: Timing, clients: int, orders: Optional[OrdersMode] = None) -> dict[str, Any]:
     d = workdir / "ro"
     d.mkdir(exist_ok=True)
     if not chattr_available(d):
@@ -239,7 +272,7 @@ def sqlite_readonly(server_factory: Callable[[str], Server], workdir: Path, repo
     server = server_factory(ledger.url()).start()
     files = [str(ledger.path), str(ledger.path) + "-wal"]
     try:
-        run = FaultRun("sqlite-readonly", server, ledger, report, ttl_ms, clients=clients)
+        run = FaultRun("sqlite-readonly", server, ledger, report, ttl_ms, clients=clients, orders=orders)
 
         def inject(r: FaultRun, cycle: int) -> None:
             start = time.time()
@@ -267,8 +300,6 @@ def sqlite_readonly_open(server_factory: Callable[..., Server], workdir: Path, r
     writable. Does the running server recover, or only a restarted one?"""
     import pwd
 
-    from common import post_order
-
     try:
         nobody = pwd.getpwnam("nobody")
     except KeyError:
@@ -294,8 +325,6 @@ def sqlite_readonly_open(server_factory: Callable[..., Server], workdir: Path, r
         os.chmod(f, 0o644)
     os.chown(d, 0, 0)
     os.chmod(d, 0o755)
-    from common import StartError
-
     server = server_factory(ledger.url(), user="nobody")
     name = f"{server.host.name}/sqlite-readonly-open"
     figures: dict[str, Any] = {"how": "the server run as nobody on a root-owned 0644 file in a 0755 directory, then chown nobody"}
@@ -359,10 +388,10 @@ def sqlite_readonly_open(server_factory: Callable[..., Server], workdir: Path, r
             server.kill()
 
 
-def pg_restart(server_factory: Callable[[str], Server], ledger: PgLedger, report: Report, ttl_ms: int, timing: Timing, clients: int) -> dict[str, Any]:
+def pg_restart(server_factory: Callable[[str], Server], ledger: PgLedger, report: Report, ttl_ms: int, timing: Timing, clients: int, orders: Optional[OrdersMode] = None) -> dict[str, Any]:
     server = server_factory(ledger.url()).start()
     try:
-        run = FaultRun("pg-restart", server, ledger, report, ttl_ms, clients=clients)
+        run = FaultRun("pg-restart", server, ledger, report, ttl_ms, clients=clients, orders=orders)
         log: list[str] = []
 
         def inject(r: FaultRun, cycle: int) -> None:
@@ -372,10 +401,10 @@ def pg_restart(server_factory: Callable[[str], Server], ledger: PgLedger, report
                 p = pg_ctl("-m", "immediate", "-w", "stop")
                 log.append(f"stop -m immediate: rc {p.returncode}")
                 time.sleep(timing.outage)
-                p = pg_ctl("-w", "-t", "60", "-l", str(ledger_log()), "restart")
+                p = pg_ctl("-w", "-t", "60", "-l", str(server_log()), "restart")
                 log.append(f"start after {timing.outage}s down: rc {p.returncode}")
             else:
-                p = pg_ctl("-m", "fast", "-w", "-t", "60", "-l", str(ledger_log()), "restart")
+                p = pg_ctl("-m", "fast", "-w", "-t", "60", "-l", str(server_log()), "restart")
                 log.append(f"restart -m fast: rc {p.returncode}")
             r.check(p.returncode == 0, f"pg_ctl failed: {p.stdout} {p.stderr}")
             r.faults.add(start, time.time())
@@ -391,16 +420,10 @@ def pg_restart(server_factory: Callable[[str], Server], ledger: PgLedger, report
             server.kill()
 
 
-def ledger_log() -> Path:
-    from common import pg_datadir
-
-    return pg_datadir() / "server.log"
-
-
-def pg_terminate(server_factory: Callable[[str], Server], ledger: PgLedger, report: Report, ttl_ms: int, timing: Timing, clients: int) -> dict[str, Any]:
+def pg_terminate(server_factory: Callable[[str], Server], ledger: PgLedger, report: Report, ttl_ms: int, timing: Timing, clients: int, orders: Optional[OrdersMode] = None) -> dict[str, Any]:
     server = server_factory(ledger.url()).start()
     try:
-        run = FaultRun("pg-terminate", server, ledger, report, ttl_ms, clients=clients)
+        run = FaultRun("pg-terminate", server, ledger, report, ttl_ms, clients=clients, orders=orders)
         killed = {"backends": 0, "rounds": 0}
 
         def inject(r: FaultRun, cycle: int) -> None:

@@ -34,7 +34,8 @@ import time
 from array import array
 from typing import Any, Callable, Optional
 
-from common import REPLAY_HEADER, Answer, Report, documented_5xx, post_order, random_key
+from answers import ORDER_NOT_WRITTEN, Answer, documented_5xx_pair, post_order
+from report import Report, wait_until
 
 PRINCIPALS = ("alice", "bob", "carol", "dave")
 REUSED_BODY = b'{"error":"idempotency_key_reused"}'
@@ -49,7 +50,7 @@ def signature(a: Answer) -> bytes:
 
 
 class Rec:
-    __slots__ = ("kind", "sent", "received", "status", "replayed", "error", "sig", "id", "retry_after_ms", "same")
+    __slots__ = ("kind", "sent", "received", "status", "replayed", "error", "sig", "id", "retry_after_ms", "same", "retry_after")
 
     def __init__(self, kind: str, a: Optional[Answer], sent: float, received: float, error: Optional[str] = None) -> None:
         self.kind = kind
@@ -62,6 +63,7 @@ class Rec:
         self.id: Optional[str] = None
         self.retry_after_ms: Optional[int] = None
         self.same = True  # the key's own payload (False: another payload, a reuse)
+        self.retry_after = a is not None and "retry-after" in a.headers
 
 
 class KeyState:
@@ -84,15 +86,18 @@ class KeyState:
                 self.first = rec
 
 
-def make_payload(rng: random.Random, size: int) -> bytes:
-    value = {"sku": "".join(rng.choice("ABCDEFGHJKLMNPQRSTUVWXYZ") for _ in range(6)), "qty": rng.randint(1, 99), "note": "é✓ \"q\" \\ " + "x" * rng.randint(0, size)}
+def make_payload(rng: random.Random, size: int, ref: Optional[str] = None) -> bytes:
+    """An order's JSON; `ref` (the key) makes its row in the orders table attributable."""
+    value: dict[str, Any] = {} if ref is None else {"ref": ref}
+    value |= {"sku": "".join(rng.choice("ABCDEFGHJKLMNPQRSTUVWXYZ") for _ in range(6)), "qty": rng.randint(1, 99), "note": "é✓ \"q\" \\ " + "x" * rng.randint(0, size)}
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
 class Model:
     """Keys and the pools clients pick from (one per process)."""
 
-    def __init__(self, seed: int, tag: str, mix: dict[str, float], delay_range: tuple[int, int], payload_size: int, pool_cap: int = 4000) -> None:
+    def __init__(self, seed: int, tag: str, mix: dict[str, float], delay_range: tuple[int, int], payload_size: int, pool_cap: int = 4000, ref: bool = False) -> None:
+        self.ref = ref  # each payload carries its key (the orders table is then counted per key)
         self.rng = random.Random(seed)
         self.tag = tag
         self.keys: list[KeyState] = []
@@ -121,7 +126,7 @@ class Model:
             if (principal, key) in self.ids:
                 raise KeyError((principal, key))
             self.ids.add((principal, key))
-            body = body or make_payload(rng, self.payload_size)
+            body = body or make_payload(rng, self.payload_size, key if self.ref else None)
             ks = KeyState(principal, key, body, delay)
             self.keys.append(ks)
             return ks
@@ -384,7 +389,8 @@ class Faults:
         return max((end for _, end in self.windows), default=0.0) + self.grace + self.ttl_ms / 1000.0 + 1.0
 
 
-def check_keys(keys: list[KeyState], report: Report, faults: Optional[Faults] = None, crashed_at: Optional[list[float]] = None) -> dict[str, int]:
+def check_keys(keys: list[KeyState], report: Report, faults: Optional[Faults] = None, crashed_at: Optional[list[float]] = None,
+               transactional: bool = False, orders: bool = False) -> dict[str, int]:
     """Checks every key's answers against the model. With `faults`, 5xx are
     allowed inside the windows (documented ones only) and a key may run again
     after a lost completion (TTL takeover); with `crashed_at`, answers may be
@@ -432,7 +438,7 @@ def check_keys(keys: list[KeyState], report: Report, faults: Optional[Faults] = 
                 tally["reused"] += 1
             elif r.status == 0 and lenient:
                 tally["no_answer"] += 1
-            elif r.status >= 500 and documented_5xx_rec(r) and faults is not None and faults.during(r.sent, r.received):
+            elif r.status >= 500 and documented_5xx_rec(r, transactional=transactional, orders=orders) and faults is not None and faults.during(r.sent, r.received):
                 tally["5xx"] += 1
             elif r.status == 201 and r.replayed:
                 report.check(False, f"{name}: another payload was answered with a replay")
@@ -455,11 +461,24 @@ def check_keys(keys: list[KeyState], report: Report, faults: Optional[Faults] = 
                     report.check(False, f"{name}: 409 in progress ({r.kind}) sent {r.sent - (owner_done or 0):.3f}s after the first answer arrived")
                 continue
             if r.status == 409 and r.error == "idempotency_key_reused":
+                # Legitimate only while the other payload held a reservation it
+                # then lost without an answer stored: released after a failed
+                # transactional completion (SPEC 10.2, rolled back), so this
+                # payload ran afterwards. That other request was sent before
+                # this 409 arrived, and got no 201.
+                held = [o for o in other if o.sent < r.received and o.status != 201 and not (o.status == 409 and o.error == "idempotency_key_reused")]
+                if held and not any(o.status == 201 for o in other):
+                    tally["reused_while_released"] = tally.get("reused_while_released", 0) + 1
+                    continue
                 report.check(False, f"{name}: {r.kind} with the key's own payload got 409 reused")
+                continue
+            if orders and r.replayed and (r.status, r.error) == ORDER_NOT_WRITTEN:
+                # The stored answer of a handler whose insert a fault broke (its first 500 was checked as such).
+                tally["5xx_replayed"] = tally.get("5xx_replayed", 0) + 1
                 continue
             if r.status >= 500:
                 tally["5xx"] += 1
-                if not documented_5xx_rec(r):
+                if not documented_5xx_rec(r, transactional=transactional, orders=orders):
                     report.check(False, f"{name}: undocumented {r.status} {r.error}")
                 elif faults is None or not faults.during(r.sent, r.received):
                     report.check(False, f"{name}: {r.status} {r.error} outside an injected fault (sent {r.sent:.3f})")
@@ -469,8 +488,9 @@ def check_keys(keys: list[KeyState], report: Report, faults: Optional[Faults] = 
     return tally
 
 
-def documented_5xx_rec(r: Rec) -> bool:
-    return (r.status, r.error) in ((503, "idempotency_ledger_unavailable"), (500, "idempotency_ledger_unavailable"), (503, "idempotency_ledger_outcome_unknown"))
+def documented_5xx_rec(r: Rec, *, transactional: bool = False, orders: bool = False) -> bool:
+    """answers.documented_5xx for a recorded answer (SPEC 9.1; 10.2 when transactional)."""
+    return documented_5xx_pair(r.status, r.error, r.retry_after, transactional=transactional, orders=orders)
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -502,8 +522,9 @@ def run_clients(model: Model, port: int, seconds: float, clients: int, seed: int
 
 def _worker(args: dict[str, Any], queue: "multiprocessing.Queue[Any]") -> None:
     """One load process: its own model and key space; returns a summary."""
-    from common import PgLedger, SqliteLedger  # noqa: F401 - rebuilt in the child
     from pathlib import Path
+
+    from ledgers import PgLedger, SqliteLedger
 
     model = Model(args["seed"], args["tag"], args["mix"], tuple(args["delay_range"]), args["payload_size"])
     ledger = None
@@ -553,8 +574,6 @@ def run_load(server: Any, ledger: Any, seconds: float, clients: int, procs: int,
              delay_range: tuple[int, int] = (20, 200), payload_size: int = 200, age_every: float = 0.0, age_batch: int = 40, rss_every: float = 1.0) -> dict[str, Any]:
     """Drives `server` for `seconds` with `clients` threads over `procs`
     processes; checks everything; returns the figures."""
-    from common import wait_until
-
     mix = mix or DEFAULT_MIX
     count_before = server.count()
     rows_before = ledger.count()

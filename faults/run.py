@@ -6,10 +6,12 @@
     python3 faults/run.py dbfaults --host H --db D [--fault-seconds S]
     python3 faults/run.py soak    --host H --db D --minutes M [--clients C] [--procs P]
     python3 faults/run.py contract --host H --db D
+    python3 faults/run.py exactly-once --host H --db D [--modes transactional,plain] [--rounds N]
 
 PostgreSQL runs need IDEMPOTENCY_PG_URL (scripts/postgres.sh run -- ...).
 Each run prints its figures and writes them as JSON under target/faults/;
-the exit code is 1 when anything was violated. Standard library only.
+the exit code is 1 when anything was violated. Runs on the Python package's
+venv (bindings/python/.venv/bin/python: psycopg, pinned there).
 """
 
 from __future__ import annotations
@@ -28,24 +30,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import crash  # noqa: E402
 import dbfaults  # noqa: E402
+import exactly_once  # noqa: E402
 import load  # noqa: E402
-from common import (  # noqa: E402
-    REPLAY_HEADER,
-    ROOT,
-    Ledger,
-    PgLedger,
-    Proxy,
-    Report,
-    Server,
-    SqliteLedger,
-    Workdir,
-    hosts,
-    payload,
-    pg_admin_url,
-    pgwire,
-    post_order,
-    random_key,
-)
+from answers import REPLAY_HEADER, payload, post_order, random_key  # noqa: E402
+from ledgers import Ledger, PgLedger, SqliteLedger  # noqa: E402
+from pgcontrol import admin_url as pg_admin_url  # noqa: E402
+from pgcontrol import port_of  # noqa: E402
+from proxy import Proxy  # noqa: E402
+from report import Report  # noqa: E402
+from servers import ROOT, Server, Workdir, hosts  # noqa: E402
 
 RESULTS = ROOT / "target" / "faults"
 
@@ -69,8 +62,8 @@ class Context:
         if db == "postgres" and not pg_admin_url():
             raise SystemExit("error: IDEMPOTENCY_PG_URL is not set (run inside scripts/postgres.sh run -- ...)")
 
-    def env(self, ttl: Optional[int] = None) -> dict[str, str]:
-        env = {"IDEMPOTENCY_REPLAY_HEADER": REPLAY_HEADER, **self.server_env}
+    def env(self, ttl: Optional[int] = None, extra: Optional[dict[str, str]] = None) -> dict[str, str]:
+        env = {"IDEMPOTENCY_REPLAY_HEADER": REPLAY_HEADER, **(extra or {}), **self.server_env}
         if ttl:
             env["IDEMPOTENCY_PENDING_TTL_MS"] = str(ttl)
         return env
@@ -83,8 +76,8 @@ class Context:
         self.ledgers.append(led)
         return led
 
-    def server(self, database: str, ttl: Optional[int] = None, user: Optional[str] = None) -> Server:
-        s = Server(self.host, database, self.env(ttl), self.workdir.logs, user=user)
+    def server(self, database: str, ttl: Optional[int] = None, user: Optional[str] = None, extra: Optional[dict[str, str]] = None) -> Server:
+        s = Server(self.host, database, self.env(ttl, extra), self.workdir.logs, user=user)
         self.servers.append(s)
         return s
 
@@ -134,7 +127,7 @@ def crashes(ctx: Context, report: Report, rounds: int, load_seconds: float) -> d
     proxy = None
     url = led.url()
     if isinstance(led, PgLedger):
-        proxy = Proxy(int(pgwire.parse_url(led.admin_url)["port"]))
+        proxy = Proxy(port_of(led.admin_url))
         ctx.proxies.append(proxy)
         url = led.url(port=proxy.port)
     srv = ctx.server(url, ctx.ttl).start()
@@ -204,14 +197,17 @@ def run_one(name: str, host: str, db: str, fn: Callable[[Context, Report], dict[
 def write(command: str, results: list[tuple[str, str, str, Report, dict[str, Any]]], args: argparse.Namespace) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    tag = f"{command}-{args.host or 'all'}-{args.db}"
+    tag = f"{command}-{args.host or 'all'}-{args.db}" + ("" if command != "short" or args.parts == ",".join(SHORT_PARTS) else "-" + args.parts.replace(",", "-"))
     path = RESULTS / f"{stamp}-{tag}.json"
+    python = os.path.relpath(sys.executable, ROOT) if sys.executable.startswith(str(ROOT)) else sys.executable
     doc = {
-        "command": " ".join(["python3", "faults/run.py"] + sys.argv[1:]),
+        "command": " ".join([python, "faults/run.py"] + sys.argv[1:]),
+        # Where the servers came from when not from this working tree's builds.
+        "env": {k: os.environ[k] for k in ("FAULTS_RUST_SERVE", "FAULTS_RUST_PROFILE") if os.environ.get(k)},
         "started": stamp,
         "git": os.popen(f"git -C {ROOT} rev-parse --short HEAD 2>/dev/null").read().strip(),
         # Servers run from the working tree: what differed from HEAD there.
-        "uncommitted": os.popen(f"git -C {ROOT} status --porcelain -- bindings guest wit Cargo.lock 2>/dev/null").read().split("\n")[:40],
+        "uncommitted": os.popen(f"git -C {ROOT} status --porcelain -- bindings guest wit Cargo.lock faults 2>/dev/null").read().split("\n")[:40],
         "runs": [{"part": part, "host": host, "db": db, **report.as_dict(), "figures": figures} for part, host, db, report, figures in results],
     }
     path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
@@ -220,9 +216,9 @@ def write(command: str, results: list[tuple[str, str, str, Report, dict[str, Any
 
 def summarize(results: list[tuple[str, str, str, Report, dict[str, Any]]]) -> bool:
     ok = True
-    print(f"{'part':<10} {'host':<7} {'db':<9} {'checks':>7} {'violations':>10} {'seconds':>8}")
+    print(f"{'part':<12} {'host':<7} {'db':<9} {'checks':>7} {'violations':>10} {'seconds':>8}")
     for part, host, db, report, figures in results:
-        print(f"{part:<10} {host:<7} {db:<9} {report.checks:>7} {len(report.violations):>10} {figures.get('wall_seconds', 0):>8}")
+        print(f"{part:<12} {host:<7} {db:<9} {report.checks:>7} {len(report.violations):>10} {figures.get('wall_seconds', 0):>8}")
         ok = ok and report.ok
     for part, host, db, report, figures in results:
         for v in report.violations[:20]:
@@ -230,6 +226,52 @@ def summarize(results: list[tuple[str, str, str, Report, dict[str, Any]]]) -> bo
         if len(report.violations) > 20:
             print(f"  ... and {len(report.violations) - 20} more")
     return ok
+
+
+SHORT_PARTS = ("contract", "crash", "dbfaults", "load", "exactly-once")
+FAULTS_BY_DB = {"sqlite": ["sqlite-full", "sqlite-readonly"], "postgres": ["pg-restart", "pg-terminate"]}
+
+
+def eo_plans(args: argparse.Namespace) -> dict[str, exactly_once.Plan]:
+    """The exactly-once parts to run. `short` (in make test-faults): the
+    transactional mode's crash points, one database fault (pg-terminate
+    touches only its own database, so hosts can run side by side) and a stall
+    with renewal on and off; the plain mode's exit after the write and a
+    stall without renewal (the duplicates of the old behaviour). The
+    `exactly-once` command: every round, fault and stall in each mode."""
+    if args.command == "short":
+        return {
+            "transactional": exactly_once.Plan({"X", "H", "R", "E"}, 1, ["sqlite-full" if args.db == "sqlite" else "pg-terminate"], [True, False]),
+            "plain": exactly_once.Plan({"X"}, 1, [], [False]),
+        }
+    return {m: exactly_once.Plan(set(exactly_once.ROUNDS), args.rounds, FAULTS_BY_DB[args.db], [True, False]) for m in args.modes.split(",")}
+
+
+def eo_table(results: list[tuple[str, str, str, Report, dict[str, Any]]]) -> None:
+    """The exactly-once figures: orders per key, per host, database and mode."""
+    rows = [(host, db, f) for part, host, db, _, f in results if part == "exactly-once"]
+    if not rows:
+        return
+    print(f"\n{'exactly-once':<13} {'host':<7} {'db':<9} {'mode':<14} {'keys':>6} {'orders':>7} {'duplicates':>10} {'acked missing':>13} {'stall':<40}")
+    for host, db, f in rows:
+        if not f.get("supported"):
+            support = f.get("support") or {}
+            print(f"{'':<13} {host:<7} {db:<9} {'-':<14} {support.get('orders_in_database', 'not probed')}")
+            continue
+        for mode in exactly_once.MODES:
+            part = f.get(mode)
+            if part is None:
+                continue
+            if "not_supported" in part:
+                print(f"{'':<13} {host:<7} {db:<9} {mode:<14} not supported: {part['not_supported']}")
+                continue
+            figs = [part["crash"]["orders"]] + [x["orders"] for x in (part.get("faults") or {}).values() if isinstance(x, dict) and x.get("orders")]
+            figs += [x["check"] for x in part.get("stall", {}).values() if x.get("check")]
+            total = exactly_once.merge(figs)
+            stalls = "; ".join(f"renewal {k}: {x.get('takeovers', '?')} takeover, {x.get('orders', '?')} order(s)" if "not_supported" not in x else f"renewal {k}: not supported"
+                               for k, x in part.get("stall", {}).items())
+            print(f"{'':<13} {host:<7} {db:<9} {mode:<14} {total.get('keys', 0):>6} {total.get('orders', 0):>7} {total.get('duplicate_orders', 0):>10} "
+                  f"{total.get('acknowledged_missing', 0):>13} {stalls:<40}")
 
 
 def short_parallel(args: argparse.Namespace, selected: list[str]) -> int:
@@ -240,15 +282,18 @@ def short_parallel(args: argparse.Namespace, selected: list[str]) -> int:
 
     began = time.time()
     children = []
+    # The exactly-once part mostly waits out TTLs: it runs beside the others.
+    groups = [p for p in (",".join(x for x in args.parts.split(",") if x != "exactly-once"), "exactly-once" if "exactly-once" in args.parts.split(",") else "") if p]
     for host in selected:
-        argv = [sys.executable, __file__, "short", "--db", args.db, "--host", host, "--ttl-ms", str(args.ttl_ms), "--seed", str(random.getrandbits(30))]
-        if args.db == "postgres":
-            argv.append("--no-pg-faults")
-        children.append((host, subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
+        for parts in groups:
+            argv = [sys.executable, __file__, "short", "--db", args.db, "--host", host, "--ttl-ms", str(args.ttl_ms), "--seed", str(random.getrandbits(30)), "--parts", parts]
+            if args.db == "postgres":
+                argv.append("--no-pg-faults")
+            children.append((f"{host}/{args.db} {parts}", subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
     ok = True
-    for host, child in children:
+    for name, child in children:
         out, _ = child.communicate()
-        print(f"---- {host}/{args.db} ----\n{out}", flush=True)
+        print(f"---- {name} ----\n{out}", flush=True)
         ok = ok and child.returncode == 0
     if args.db == "postgres":
         for host in selected:
@@ -263,7 +308,7 @@ def short_parallel(args: argparse.Namespace, selected: list[str]) -> int:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", choices=["short", "crash", "dbfaults", "soak", "contract"])
+    p.add_argument("command", choices=["short", "crash", "dbfaults", "soak", "contract", "exactly-once"])
     p.add_argument("--host", choices=["rust", "python", "node"])
     p.add_argument("--hosts", default="rust,python,node")
     p.add_argument("--db", choices=["sqlite", "postgres"], required=True)
@@ -275,12 +320,16 @@ def main() -> int:
     p.add_argument("--outage-seconds", type=float, default=2.0)
     p.add_argument("--jobs", type=int, default=3, help="short: hosts run side by side (the PostgreSQL faults stay one at a time)")
     p.add_argument("--no-pg-faults", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--parts", default=",".join(SHORT_PARTS), help=f"short: which parts ({', '.join(SHORT_PARTS)})")
     p.add_argument("--clients", type=int, default=0)
     p.add_argument("--procs", type=int, default=0)
     p.add_argument("--seconds", type=float, default=0)
     p.add_argument("--minutes", type=float, default=0)
     p.add_argument("--age-every", type=float, default=0, help="soak: seconds between ageing a batch of completed rows past the retention")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--modes", default="transactional,plain",
+                   help="exactly-once: transactional (IDEMPOTENCY_TRANSACTIONAL=1) and/or plain (orders committed on their own: duplicates measured)")
+    p.add_argument("--stall-ttl-ms", type=int, default=1000, help="exactly-once: the TTL of the stall probes (the handler runs 2.2 times as long)")
     p.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE", help="more environment for the servers (e.g. NODE_OPTIONS=--max-old-space-size=64)")
     args = p.parse_args()
     random.seed(args.seed or time.time_ns())
@@ -297,21 +346,32 @@ def main() -> int:
         return short_parallel(args, selected)
     short_timing = dbfaults.Timing(warm=0.5, fault=1.0, after=1.5, cycles=1, outage=1.0)
     long_timing = dbfaults.Timing(warm=1.0, fault=args.fault_seconds, after=2.0, cycles=args.cycles, outage=args.outage_seconds)
+    parts = set(args.parts.split(","))
+    unknown = parts - set(SHORT_PARTS)
+    if unknown:
+        p.error(f"--parts: unknown {sorted(unknown)}")
+    short = {part: args.command == "short" and part in parts for part in SHORT_PARTS}
     for host in selected:
-        if args.command in ("short", "contract"):
+        if args.command == "contract" or short["contract"]:
             add("contract", host, contract)
-        if args.command in ("short", "crash"):
+        if args.command == "crash" or short["crash"]:
             add("crash", host, lambda c, r: crashes(c, r, args.rounds, args.load_seconds))
-        if args.command == "dbfaults" or (args.command == "short" and not (args.no_pg_faults and args.db == "postgres")):
+        if args.command == "dbfaults" or (short["dbfaults"] and not (args.no_pg_faults and args.db == "postgres")):
             timing = short_timing if args.command == "short" else long_timing
             add("dbfaults", host, lambda c, r: faults(c, r, timing, args.clients or (4 if args.command == "short" else 6)))
-        if args.command == "short":
+        if short["load"]:
             add("load", host, lambda c, r: soak(c, r, args.seconds or 4, args.clients or 8, args.procs or 1, args.age_every or 1.0))
+        if args.command == "exactly-once" or short["exactly-once"]:
+            plans = eo_plans(args)
+            timing = short_timing if args.command == "short" else long_timing
+            add("exactly-once", host, lambda c, r: exactly_once.run(c, r, plans, load_seconds=1.0 if args.command == "short" else args.load_seconds,
+                                                                   timing=timing, clients=args.clients or 4, stall_ttl=args.stall_ttl_ms))
         if args.command == "soak":
             seconds = args.minutes * 60 or args.seconds or 60
             add("soak", host, lambda c, r: soak(c, r, seconds, args.clients or 12, args.procs or 2, args.age_every or 30.0))
     path = write(args.command, results, args)
     ok = summarize(results)
+    eo_table(results)
     print(f"figures: {path.relative_to(ROOT)}")
     return 0 if ok else 1
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Markdown rows from the harness's JSON figures (target/faults/*.json):
-the newest soak, crash and dbfaults run per host and database.
+the newest soak, crash and dbfaults run per host and database, then the
+newest exactly-once run per host and database (orders counted per key).
 
     python3 faults/summary.py [files...]
 """
@@ -21,11 +22,11 @@ def n(x: Any) -> str:
 
 def load(paths: list[Path]) -> dict[tuple[str, str, str], dict[str, Any]]:
     newest: dict[tuple[str, str, str], dict[str, Any]] = {}
-    for path in sorted(paths):
+    for path in sorted(paths, key=lambda p: p.name):
         doc = json.loads(path.read_text())
         for run in doc["runs"]:
             key = (run["part"], run["host"], run["db"])
-            newest[key] = {**run, "command": doc["command"], "git": doc.get("git"), "file": path.name}
+            newest[key] = {**run, "command": doc["command"], "git": doc.get("git"), "env": doc.get("env") or {}, "file": path.name}
     return newest
 
 
@@ -116,6 +117,83 @@ def commands(*runs: dict[str, Any] | None) -> str:
     return "<br>".join(f"`{make_command(r)}` ({r['part']}, at {r['git']})" for r in runs if r)
 
 
+ROUND_NAMES = {"X": "exit after the write (X-Exit-After-Write)", "H": "SIGKILL with the completion held back", "W": "SIGKILL when the write shows",
+               "R": "SIGKILL at a random instant in the handler", "E": "SIGKILL under load"}
+
+
+def eo_orders(f: dict[str, Any]) -> str:
+    dup = f.get("duplicate_orders", 0)
+    return f"{n(f.get('keys', 0))} keys, {n(f.get('orders', 0))} orders, **{dup} duplicate{'s' if dup != 1 else ''}**, {f.get('acknowledged_missing', 0)} acknowledged missing"
+
+
+def eo_crash_cell(c: dict[str, Any]) -> str:
+    rounds = ", ".join(f"{r} ({ROUND_NAMES.get(r, r)})" for r in c["rounds"])
+    outcomes = "; ".join(f"{k}" + (f" ×{v}" if v > 1 else "") for k, v in c.get("outcomes", {}).items())
+    t = c.get("tally", {})
+    return (f"{c.get('repeat', 1)}× {rounds}: {t.get('kills', 0)} SIGKILLs, {c.get('exits_after_write', 0)} exits after the write, "
+            f"{t.get('takeovers', 0)} takeovers; {outcomes}; {eo_orders(c['orders'])}")
+
+
+def eo_faults_cell(fs: dict[str, Any]) -> str:
+    parts = []
+    for name, f in fs.items():
+        if not isinstance(f, dict) or "not_run" in f:
+            parts.append(f"{name}: not run ({f.get('not_run') if isinstance(f, dict) else f})")
+            continue
+        bad = ", ".join(f"{v} × {k}" for k, v in f.get("answers_during_fault", {}).items() if k != "ok")
+        parts.append(f"{name} ×{f.get('faults_injected', 1)} ({f.get('fault_seconds')} s): {n(f.get('requests', 0))} requests, {bad}; {f.get('takeovers_in_reconcile', 0)} takeovers after the TTL; "
+                     + eo_orders(f.get("orders") or {}) + (f"; {f['orders'].get('stored_order_not_written')} stored 500 order_not_written" if (f.get("orders") or {}).get("stored_order_not_written") else ""))
+    return "<br>".join(parts) or "not run"
+
+
+def eo_stall_cell(st: dict[str, Any]) -> str:
+    out = []
+    for setting, f in st.items():
+        if "not_supported" in f:
+            out.append(f"renewal {setting}: not supported ({f['not_supported']})")
+            continue
+        retry = (f.get("retry") or "").split(" ")[0]
+        first = (f.get("first") or "").split(" ")[0]
+        out.append(f"renewal {setting} (TTL {f.get('ttl_ms')} ms, handler {f.get('delay_ms')} ms): {'renewed' if f.get('renewed_during_stall') else 'not renewed'}, "
+                   f"the retry got {retry}, the stalled owner {first}; {f.get('takeovers')} takeover, {f.get('orders')} order{'s' if f.get('orders') != 1 else ''}")
+    return "<br>".join(out) or "not run"
+
+
+def eo_command(r: dict[str, Any]) -> str:
+    argv = r["command"].split()
+    serve = r["env"].get("FAULTS_RUST_SERVE")
+    env = f"FAULTS_RUST_SERVE={serve} " if serve and r["host"] == "rust" else ""
+    if "exactly-once" in argv:
+        opt = {a: b for a, b in zip(argv, argv[1:]) if a.startswith("--")}
+        extra = "".join(f" {k} {v}" for k, v in opt.items() if k in ("--rounds", "--cycles", "--modes"))
+        pg = "./scripts/postgres.sh run -- " if r["db"] == "postgres" else ""
+        return f"`{env}{pg}bindings/python/.venv/bin/python faults/run.py exactly-once --host {r['host']} --db {r['db']}{extra}` (at {r['git']})"
+    return f"`{env}make test-faults` (short, at {r['git']})"
+
+
+def eo_table(runs: dict[tuple[str, str, str], dict[str, Any]]) -> None:
+    eo = {(h, d): r for (part, h, d), r in runs.items() if part == "exactly-once"}
+    if not eo:
+        return
+    print()
+    print("| host | database | mode | crash points | database faults | stall past the TTL | reproduce |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for (host, db), r in sorted(eo.items(), key=lambda kv: (kv[0][0] != "rust", kv[0][0] != "python", kv[0][1] != "sqlite", kv[0])):
+        f = r["figures"]
+        verdict = "" if not r["violations"] else f" **{len(r['violations'])} violations**"
+        if not f.get("supported"):
+            print(f"| {host} | {db} | | not supported: {(f.get('support') or {}).get('orders_in_database')}{verdict} | | | {eo_command(r)} |")
+            continue
+        for mode in ("transactional", "plain"):
+            m = f.get(mode)
+            if m is None:
+                continue
+            if "not_supported" in m:
+                print(f"| {host} | {db} | {mode} | not supported: {m['not_supported']} | | | {eo_command(r)} |")
+                continue
+            print(f"| {host} | {db} | {mode} | {eo_crash_cell(m['crash'])}{verdict} | {eo_faults_cell(m.get('faults') or {})} | {eo_stall_cell(m.get('stall') or {})} | {eo_command(r)} |")
+
+
 def main() -> int:
     paths = [Path(p) for p in sys.argv[1:]] or sorted((ROOT / "target" / "faults").glob("*.json"))
     runs = load(paths)
@@ -131,6 +209,7 @@ def main() -> int:
             f"| {host} | {db} | {soak_cell(soak)}{verdict} | {faults_survived(crash, dbf)} | {bad_inputs(soak)} | "
             f"{nothing_lost(soak)} | {commands(soak, crash, dbf)} |"
         )
+    eo_table(runs)
     return 0
 
 
