@@ -52,6 +52,8 @@ pub struct Exchange {
     ticket: Option<Ticket>,
     /// A transaction is open on the backend for the handler (SPEC 10.2).
     in_transaction: bool,
+    /// How often the running handler's lease is renewed (`handler-run.renew-every-ms`).
+    renew_every_ms: Option<u32>,
     /// The lease renewal beside the running handler (SPEC 10.1).
     renewal: Renewal,
     telemetry: Telemetry,
@@ -67,6 +69,7 @@ impl Default for Exchange {
             prefix: None,
             ticket: None,
             in_transaction: false,
+            renew_every_ms: None,
             renewal: Renewal::none(),
             telemetry: Telemetry::none(),
             slept: Duration::ZERO,
@@ -90,6 +93,21 @@ impl Exchange {
     /// backend (a transactional exchange): its writes go through the backend.
     pub fn in_transaction(&self) -> bool {
         self.in_transaction
+    }
+
+    /// `handler-run.renew-every-ms` of the handler that runs (or ran): how
+    /// often its lease is renewed while it runs; `None` with renewal off.
+    pub fn renew_every_ms(&self) -> Option<u32> {
+        self.renew_every_ms
+    }
+
+    /// The time this exchange has spent in the ledger so far: component
+    /// calls and batches (its transaction's statements, commit and rollback
+    /// included), not the handler, not waits. What the telemetry's
+    /// `idempotency.ledger.duration` records, for hosts that report it
+    /// themselves.
+    pub fn ledger_time(&self) -> Duration {
+        self.telemetry.in_ledger()
     }
 
     /// Names the route (`http.route`) the exchange's telemetry reports.
@@ -421,6 +439,7 @@ impl Ledger {
             }
             Err(wit::Action::RunHandler(run)) => {
                 exchange.ticket = Some(run.ticket.clone());
+                exchange.renew_every_ms = run.renew_every_ms;
                 if run.transaction {
                     match self.with_backend(|backend| backend.begin()) {
                         Ok(Ok(())) => exchange.in_transaction = true,

@@ -82,6 +82,10 @@ impl Telemetry {
         self.in_ledger += spent;
     }
 
+    pub(crate) fn in_ledger(&self) -> Duration {
+        self.in_ledger
+    }
+
     /// Reports the exchange's end (once).
     pub(crate) fn finish(&mut self, outcome: Outcome, ticket: Option<&Ticket>) {
         if std::mem::replace(&mut self.reported, true) {

@@ -207,3 +207,39 @@ fn a_live_owner_that_renews_its_lease_is_never_taken_over() {
         }
     }
 }
+
+#[test]
+fn a_stepped_exchange_tells_its_renewal_interval_and_its_time_in_the_ledger() {
+    use idempotency_ledger::{wit, Feed, Next};
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("l.sqlite");
+    let clock = ManualClock::new(T0);
+    let mut ledger = ledger(&path, &clock);
+    let head = |key: &str| wit::RequestHead {
+        method: "POST".into(),
+        path_and_query: "/orders".into(),
+        headers: vec![wit::Header { name: "Idempotency-Key".into(), value: key.into() }],
+    };
+    let (next, mut exchange) = ledger.start_transactional(Some("acct"), &head("k1"));
+    assert!(matches!(next, Next::ReadBody { .. }), "{next:?}");
+    assert_eq!(exchange.renew_every_ms(), None, "no handler runs yet");
+    let next = ledger.feed(&mut exchange, Feed::Body(b"{}"));
+    assert!(matches!(next, Next::RunHandler(_)), "{next:?}");
+    assert!(exchange.in_transaction());
+    assert_eq!(exchange.renew_every_ms(), Some(10_000), "a third of the default 30 s TTL, as the core says");
+    let spent = exchange.ledger_time();
+    assert!(spent > Duration::ZERO, "the decision batch ran in the ledger");
+    std::thread::sleep(Duration::from_millis(50)); // the handler's time is not the ledger's
+    let response = wit::MutationResponse { status: 201, headers: vec![], body: wit::ResponseBody::Text("{}".into()) };
+    let next = ledger.feed(&mut exchange, Feed::Handler(wit::HandlerResult::Answered(response)));
+    assert!(matches!(next, Next::Respond(ref answer) if answer.outcome == Outcome::Executed), "{next:?}");
+    assert!(exchange.ledger_time() > spent && exchange.ledger_time() < spent + Duration::from_millis(50), "{:?}", exchange.ledger_time());
+
+    let settings = Settings { lease_renewal: Some(false), ..Settings::default() };
+    let backend = SqliteBackend::open(&path).expect("sqlite");
+    let mut off = Ledger::new(Runtime::shared().expect("runtime"), backend, settings, clock.clone()).expect("ledger");
+    let (_, mut exchange) = off.start(Some("acct"), &head("k2"));
+    assert!(matches!(off.feed(&mut exchange, Feed::Body(b"{}")), Next::RunHandler(_)));
+    assert_eq!(exchange.renew_every_ms(), None, "renewal off");
+    off.end(&mut exchange);
+}
