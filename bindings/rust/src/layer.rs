@@ -2,6 +2,8 @@
 //! core's exchange. It reads the body when the exchange asks, calls the inner
 //! service when it says so, and sends what it says; protected requests go
 //! through the ledger, everything else reaches the inner service untouched.
+//! Every response of a protected request carries the exchange's [`Outcome`]
+//! in its extensions (`response.extensions().get::<Outcome>()`).
 //!
 //! ```no_run
 //! # async fn doc(create_order: axum::routing::MethodRouter) -> Result<(), idempotency_ledger::Error> {
@@ -30,7 +32,7 @@ use tower_service::Service;
 
 use crate::convert::{head, latin1};
 use crate::nonblocking::{AsyncLedger, BoxFuture};
-use crate::{wit, Answer, Feed, Next, Response};
+use crate::{wit, Answer, Feed, Next, Outcome, Response};
 
 type Principal = dyn Fn(&Parts) -> Option<String> + Send + Sync;
 type RouteFilter = dyn Fn(&Parts) -> bool + Send + Sync;
@@ -199,7 +201,10 @@ where
                                 return Ok(http_response(&layer.ledger, layer.ledger.fault_response(), false));
                             }
                         }
-                        return answered;
+                        return answered.map(|mut response| {
+                            response.extensions_mut().insert(Outcome::PassedThrough);
+                            response
+                        });
                     }
                     Next::RunHandler(_) => {
                         let mut request = http::Request::from_parts(parts.take().expect("one request"), B::from(bytes.clone()));
@@ -230,7 +235,7 @@ where
                     }
                     Next::Respond(answer) => return Ok(respond(&layer.ledger, answer, produced)),
                     // The handler's response body broke: its failure cannot be re-raised here.
-                    Next::Propagate { response, .. } => return Ok(http_response(&layer.ledger, response, false)),
+                    Next::Propagate { response, outcome } => return Ok(with_outcome(http_response(&layer.ledger, response, false), outcome)),
                 };
             }
         })
@@ -260,12 +265,20 @@ fn handler_result(parts: &http::response::Parts, body: Bytes) -> (wit::HandlerRe
 
 /// The exchange's answer: the core's response, or the inner service's own.
 fn respond<R: From<Bytes>>(ledger: &AsyncLedger, answer: Answer, produced: Option<http::Response<Bytes>>) -> http::Response<R> {
-    match (answer.response, produced) {
+    let response = match (answer.response, produced) {
         (Some(response), _) => http_response(ledger, response, answer.close),
         (None, Some(held)) => held.map(R::from),
         // "The handler's response" before there was one: a core bug, answered as a fault.
-        (None, None) => http_response(ledger, ledger.fault_response(), false),
-    }
+        (None, None) => return with_outcome(http_response(ledger, ledger.fault_response(), false), Outcome::InternalError),
+    };
+    with_outcome(response, answer.outcome)
+}
+
+/// The exchange's outcome travels in the response's extensions, for the
+/// layers above (metrics, logs) and for tests.
+fn with_outcome<R>(mut response: http::Response<R>, outcome: Outcome) -> http::Response<R> {
+    response.extensions_mut().insert(outcome);
+    response
 }
 
 fn http_response<R: From<Bytes>>(ledger: &AsyncLedger, response: Response, close: bool) -> http::Response<R> {

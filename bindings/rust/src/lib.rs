@@ -56,6 +56,8 @@ mod nonblocking;
 mod postgres;
 #[cfg(feature = "postgres")]
 mod tls;
+#[cfg(feature = "testing")]
+pub mod testing;
 #[cfg(feature = "tower")]
 mod layer;
 
