@@ -49,7 +49,7 @@ test: test-rust test-js test-python test-postgres test-faults dist-check ## Run 
 test-rust: check-imports ## Rust: native core tests, the component under wasmtime over SQLite, the tower layer and the example server
 	$(CARGO) test --locked
 	$(CARGO) build --locked -p idempotency-ledger --features tower --example serve
-	$(CARGO) test --locked -p idempotency-ledger --features tower,opentelemetry,testing --lib --test layer --test exactly_once --test telemetry --test function --test testing
+	$(CARGO) test --locked -p idempotency-ledger --features tower,opentelemetry,testing --lib --test layer --test exactly_once --test telemetry --test function --test testing --test tracing_events
 
 SEEDS ?= 0..1000
 STEPS ?= 2000

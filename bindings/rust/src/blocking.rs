@@ -578,7 +578,7 @@ impl Ledger {
     fn with_instance<T>(&mut self, f: impl FnOnce(&mut Instance) -> Result<T, Error>) -> Result<T, Error> {
         let result = f(self.instance()?);
         if let Err(Error::Trap(trap)) = &result {
-            log::error!(target: "idempotency_ledger", "{trap:#}");
+            tracing::error!(target: "idempotency_ledger", "{trap:#}");
             if let Some(mut instance) = self.instance.take() {
                 let placeholder: Box<dyn SqlBackend> = Box::new(NoBackend);
                 self.parked = Some(std::mem::replace(&mut instance.store.data_mut().backend, placeholder));

@@ -356,11 +356,13 @@ pub fn outcome_name(outcome: wit::Outcome) -> &'static str {
 }
 
 /// Logs a line the core worded, at its level.
+/// A `tracing` event (and, with no tracing subscriber installed, a `log`
+/// record, through tracing's `log` feature).
 pub(crate) fn log_line(line: &wit::LogLine) {
-    let level = match line.level {
-        wit::LogLevel::Error => log::Level::Error,
-        wit::LogLevel::Warn => log::Level::Warn,
-        wit::LogLevel::Info => log::Level::Info,
-    };
-    log::log!(target: "idempotency_ledger", level, "{}", line.message);
+    let message = line.message.as_str();
+    match line.level {
+        wit::LogLevel::Error => tracing::error!(target: "idempotency_ledger", "{message}"),
+        wit::LogLevel::Warn => tracing::warn!(target: "idempotency_ledger", "{message}"),
+        wit::LogLevel::Info => tracing::info!(target: "idempotency_ledger", "{message}"),
+    }
 }

@@ -500,7 +500,7 @@ impl AsyncLedger {
         let epoch = guard.epoch;
         let result = f(guard.instance.as_mut().expect("built above"));
         if let Err(Error::Trap(trap)) = &result {
-            log::error!(target: "idempotency_ledger", "{trap:#}");
+            tracing::error!(target: "idempotency_ledger", "{trap:#}");
             guard.instance = None;
         }
         result.map(|value| (value, epoch))

@@ -168,7 +168,7 @@ impl LedgerPool {
             Ok(handled) => handled?,
             // No component instance could be made: the core's fault reply, asked at start.
             Err(error) => {
-                log::error!(target: "idempotency_ledger", "{error}");
+                tracing::error!(target: "idempotency_ledger", "{error}");
                 let fault = &self.inner.fault;
                 fault.log.iter().for_each(crate::convert::log_line);
                 return Ok(Handled { response: fault.response.clone(), outcome: fault.outcome, ticket: None, close: false, sweep_due: false });
@@ -317,7 +317,7 @@ fn spawn_sweeper(pool: Weak<PoolInner>) -> Option<(SyncSender<()>, JoinHandle<()
     match spawned {
         Ok(thread) => Some((sender, thread)),
         Err(e) => {
-            log::error!(target: "idempotency_ledger", "cannot start the sweeper thread: {e}");
+            tracing::error!(target: "idempotency_ledger", "cannot start the sweeper thread: {e}");
             None
         }
     }

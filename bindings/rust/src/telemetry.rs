@@ -1,6 +1,6 @@
 //! What every exchange reports (docs/SPEC.md, "Observability"), through
-//! OpenTelemetry's global providers when the `opentelemetry` feature is on;
-//! nothing at all without it. The names are the same in every host:
+//! OpenTelemetry's global providers when the `opentelemetry` feature is on.
+//! The names are the same in every host:
 //!
 //! - counter `idempotency.requests` (`{request}`): `idempotency.outcome`,
 //!   `http.request.method`, `http.route` (when the adapter knows it);
@@ -10,6 +10,9 @@
 //!   `idempotency.key_hash` (the first 16 hex digits of SHA-256 over
 //!   `principal "\n" key`; the key and principal in clear only with
 //!   `record_keys`), status error for the outcomes that mean a failure.
+//!
+//! Without the feature, and beside it, each exchange's end is a `tracing`
+//! event with the span's attributes (see [`event`]).
 
 use std::time::Duration;
 
@@ -91,10 +94,37 @@ impl Telemetry {
         if std::mem::replace(&mut self.reported, true) {
             return;
         }
-        let _ = (outcome_name(outcome), ticket, self.record_keys, &self.method, &self.route, self.in_ledger);
+        event(self, outcome, ticket);
         #[cfg(feature = "opentelemetry")]
         otel::report(self, outcome, ticket);
     }
+}
+
+/// A `tracing` event per exchange (target `idempotency_ledger::exchange`,
+/// DEBUG; the fields are the span's attributes), for tokio services that
+/// watch their requests through `tracing` rather than OpenTelemetry.
+fn event(telemetry: &Telemetry, outcome: Outcome, ticket: Option<&Ticket>) {
+    if !tracing::enabled!(target: "idempotency_ledger::exchange", tracing::Level::DEBUG) {
+        return;
+    }
+    let (generation, hash) = ticket.map_or((None, None), |t| (Some(t.generation), Some(key_hash(&t.principal, &t.key))));
+    let (key, principal) = match ticket {
+        Some(t) if telemetry.record_keys => (Some(t.key.as_str()), Some(t.principal.as_str())),
+        _ => (None, None),
+    };
+    tracing::event!(
+        target: "idempotency_ledger::exchange",
+        tracing::Level::DEBUG,
+        idempotency.outcome = outcome_name(outcome),
+        http.request.method = telemetry.method.as_str(),
+        http.route = telemetry.route.as_deref(),
+        idempotency.generation = generation,
+        idempotency.key_hash = hash.as_deref(),
+        idempotency.key = key,
+        enduser.id = principal,
+        idempotency.ledger.duration = telemetry.in_ledger.as_secs_f64(),
+        "idempotency exchange ended",
+    );
 }
 
 #[cfg(feature = "opentelemetry")]
