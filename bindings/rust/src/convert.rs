@@ -32,7 +32,9 @@ impl Request {
         self
     }
 
-    pub(crate) fn head(&self) -> wit::RequestHead {
+    /// The request's head, for [`crate::Ledger::start`] and
+    /// [`crate::AsyncLedger::start`] (the exchange reads the body later).
+    pub fn head(&self) -> wit::RequestHead {
         head(&self.method, &self.path_and_query, self.headers.iter().map(|(n, v)| (n.as_str(), v.as_str())))
     }
 }
@@ -136,8 +138,9 @@ impl MutationResponse {
         self
     }
 
-    /// What the exchange is told the handler did.
-    pub(crate) fn handler_result(&self) -> wit::HandlerResult {
+    /// What the exchange is told the handler did (feed it as
+    /// `Feed::Handler(response.handler_result())`).
+    pub fn handler_result(&self) -> wit::HandlerResult {
         match self.unstored {
             Some(Unstored::NothingChanged) => wit::HandlerResult::NothingChanged,
             Some(Unstored::Declined) => wit::HandlerResult::Declined,

@@ -5,10 +5,10 @@
 use std::cell::Cell;
 use std::time::Duration;
 
-use idempotency_ledger::wit::Value;
+use idempotency_ledger::wit::{LeaseState, Value};
 use idempotency_ledger::{
-    outcome_name, Handled, HandleError, Ledger, ManualClock, MutationResponse, Outcome, Request, Runtime, Settings, SqlBackend,
-    SqlStatement, SqliteBackend,
+    outcome_name, Feed, Handled, HandleError, Ledger, ManualClock, MutationResponse, Next, Outcome, Request, Runtime, Settings,
+    SqlBackend, SqlStatement, SqliteBackend, Tx,
 };
 
 fn sql(text: &str) -> SqlStatement {
@@ -127,25 +127,81 @@ pub fn run(target: Target) -> Result<(), String> {
         show("first copy:  ", &first_copy, &executions);
     expect(second_copy.response.status == 409 && second_copy.response.header("retry-after") == Some("1"), "409 + Retry-After")?;
 
-    step(5, "server A takes order-3 but stalls past the 30 s pending TTL; the client retries on server B");
+    step(5, "server A takes order-3 and is still inside the mutation 31 s later, past the 30 s pending TTL; it is alive, so it renews its lease every 10 s");
+    let order_3 = order("order-3", r#"{"sku":"C-3","qty":5}"#);
+    // The exchange loop a framework adapter runs, written out: start, read the body, run the handler, feed its end.
+    let (mut next, mut exchange) = server_a.start(Some(PRINCIPAL), &order_3.head());
+    let ticket = loop {
+        next = match next {
+            Next::ReadBody { .. } => server_a.feed(&mut exchange, Feed::Body(&order_3.body)),
+            Next::RunHandler(ticket) => break ticket,
+            other => return Err(format!("server A was not given order-3 to run: {other:?}")),
+        };
+    };
+    for _ in 0..3 {
+        clock.advance(Duration::from_secs(10));
+        let lease = server_a.renew(&ticket).map_err(err)?;
+        println!("   (10 s pass; server A renews its lease: {})", if lease.state == LeaseState::Held { "held" } else { "NOT held" });
+        expect(lease.state == LeaseState::Held, "a live owner keeps its lease")?;
+    }
+    clock.advance(Duration::from_secs(1));
+    let waiting = handled(server_b.handle(PRINCIPAL, &order_3, create_order))?;
+        show("the client's retry on server B: ", &waiting, &executions);
+    expect(waiting.outcome == Outcome::InProgress, "a renewed lease is not taken over")?;
+    let created = create_order(&order_3)?;
+    let done = server_a.feed(&mut exchange, Feed::Handler(created.handler_result()));
+    server_a.end(&mut exchange);
+    let Next::Respond(answer) = done else { return Err(format!("server A's end: {done:?}")) };
+    println!(
+        "   server A:    -> {} | {} under generation {}, response stored | executions so far: {}",
+        created.status,
+        if answer.outcome == Outcome::Executed { "EXECUTED" } else { outcome_name(answer.outcome) },
+        ticket.generation,
+        executions.get()
+    );
+    expect(answer.outcome == Outcome::Executed, "the renewed owner completes")?;
+    let after = handled(server_b.handle(PRINCIPAL, &order_3, create_order))?;
+        show("a later retry on server B replays A's answer: ", &after, &executions);
+    expect(after.outcome == Outcome::Replayed, "the retry replays")?;
+
+    step(6, "server A is paused on order-4 (a stopped VM: no renewals) past the TTL and server B takes over; each writes its order in the transaction that stores its answer");
+    let orders = |n: &str| -> Result<i64, String> {
+        let count = sql(&format!("SELECT COUNT(*) FROM orders WHERE key = '{n}'"));
+        match new_backend()?.execute_batch(&[count]).map_err(|e| format!("{e:?}"))?[0].rows.first().map(|r| &r[0]) {
+            Some(Value::Integer(n)) => Ok(*n),
+            other => Err(format!("order count: {other:?}")),
+        }
+    };
+    new_backend()?.execute_batch(&[sql("CREATE TABLE orders (key TEXT NOT NULL, server TEXT NOT NULL)")]).map_err(|e| format!("{e:?}"))?;
+    let order_4 = order("order-4", r#"{"sku":"D-4","qty":1}"#);
+    let insert = |tx: &mut Tx<'_>, server: &str| {
+        tx.execute(&format!("INSERT INTO orders (key, server) VALUES ('order-4', '{server}')"), vec![]).map(|_| ()).map_err(|e| format!("{e:?}"))
+    };
     let late = Cell::new(None);
-    let stalled = server_a.handle(PRINCIPAL, &order("order-3", r#"{"sku":"C-3","qty":5}"#), |req| {
+    let paused = server_a.handle_transactional(PRINCIPAL, &order_4, |req, tx| {
         clock.advance(Duration::from_secs(31));
-        println!("   (31 s pass; server A is still inside the mutation)");
-        let takeover = server_b.handle(PRINCIPAL, &order("order-3", r#"{"sku":"C-3","qty":5}"#), create_order);
+        println!("   (31 s pass; server A is paused before its write)");
+        let takeover = server_b.handle_transactional(PRINCIPAL, &order_4, |req, tx| {
+            insert(tx, "B")?;
+            create_order(req)
+        });
         late.set(Some(takeover));
+        insert(tx, "A")?;
         create_order(req)
     });
     let takeover = handled(late.take().expect("the retry ran"))?;
         show("server B:    ", &takeover, &executions);
-    let stalled = handled(stalled)?;
-        show("server A:    ", &stalled, &executions);
-    expect(stalled.outcome == Outcome::FencedOut, "A must be fenced out")?;
-    let after = handled(server_a.handle(PRINCIPAL, &order("order-3", r#"{"sku":"C-3","qty":5}"#), create_order))?;
-        show("a later retry replays B's stored answer: ", &after, &executions);
-    expect(after.response.body == takeover.response.body, "replay must be B's response")?;
+    let paused = handled(paused)?;
+        show("server A:    ", &paused, &executions);
+    expect(takeover.outcome == Outcome::TakenOver, "B takes over")?;
+    expect(paused.outcome == Outcome::FencedOut, "A's completion is fenced out")?;
+    expect(paused.response.body == takeover.response.body, "A's caller gets B's answer")?;
+    let committed = orders("order-4")?;
+    println!("   orders committed for order-4: {committed} (server A's insert rolled back with its fenced-out completion;");
+    println!("   its caller got server B's answer, the one the ledger keeps)");
+    expect(committed == 1, "one order committed")?;
 
-    step(6, "requests without a key, and reads, are never recorded");
+    step(7, "requests without a key, and reads, are never recorded");
     let missing = handled(server_a.handle(PRINCIPAL, &Request::new("POST", "/orders"), create_order))?;
     show("", &missing, &executions);
     let read = handled(server_a.handle(PRINCIPAL, &Request::new("GET", "/orders/o_1"), |_| {
@@ -153,7 +209,7 @@ pub fn run(target: Target) -> Result<(), String> {
     }))?;
     show("", &read, &executions);
 
-    step(7, "a day passes; the bounded sweep removes rows older than the 24 h retention");
+    step(8, "a day passes; the bounded sweep removes rows older than the 24 h retention");
     println!("   rows before: {}", count_rows()?);
     clock.advance(Duration::from_secs(24 * 60 * 60 + 1));
     let swept = server_a.sweep().map_err(err)?.deleted;
@@ -163,12 +219,12 @@ pub fn run(target: Target) -> Result<(), String> {
         show("order-1 after retention is a new operation: ", &fresh, &executions);
 
     println!(
-        "\nThe order endpoint ran {} times: order-1, order-2, order-3 by server B and by the stalled server A",
+        "\nThe order endpoint ran {} times: order-1, order-2, order-3 (once: its owner renewed its lease), order-4 by",
         executions.get()
     );
-    println!("(the TTL trade-off: set the TTL above the slowest mutation; the fence kept A's answer out of the");
-    println!("ledger), and order-1 again once its retention had passed. Retries, reuse and concurrent copies ran nothing.");
-    expect(executions.get() == 5, "exactly 5 executions")?;
+    println!("server B and by the paused server A (whose writes rolled back with its fenced-out completion: one order");
+    println!("committed), and order-1 again once its retention had passed. Retries, reuse and concurrent copies ran nothing.");
+    expect(executions.get() == 6, "exactly 6 executions")?;
     Ok(())
 }
 
@@ -202,6 +258,9 @@ fn show(label: &str, h: &Handled, executions: &Cell<u32>) {
         Outcome::PassedThrough => "passed straight through (no ledger access)".to_string(),
         Outcome::Replayed => "replayed the stored response, nothing executed".to_string(),
         Outcome::Executed | Outcome::TakenOver => format!("EXECUTED{generation}, response stored"),
+        Outcome::RolledBack => {
+            format!("executed{generation} but FENCED OUT: its transaction ROLLED BACK, its writes with it (see the log line)")
+        }
         Outcome::FencedOut => {
             format!("executed{generation} but FENCED OUT: its completion was rejected (see the ERROR log line)")
         }

@@ -170,5 +170,8 @@ fn demo_runs_to_completion() {
     let (ok, out, err) = run(&["demo", "--db", db.to_str().expect("path")], b"");
     assert!(ok, "{out}\n{err}");
     assert!(out.contains("replay byte-identical to the first answer (status, body, Location): yes"));
-    assert!(err.contains(r#"fenced out: principal="account-42" key="order-3" generation=1: a takeover superseded this owner"#), "{err}");
+    assert!(out.contains("the client's retry on server B: -> 409"), "a renewed lease is not taken over: {out}");
+    assert!(out.contains("orders committed for order-4: 1 "), "the fenced-out owner's write rolled back: {out}");
+    assert!(out.contains("The order endpoint ran 6 times"), "{out}");
+    assert!(err.contains(r#"fenced out: principal="account-42" key="order-4" generation=1: a takeover superseded this owner"#), "{err}");
 }
