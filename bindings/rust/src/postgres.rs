@@ -300,7 +300,7 @@ impl PostgresPool {
     /// A backend for one [`crate::Ledger`]; it borrows a pooled connection
     /// for each batch only.
     pub fn backend(&self) -> PostgresBackend {
-        PostgresBackend { pool: self.clone() }
+        PostgresBackend { pool: self.clone(), open: None }
     }
 
     /// The underlying deadpool pool (status, resizing, closing).
@@ -321,6 +321,51 @@ fn pool_runtime() -> Result<tokio::runtime::Runtime, Error> {
 /// A [`SqlBackend`] over a [`PostgresPool`].
 pub struct PostgresBackend {
     pool: PostgresPool,
+    /// The pooled connection a transactional handler's transaction is open
+    /// on (docs/SPEC.md 10.2), kept from `begin` to `commit` or `rollback`.
+    open: Option<Object>,
+}
+
+impl PostgresBackend {
+    /// The pool's runtime (the thread that drives the connections), when
+    /// this thread may wait on it.
+    fn runtime(&self) -> Result<tokio::runtime::Handle, BatchError> {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            // Waiting here would stall a runtime thread (and all its tasks).
+            return Err(BatchError::Host(
+                "the blocking PostgreSQL ledger was called on a tokio runtime thread; use AsyncLedger with \
+AsyncPostgres there (or call it from a thread outside the runtime)"
+                    .into(),
+            ));
+        }
+        let inner = &self.pool.inner;
+        if inner.pid != std::process::id() {
+            return Err(BatchError::Unreachable(
+                "this PostgreSQL pool was built before fork(); a child process builds its own".into(),
+            ));
+        }
+        inner.runtime.as_ref().map(|r| r.handle().clone()).ok_or_else(|| BatchError::Unreachable("the PostgreSQL pool is shut down".into()))
+    }
+}
+
+/// Runs `work` on `runtime` and waits for its answer; `lost` is the answer
+/// when the task is dropped before it gave one.
+fn wait_on<T: Send + 'static>(runtime: tokio::runtime::Handle, work: impl std::future::Future<Output = T> + Send + 'static, lost: impl FnOnce() -> T) -> T {
+    let (reply, answer) = mpsc::sync_channel(1);
+    runtime.spawn(async move {
+        let _ = reply.send(work.await);
+    });
+    answer.recv().unwrap_or_else(|_| lost())
+}
+
+impl Drop for PostgresBackend {
+    fn drop(&mut self) {
+        // A transaction that ended neither way: the connection must not go
+        // back to the pool inside it; closing it makes the server roll back.
+        if let Some(client) = self.open.take() {
+            drop(Object::take(client));
+        }
+    }
 }
 
 impl SqlBackend for PostgresBackend {
@@ -356,6 +401,77 @@ AsyncPostgres there (or call it from a thread outside the runtime)"
 
     fn dialect(&self) -> Dialect {
         Dialect::Postgres
+    }
+
+    /// A pooled connection kept for the handler, in a transaction at READ
+    /// COMMITTED with the pool's lock timeout (as [`AsyncPostgres`] does).
+    fn begin(&mut self) -> Result<(), BatchError> {
+        if self.open.is_some() {
+            return Err(BatchError::Host("a transaction is already open on this ledger".into()));
+        }
+        let runtime = self.runtime()?;
+        let (pool, begin) = (self.pool.inner.pool.clone(), self.pool.inner.preamble.begin.clone());
+        let opened = wait_on(
+            runtime,
+            async move {
+                let client = open_client(&pool).await?;
+                client.batch_execute(&begin).await.map_err(|e| failure(&e, false))?;
+                Ok(client)
+            },
+            || Err(BatchError::Unreachable("the PostgreSQL task stopped".into())),
+        );
+        self.open = Some(opened?);
+        Ok(())
+    }
+
+    fn execute_in_transaction(&mut self, statements: &[SqlStatement]) -> Result<Vec<StatementResult>, BatchError> {
+        let runtime = self.runtime()?;
+        let Some(client) = self.open.take() else {
+            return Err(BatchError::Host("no transaction is open".into()));
+        };
+        let statements = statements.to_vec();
+        let (client, results) = wait_on(
+            runtime,
+            async move {
+                let results = run_in_transaction(&client, &statements).await;
+                (Some(client), results)
+            },
+            // The task (and the connection with it) is gone: nothing commits now.
+            || (None, Err(BatchError::Unreachable("the PostgreSQL task stopped".into()))),
+        );
+        self.open = client;
+        results
+    }
+
+    fn commit(&mut self) -> Result<(), BatchError> {
+        let runtime = self.runtime()?;
+        let Some(client) = self.open.take() else {
+            return Err(BatchError::Host("no transaction is open".into()));
+        };
+        wait_on(
+            runtime,
+            // Sent: a lost connection now leaves the commit's outcome unknown.
+            async move { client.batch_execute("COMMIT").await.map_err(|e| failure(&e, true)) },
+            || Err(BatchError::OutcomeUnknown("the PostgreSQL commit task stopped".into())),
+        )
+    }
+
+    fn rollback(&mut self) {
+        let Some(client) = self.open.take() else { return };
+        match self.runtime() {
+            Ok(runtime) => wait_on(
+                runtime,
+                async move {
+                    // A rollback that fails leaves a broken connection: the server rolls back.
+                    if client.batch_execute("ROLLBACK").await.is_err() {
+                        drop(Object::take(client));
+                    }
+                },
+                || (),
+            ),
+            // No runtime to send it on: closing the connection makes the server roll back.
+            Err(_) => drop(Object::take(client)),
+        }
     }
 }
 
