@@ -190,6 +190,16 @@ impl Ticket {
 }
 
 impl Ticket {
+    pub(crate) fn to_wit(&self) -> wit::Ticket {
+        wit::Ticket {
+            principal: self.principal.clone(),
+            key: self.key.clone(),
+            fingerprint: self.fingerprint.clone(),
+            generation: self.generation,
+            created_at: self.created_at,
+        }
+    }
+
     pub(crate) fn from_wit(t: &wit::Ticket) -> Ticket {
         Ticket {
             principal: t.principal.clone(),
@@ -275,6 +285,36 @@ impl Response {
     }
 }
 
+/// Every WIT `outcome` name.
+const OUTCOMES: [&str; 26] = [
+    "passed-through",
+    "executed",
+    "taken-over",
+    "replayed",
+    "replayed-after-wait",
+    "key-reused",
+    "in-progress",
+    "retry",
+    "record-corrupt",
+    "principal-required",
+    "principal-invalid",
+    "key-required",
+    "key-invalid",
+    "body-too-large",
+    "length-required",
+    "body-incomplete",
+    "body-unavailable",
+    "released",
+    "abandoned",
+    "fenced-out",
+    "completion-failed",
+    "rolled-back",
+    "ledger-busy",
+    "ledger-failed",
+    "ledger-outcome-unknown",
+    "internal-error",
+];
+
 /// What `Ledger.handle` answered: the response to send and how the
 /// exchange ended.
 #[pyclass(frozen, module = "idempotency_ledger._native")]
@@ -313,6 +353,21 @@ impl Handled {
         let response = produced_of(produced)?.into_response();
         let handled = idempotency_ledger::Handled { response, outcome: wit::Outcome::PassedThrough, ticket: None, close: false, sweep_due: false };
         Handled::new(py, handled)
+    }
+
+    /// What an exchange the caller drove ended in: `response` (the core's
+    /// `Response`, or what the handler produced), its outcome (a WIT name),
+    /// ticket and close.
+    #[staticmethod]
+    #[pyo3(signature = (response, outcome, ticket=None, close=false))]
+    fn of(py: Python<'_>, response: &Bound<'_, PyAny>, outcome: &str, ticket: Option<PyRef<'_, Ticket>>, close: bool) -> PyResult<Handled> {
+        let ticket = ticket.map(|t| t.clone());
+        let response = match response.cast::<Response>() {
+            Ok(r) => r.clone().unbind(),
+            Err(_) => Py::new(py, Response::from_crate(py, produced_of(response)?.into_response()))?,
+        };
+        let outcome = OUTCOMES.iter().copied().find(|name| *name == outcome).ok_or_else(|| PyValueError::new_err(format!("{outcome:?} is not an outcome")))?;
+        Ok(Handled { response, outcome, ticket, close })
     }
 
     #[getter]
@@ -359,10 +414,15 @@ pub struct ReadBody {
     cap: u64,
 }
 
-/// Run the handler once, under `ticket`, then feed how it ended.
+/// Run the handler once, under `ticket`, then feed how it ended. With
+/// `transaction`, a transaction is open on the ledger's database for the
+/// handler's writes (they commit with the stored answer, or not at all);
+/// `renew_every_ms`: how often its lease is renewed meanwhile (None: off).
 #[pyclass(frozen, module = "idempotency_ledger._native", get_all)]
 pub struct RunHandler {
     ticket: Ticket,
+    renew_every_ms: Option<u32>,
+    transaction: bool,
 }
 
 /// Final: run the handler with no ledger access and send its response as it is.
@@ -401,17 +461,51 @@ macro_rules! reprs {
 
 reprs! {
     ReadBody => |a| format!("ReadBody(cap={})", a.cap),
-    RunHandler => |a| format!("RunHandler(ticket={})", a.ticket.__repr__()),
+    RunHandler => |a| format!(
+        "RunHandler(ticket={}, renew_every_ms={}, transaction={})",
+        a.ticket.__repr__(),
+        a.renew_every_ms.map_or("None".to_string(), |ms| ms.to_string()),
+        if a.transaction { "True" } else { "False" }
+    ),
     PassThrough => |_| "PassThrough()".into(),
     Respond => |a| format!("Respond(outcome={:?}, close={}, core_response={})", a.outcome, a.close, a.response.is_some()),
     Propagate => |a| format!("Propagate(outcome={:?})", a.outcome),
 }
 
+/// How the handler of a `RunHandler` runs: its lease renewal interval and
+/// whether a transaction is open for it.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct HandlerRun {
+    pub(crate) renew_every_ms: Option<u32>,
+    pub(crate) transaction: bool,
+}
+
+/// The WIT name of a log level.
+pub(crate) fn level_name(level: wit::LogLevel) -> &'static str {
+    match level {
+        wit::LogLevel::Error => "error",
+        wit::LogLevel::Warn => "warn",
+        wit::LogLevel::Info => "info",
+    }
+}
+
+/// Logs a line the core worded, at its level (target `idempotency_ledger`).
+pub(crate) fn log_core_line(line: &wit::LogLine) {
+    let level = match line.level {
+        wit::LogLevel::Error => log::Level::Error,
+        wit::LogLevel::Warn => log::Level::Warn,
+        wit::LogLevel::Info => log::Level::Info,
+    };
+    log::log!(target: "idempotency_ledger", level, "{}", line.message);
+}
+
 /// The Python object of an adapter's next action.
-pub(crate) fn action_object(py: Python<'_>, next: Next) -> PyResult<Py<PyAny>> {
+pub(crate) fn action_object(py: Python<'_>, next: Next, run: HandlerRun) -> PyResult<Py<PyAny>> {
     Ok(match next {
         Next::ReadBody { cap } => Py::new(py, ReadBody { cap })?.into_any(),
-        Next::RunHandler(ticket) => Py::new(py, RunHandler { ticket: Ticket::from_wit(&ticket) })?.into_any(),
+        Next::RunHandler(ticket) => {
+            Py::new(py, RunHandler { ticket: Ticket::from_wit(&ticket), renew_every_ms: run.renew_every_ms, transaction: run.transaction })?.into_any()
+        }
         Next::PassThrough => Py::new(py, PassThrough)?.into_any(),
         Next::Respond(answer) => {
             let response = match answer.response {

@@ -2,16 +2,21 @@
 //! itself (ASGI, WSGI, Django, Flask, async functions). It keeps the pooled
 //! ledger it started on lent until its final action, or until the Python
 //! object is closed or dropped; each feed is one call with the GIL released,
-//! in which the ledger runs the batches, waits and log lines the core asks
-//! for. What the adapter sees are the actions that need its framework.
+//! in which the ledger runs the batches, waits, log lines and (for a
+//! transactional exchange) the handler's transaction's begin, completion,
+//! commit and rollback the core asks for. What the adapter sees are the
+//! actions that need its framework.
 
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
-use idempotency_ledger::{wit, BodyProblem, Exchange as CrateExchange, Feed, LedgerPool, Lent, Next};
+use idempotency_ledger::{wit, BodyProblem, Exchange as CrateExchange, Feed, LedgerPool, Lent, Next, Renewer, SqlStatement};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple};
 
-use crate::bridge::{action_object, body_of, headers_of, status_of, Ticket};
+use crate::backends::{batch_failure_error, value_from_py, value_to_py, with_transaction};
+use crate::bridge::{action_object, body_of, headers_of, status_of, HandlerRun, Ticket};
 
 /// The ledger an exchange lives in, and the exchange.
 struct Held {
@@ -21,7 +26,8 @@ struct Held {
 
 impl Held {
     /// Abandons an exchange that has not ended: freed in the component,
-    /// nothing more runs (a reservation stays pending until the TTL).
+    /// nothing more runs (a reservation stays pending until the TTL; an open
+    /// transaction is rolled back).
     fn end(mut self) {
         let Held { lent, exchange } = &mut self;
         lent.end(exchange);
@@ -34,55 +40,158 @@ pub struct Exchange {
     pool: LedgerPool,
     action: Mutex<Py<PyAny>>,
     ticket: Mutex<Option<Ticket>>,
+    /// The transaction object the adapter brought (`transaction=`).
+    given: Option<Arc<Py<PyAny>>>,
+    /// The Python transaction object the handler's transaction is open on:
+    /// the one brought, or the one the callback backend opened.
+    transaction: Mutex<Option<Arc<Py<PyAny>>>>,
+    run: Mutex<HandlerRun>,
+    /// What the last look at the lease found (read without waiting for a
+    /// feed in progress).
+    lease_lost: AtomicBool,
+    /// Nanoseconds spent in the ledger so far (component calls and batches,
+    /// not the handler, not waits).
+    ledger_ns: AtomicU64,
+    /// Called once with `(outcome, ledger_seconds, ticket)` when the exchange
+    /// reaches its final action (the telemetry's recording).
+    on_end: Mutex<Option<Py<PyAny>>>,
+}
+
+/// What one call into the crate produced.
+struct Stepped {
+    next: Next,
+    run: HandlerRun,
+    ledger_ns: u64,
+    in_transaction: bool,
+}
+
+fn nanos(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl Exchange {
-    pub(crate) fn start(py: Python<'_>, pool: LedgerPool, principal: Option<String>, head: wit::RequestHead) -> PyResult<Exchange> {
-        let started = py.detach(|| -> Result<(Next, Option<Held>), idempotency_ledger::Error> {
-            let mut lent = pool.lend()?;
-            let (next, exchange) = lent.start(principal.as_deref(), &head);
-            let held = (!next.is_final()).then_some(Held { lent, exchange });
-            Ok((next, held))
+    pub(crate) fn start(
+        py: Python<'_>,
+        pool: LedgerPool,
+        principal: Option<String>,
+        head: wit::RequestHead,
+        transactional: bool,
+        given: Option<Arc<Py<PyAny>>>,
+        renewer: Option<Renewer>,
+        on_end: Option<Py<PyAny>>,
+    ) -> PyResult<Exchange> {
+        let started = py.detach(|| {
+            with_transaction(given.clone(), || -> Result<(Stepped, Option<Held>), idempotency_ledger::Error> {
+                let mut lent = pool.lend()?;
+                if let Some(renewer) = renewer {
+                    lent.set_renewer(renewer);
+                }
+                let (next, exchange) = if transactional {
+                    lent.start_transactional(principal.as_deref(), &head)
+                } else {
+                    lent.start(principal.as_deref(), &head)
+                };
+                let stepped = Stepped { run: HandlerRun::default(), ledger_ns: nanos(exchange.ledger_time()), in_transaction: false, next };
+                let held = (!stepped.next.is_final()).then_some(Held { lent, exchange });
+                Ok((stepped, held))
+            })
         });
-        let (next, held) = started.map_err(|e| crate::bridge::error_object(py, &e))?;
-        let ticket = ticket_of(&next);
-        let action = action_object(py, next)?;
-        Ok(Exchange { held: Mutex::new(held), pool, action: Mutex::new(action), ticket: Mutex::new(ticket) })
+        let (started, opened) = started;
+        let (stepped, held) = started.map_err(|e| crate::bridge::error_object(py, &e))?;
+        let exchange = Exchange {
+            held: Mutex::new(held),
+            pool,
+            action: Mutex::new(py.None()),
+            ticket: Mutex::new(None),
+            transaction: Mutex::new(None),
+            given,
+            run: Mutex::new(HandlerRun::default()),
+            lease_lost: AtomicBool::new(false),
+            ledger_ns: AtomicU64::new(0),
+            on_end: Mutex::new(on_end),
+        };
+        let action = exchange.took(py, stepped, opened)?;
+        *exchange.action.lock().unwrap_or_else(|p| p.into_inner()) = action;
+        Ok(exchange)
     }
 
     /// Feeds one event (the GIL released); the ledger is given back and a
     /// due sweep started once the action is final.
     fn feed(&self, py: Python<'_>, feed: Feed<'_>) -> PyResult<Py<PyAny>> {
-        let next = py.detach(|| {
-            let mut slot = self.held.lock().unwrap_or_else(|p| p.into_inner());
-            let held = slot.as_mut()?;
-            let next = held.lent.feed(&mut held.exchange, feed);
-            if next.is_final() {
-                drop(slot.take());
-                if let Next::Respond(answer) = &next {
-                    if answer.sweep_due {
-                        self.pool.run_due_sweep();
+        let (stepped, opened) = py.detach(|| {
+            with_transaction(self.given.clone(), || {
+                let mut slot = self.held.lock().unwrap_or_else(|p| p.into_inner());
+                let held = slot.as_mut()?;
+                let next = held.lent.feed(&mut held.exchange, feed);
+                let stepped = Stepped {
+                    run: HandlerRun { renew_every_ms: held.exchange.renew_every_ms(), transaction: held.exchange.in_transaction() },
+                    ledger_ns: nanos(held.exchange.ledger_time()),
+                    in_transaction: held.exchange.in_transaction(),
+                    next,
+                };
+                if stepped.next.is_final() {
+                    drop(slot.take());
+                    if let Next::Respond(answer) = &stepped.next {
+                        if answer.sweep_due {
+                            self.pool.run_due_sweep();
+                        }
                     }
                 }
-            }
-            Some(next)
+                Some(stepped)
+            })
         });
-        let Some(next) = next else {
+        let Some(stepped) = stepped else {
             return Err(PyRuntimeError::new_err("this exchange has ended: it takes no more events"));
         };
-        if let Some(ticket) = ticket_of(&next) {
-            *self.ticket.lock().unwrap_or_else(|p| p.into_inner()) = Some(ticket);
-        }
-        let action = action_object(py, next)?;
+        let action = self.took(py, stepped, opened)?;
         *self.action.lock().unwrap_or_else(|p| p.into_inner()) = action.clone_ref(py);
         Ok(action)
     }
-}
 
-fn ticket_of(next: &Next) -> Option<Ticket> {
-    match next {
-        Next::RunHandler(ticket) => Some(Ticket::from_wit(ticket)),
-        _ => None,
+    /// Keeps what a call produced and makes its action's Python object;
+    /// reports the end once the action is final.
+    fn took(&self, py: Python<'_>, stepped: Stepped, opened: Option<Arc<Py<PyAny>>>) -> PyResult<Py<PyAny>> {
+        self.ledger_ns.store(stepped.ledger_ns, Ordering::Relaxed);
+        if let Next::RunHandler(ticket) = &stepped.next {
+            *self.ticket.lock().unwrap_or_else(|p| p.into_inner()) = Some(Ticket::from_wit(ticket));
+            *self.run.lock().unwrap_or_else(|p| p.into_inner()) = stepped.run;
+        }
+        {
+            let mut transaction = self.transaction.lock().unwrap_or_else(|p| p.into_inner());
+            if !stepped.in_transaction {
+                // Ended (or never opened): nothing for the handler to write through.
+                *transaction = None;
+            } else if let Some(tx) = opened.or_else(|| self.given.clone()) {
+                if transaction.is_none() {
+                    *transaction = Some(tx);
+                }
+            }
+        }
+        let outcome = match &stepped.next {
+            Next::PassThrough => Some(wit::Outcome::PassedThrough),
+            Next::Respond(answer) => Some(answer.outcome),
+            Next::Propagate { outcome, .. } => Some(*outcome),
+            _ => None,
+        };
+        let action = action_object(py, stepped.next, stepped.run)?;
+        if let Some(outcome) = outcome {
+            self.report(py, idempotency_ledger::outcome_name(outcome));
+        }
+        Ok(action)
+    }
+
+    /// Calls `on_end(outcome, ledger_seconds, ticket)` once.
+    fn report(&self, py: Python<'_>, outcome: &'static str) {
+        let Some(on_end) = self.on_end.lock().unwrap_or_else(|p| p.into_inner()).take() else { return };
+        let seconds = self.ledger_ns.load(Ordering::Relaxed) as f64 / 1e9;
+        let ticket = self.ticket.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Err(e) = on_end.call1(py, (outcome, seconds, ticket)) {
+            e.write_unraisable(py, None);
+        }
+    }
+
+    fn ended(&self) -> PyErr {
+        PyRuntimeError::new_err("no transaction is open for this exchange's handler (not transactional, or its transaction ended)")
     }
 }
 
@@ -107,15 +216,94 @@ impl Exchange {
         self.held.lock().unwrap_or_else(|p| p.into_inner()).is_none()
     }
 
-    /// The whole body (at most `ReadBody.cap` bytes), hashed natively with
-    /// the core's fingerprint prefix.
-    fn body(&self, py: Python<'_>, data: &[u8]) -> PyResult<Py<PyAny>> {
-        self.feed(py, Feed::Body(data))
+    /// True while the handler's transaction is open (a transactional
+    /// exchange, from `RunHandler` until the handler's end is fed).
+    #[getter]
+    fn in_transaction(&self) -> bool {
+        match self.held.try_lock() {
+            Ok(slot) => slot.as_ref().is_some_and(|held| held.exchange.in_transaction()),
+            Err(_) => false,
+        }
+    }
+
+    /// The Python transaction object the handler's transaction is open on
+    /// (the one brought to `start`, or the one the caller's connection
+    /// opened: its `connection`), while it is open; None on the crate's own
+    /// backends (write through `execute`).
+    #[getter]
+    fn transaction(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.transaction.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|tx| tx.clone_ref(py))
+    }
+
+    /// True once a lease renewal found the reservation taken over (or swept):
+    /// this handler's answer will not be stored (and a transactional
+    /// handler's writes will be rolled back); stop before side effects.
+    #[getter]
+    fn lease_lost(&self) -> bool {
+        if let Ok(slot) = self.held.try_lock() {
+            if let Some(held) = slot.as_ref() {
+                if held.exchange.lease_lost() {
+                    self.lease_lost.store(true, Ordering::SeqCst);
+                }
+            }
+        }
+        self.lease_lost.load(Ordering::SeqCst)
+    }
+
+    /// Seconds this exchange has spent in the ledger so far: component calls
+    /// and batches (its transaction's included), not the handler, not waits.
+    #[getter]
+    fn ledger_seconds(&self) -> f64 {
+        self.ledger_ns.load(Ordering::Relaxed) as f64 / 1e9
+    }
+
+    /// Runs one statement (in the ledger dialect's placeholders: `?` for
+    /// SQLite, `$1, $2, ...` for PostgreSQL) inside the handler's open
+    /// transaction; returns `(rows, changes)`. A failure raises
+    /// `BatchFailure(kind, code, message)` as the driver reported it.
+    #[pyo3(signature = (sql, params=None))]
+    fn execute<'py>(&self, py: Python<'py>, sql: String, params: Option<&Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyTuple>> {
+        let mut values = Vec::new();
+        if let Some(params) = params {
+            for p in params.try_iter()? {
+                values.push(value_from_py(&p?)?);
+            }
+        }
+        let statement = SqlStatement { sql: sql.into(), params: values };
+        let ran = py.detach(|| {
+            let mut slot = self.held.lock().unwrap_or_else(|p| p.into_inner());
+            let held = slot.as_mut()?;
+            if !held.exchange.in_transaction() {
+                return None;
+            }
+            Some(held.lent.with_backend(|backend| backend.execute_in_transaction(std::slice::from_ref(&statement))))
+        });
+        let Some(ran) = ran else { return Err(self.ended()) };
+        let mut results = match ran {
+            Ok(Ok(results)) => results,
+            Ok(Err(error)) => return Err(batch_failure_error(py, &error)),
+            Err(error) => return Err(crate::bridge::error_object(py, &error)),
+        };
+        let Some(result) = results.pop() else {
+            return Err(PyRuntimeError::new_err("the ledger's backend returned no result"));
+        };
+        let rows = PyList::empty(py);
+        for row in &result.rows {
+            let values = row.iter().map(|v| value_to_py(py, v)).collect::<PyResult<Vec<_>>>()?;
+            rows.append(PyTuple::new(py, values)?)?;
+        }
+        PyTuple::new(py, [rows.into_any(), result.changes.into_pyobject(py)?.into_any()])
     }
 
     /// The body passed `ReadBody.cap`; reading stopped.
     fn body_too_large(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         self.feed(py, Feed::BodyTooLarge)
+    }
+
+    /// The whole body (at most `ReadBody.cap` bytes), hashed natively with
+    /// the core's fingerprint prefix.
+    fn body(&self, py: Python<'_>, data: &[u8]) -> PyResult<Py<PyAny>> {
+        self.feed(py, Feed::Body(data))
     }
 
     /// The body cannot be read: `length-unknown` (no Content-Length and a
@@ -165,12 +353,15 @@ impl Exchange {
     }
 
     /// Abandons the exchange if it has not ended (nothing more runs; a
-    /// reservation stays pending until the TTL) and gives its ledger back.
+    /// reservation stays pending until the TTL; an open transaction is
+    /// rolled back) and gives its ledger back.
     fn close(&self, py: Python<'_>) {
         let held = self.held.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(held) = held {
             py.detach(|| held.end());
         }
+        self.transaction.lock().unwrap_or_else(|p| p.into_inner()).take();
+        self.on_end.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {

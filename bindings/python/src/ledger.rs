@@ -19,7 +19,9 @@ use crate::settings::{dialect_of, settings_from, Config};
 
 struct State {
     pid: u32,
-    pool: Option<LedgerPool>,
+    /// In an `Arc` so renewers can hold it weakly (a ledger of the pool
+    /// holds its renewer: no cycle).
+    pool: Option<Arc<LedgerPool>>,
     closed: bool,
 }
 
@@ -52,7 +54,7 @@ impl NativeLedger {
             Error::Setup(message) => PyValueError::new_err(message),
             other => error_object(py, &other),
         })?;
-        Ok(NativeLedger { source, settings, config, clock, state: Mutex::new(State { pid: std::process::id(), pool: Some(pool), closed: false }) })
+        Ok(NativeLedger { source, settings, config, clock, state: Mutex::new(State { pid: std::process::id(), pool: Some(Arc::new(pool)), closed: false }) })
     }
 
     /// This process's pool (built again, on first use, in a forked child;
@@ -67,17 +69,40 @@ impl NativeLedger {
             state.pid = pid;
         }
         if let Some(pool) = &state.pool {
-            return Ok(pool.clone());
+            return Ok(LedgerPool::clone(pool));
         }
         let source = if state.closed { &Source::Closed } else { &self.source };
         let pool = source.pool(self.settings.clone(), self.clock.clone())?;
-        state.pool = Some(pool.clone());
+        state.pool = Some(Arc::new(pool.clone()));
         Ok(pool)
     }
 
     /// A call that returns a result of its own, errors raised in Python.
     fn run<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut idempotency_ledger::Ledger) -> Result<R, Error> + Send) -> PyResult<R> {
         py.detach(|| self.pool()?.with(f).and_then(|r| r)).map_err(|e| error_object(py, &e))
+    }
+}
+
+impl NativeLedger {
+    /// The renewer of a ledger whose callback runs on one connection: a
+    /// renewal is skipped while a handler's transaction holds that
+    /// connection (it would wait for the very transaction whose lease it
+    /// renews); otherwise it runs on another ledger of the pool, as the
+    /// crate's pool renews.
+    fn skipping_renewer(&self, busy: Arc<std::sync::atomic::AtomicUsize>) -> idempotency_ledger::Renewer {
+        let pool = self.pool_weak();
+        Arc::new(move |ticket: &wit::Ticket| {
+            if busy.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+                return None;
+            }
+            let pool = pool.upgrade()?;
+            pool.with(|other| other.renew(ticket).ok()).ok().flatten()
+        })
+    }
+
+    fn pool_weak(&self) -> std::sync::Weak<LedgerPool> {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.pool.as_ref().map(Arc::downgrade).unwrap_or_default()
     }
 }
 
@@ -171,7 +196,11 @@ impl NativeLedger {
     #[pyo3(signature = (run, dialect, settings=None, clock=None))]
     fn callback(py: Python<'_>, run: Py<PyAny>, dialect: &str, settings: Option<&Bound<'_, PyDict>>, clock: Option<Py<PyAny>>) -> PyResult<NativeLedger> {
         let dialect = dialect_of(dialect)?;
-        NativeLedger::build(py, Source::Callback { run: Arc::new(run), dialect }, settings, clock)
+        // A callback on one connection (sqlite3, psycopg, DB-API): its
+        // handler transactions hold that connection.
+        let one_connection = run.bind(py).getattr("one_connection").and_then(|v| v.is_truthy()).unwrap_or(false);
+        let busy = one_connection.then(|| Arc::new(std::sync::atomic::AtomicUsize::new(0)));
+        NativeLedger::build(py, Source::Callback { run: Arc::new(run), dialect, busy }, settings, clock)
     }
 
     /// The settings in force (the WIT `config` the core validated).
@@ -238,15 +267,49 @@ impl NativeLedger {
     /// Starts a request's exchange on a ledger of the pool (lent to the
     /// exchange until it ends or is dropped): admission happens here. Feed
     /// the exchange what the adapter did until its action is final.
-    #[pyo3(signature = (principal, method, path_and_query, headers))]
-    fn start(&self, py: Python<'_>, principal: Option<String>, method: String, path_and_query: String, headers: Vec<(String, String)>) -> PyResult<Exchange> {
+    /// `transactional`: the handler runs inside a transaction on the
+    /// ledger's database (docs/SPEC.md 10.2), `transaction` (a Python
+    /// transaction object: Django's atomic block, a SQLAlchemy connection)
+    /// or, without one, the backend's own.
+    #[pyo3(signature = (principal, method, path_and_query, headers, transactional=false, transaction=None, on_end=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn start(
+        &self,
+        py: Python<'_>,
+        principal: Option<String>,
+        method: String,
+        path_and_query: String,
+        headers: Vec<(String, String)>,
+        transactional: bool,
+        transaction: Option<Py<PyAny>>,
+        on_end: Option<Py<PyAny>>,
+    ) -> PyResult<Exchange> {
         let head = wit::RequestHead {
             method,
             path_and_query,
             headers: headers.into_iter().map(|(name, value)| wit::Header { name, value }).collect(),
         };
         let pool = py.detach(|| self.pool()).map_err(|e| error_object(py, &e))?;
-        Exchange::start(py, pool, principal, head)
+        let renewer = self.source.busy().map(|busy| self.skipping_renewer(busy));
+        Exchange::start(py, pool, principal, head, transactional, transaction.map(Arc::new), renewer, on_end)
+    }
+
+    /// One lease renewal of `ticket` at the clock's now (driven): the
+    /// lease's state (`held`, `lost`, `unknown`) and the line the core
+    /// worded for it (logged too).
+    fn renew(&self, py: Python<'_>, ticket: &Ticket) -> PyResult<(&'static str, Option<(&'static str, String)>)> {
+        let ticket = ticket.to_wit();
+        let lease = self.run(py, move |l| l.renew(&ticket))?;
+        let state = match lease.state {
+            wit::LeaseState::Held => "held",
+            wit::LeaseState::Lost => "lost",
+            wit::LeaseState::Unknown => "unknown",
+        };
+        let line = lease.log.map(|line| {
+            crate::bridge::log_core_line(&line);
+            (crate::bridge::level_name(line.level), line.message)
+        });
+        Ok((state, line))
     }
 
     /// One bounded sweep batch at `now` (default the clock's); a failure is

@@ -79,7 +79,7 @@ fn default_config(py: Python<'_>, profile: &str) -> PyResult<settings::Config> {
     Ok(settings::Config::from_wit(&config))
 }
 
-const QUERIES: [(wit::Query, &str); 8] = [
+const QUERIES: [(wit::Query, &str); 10] = [
     (wit::Query::CreateTable, "create-table"),
     (wit::Query::CreateIndex, "create-index"),
     (wit::Query::Claim, "claim"),
@@ -88,6 +88,8 @@ const QUERIES: [(wit::Query, &str); 8] = [
     (wit::Query::Complete, "complete"),
     (wit::Query::Release, "release"),
     (wit::Query::Sweep, "sweep"),
+    (wit::Query::Renew, "renew"),
+    (wit::Query::Fence, "fence"),
 ];
 
 /// The SQL of every statement the core plans in `dialect`, by its WIT

@@ -11,7 +11,7 @@ use crate::bridge::protocol_exception;
 
 /// The settings `Ledger(**settings)` takes: the WIT `config` fields in
 /// snake_case (the dialect is the backend's).
-pub(crate) const SETTINGS: [&str; 15] = [
+pub(crate) const SETTINGS: [&str; 16] = [
     "protected_methods",
     "fingerprint_headers",
     "replay_headers",
@@ -27,6 +27,7 @@ pub(crate) const SETTINGS: [&str; 15] = [
     "in_progress_retry_ms",
     "wait_ms",
     "on_server_error",
+    "lease_renewal",
 ];
 
 fn invalid_config(py: Python<'_>, message: String) -> PyErr {
@@ -97,6 +98,7 @@ pub(crate) fn settings_from(py: Python<'_>, given: Option<&Bound<'_, PyDict>>) -
     settings.replay_header = field.get("replay_header", "a string or None")?;
     settings.in_progress_retry_ms = field.get("in_progress_retry_ms", "an int or None")?;
     settings.wait_ms = field.get("wait_ms", u64s)?;
+    settings.lease_renewal = field.get("lease_renewal", "a bool")?;
     let named = |name: &str| -> PyResult<Option<String>> { field.get(name, "a string") };
     if let Some(p) = named("profile")? {
         let profile = profile_of(&p).ok_or_else(|| invalid_config(py, format!("profile: {p:?} is not \"recipe\" or \"ietf\"")))?;
@@ -151,6 +153,7 @@ pub struct Config {
     in_progress_retry_ms: Option<u64>,
     wait_ms: u64,
     on_server_error: &'static str,
+    lease_renewal: bool,
 }
 
 impl Config {
@@ -175,6 +178,7 @@ impl Config {
                 OnServerError::Store => "store",
                 OnServerError::Release => "release",
             },
+            lease_renewal: c.lease_renewal,
         }
     }
 }
@@ -200,6 +204,7 @@ impl Config {
         d.set_item("in_progress_retry_ms", self.in_progress_retry_ms)?;
         d.set_item("wait_ms", self.wait_ms)?;
         d.set_item("on_server_error", self.on_server_error)?;
+        d.set_item("lease_renewal", self.lease_renewal)?;
         Ok(d)
     }
 

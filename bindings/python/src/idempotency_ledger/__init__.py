@@ -19,6 +19,7 @@ on the crate's SQLite or PostgreSQL backends, or on a connection you bring.
 """
 
 from ._ledger import SETTINGS, Ledger, default_config, schema, ticket_of
+from ._transaction import HandlerTransaction, Lease
 from ._native import (
     BatchFailure,
     Config,
@@ -53,10 +54,12 @@ __all__ = [
     "Config",
     "Exchange",
     "Handled",
+    "HandlerTransaction",
     "IdempotencyError",
     "InvalidArgument",
     "InvalidConfig",
     "Ledger",
+    "Lease",
     "LedgerUnavailable",
     "MalformedResult",
     "MutationResponse",

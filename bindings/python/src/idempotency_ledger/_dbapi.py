@@ -5,6 +5,11 @@ dialect's placeholders: `?` for sqlite, `$n` for postgres).
 The callback only runs SQL and reports what the driver said: a failure is
 `BatchFailure("database", <the driver's code>, <its message>)` (sqlite3's
 `sqlite_errorname`, psycopg's `sqlstate`), and the core classifies it.
+
+A transactional handler's transaction (docs/SPEC.md 10.2) opens on that same
+connection (`transaction()`): the connection is held for it from `begin()`
+to `commit()` or `rollback()`, so no other request's batch runs inside it
+(they wait, as SQLite's single writer makes them wait anyway).
 """
 
 from __future__ import annotations
@@ -55,14 +60,135 @@ class _Forked:
             )
 
 
+class _Held:
+    """A handler's transaction on a connection a batch object serialises:
+    the connection is held (its lock taken) from `begin()` until the
+    transaction ends, `commit()` or `rollback()` (a commit that failed with
+    the transaction still open keeps it for the rollback that follows)."""
+
+    def __init__(self, batch: Any) -> None:
+        self._batch = batch
+        self.connection = batch.connection
+        self._held = False
+
+    def _take(self) -> None:
+        self._batch._fork.check()
+        self._batch._lock.acquire()
+        self._held = True
+
+    def _release(self) -> None:
+        if self._held:
+            self._held = False
+            self._batch._lock.release()
+
+
+class SqliteTransaction(_Held):
+    """A handler's transaction on the caller's `sqlite3.Connection`: a plain
+    (deferred) `BEGIN`, the handler's writes and the core's completion on
+    the connection, then `COMMIT` or `ROLLBACK`."""
+
+    def begin(self) -> None:
+        self._take()
+        conn = self.connection
+        try:
+            if conn.in_transaction:
+                raise BatchFailure("host", None, "the sqlite3 connection is already inside a transaction (one the application left open)")
+            conn.execute("BEGIN")
+        except sqlite3.Error as error:
+            self._release()
+            raise BatchFailure("database", driver_code(error), str(error)) from error
+        except BaseException:
+            self._release()
+            raise
+
+    def execute(self, statements: Sequence[Statement]) -> list[StatementResult]:
+        conn = self.connection
+        results: list[StatementResult] = []
+        for sql, params in statements:
+            before = conn.total_changes
+            try:
+                rows = conn.execute(sql, params).fetchall()
+            except sqlite3.Error as error:
+                raise BatchFailure("database", driver_code(error), str(error)) from error
+            results.append((rows, conn.total_changes - before))
+        return results
+
+    def commit(self) -> None:
+        try:
+            self.connection.execute("COMMIT")
+        except sqlite3.Error as error:
+            # SQLite keeps the transaction after a COMMIT that failed busy:
+            # still held, for the rollback the exchange asks next.
+            raise BatchFailure("database", driver_code(error), str(error)) from error
+        self._release()
+
+    def rollback(self) -> None:
+        try:
+            if self.connection.in_transaction:
+                self.connection.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
+        finally:
+            self._release()
+
+
+class DbapiTransaction(_Held):
+    """A handler's transaction on any DB-API 2.0 connection: the driver's
+    implicit transaction, `commit()` or `rollback()`."""
+
+    def begin(self) -> None:
+        self._take()
+
+    def execute(self, statements: Sequence[Statement]) -> list[StatementResult]:
+        try:
+            return _run_cursor(self.connection.cursor(), statements)
+        except Exception as error:
+            raise BatchFailure("database", driver_code(error), str(error) or type(error).__name__) from error
+
+    def commit(self) -> None:
+        try:
+            self.connection.commit()
+        except Exception as error:
+            raise BatchFailure("database", driver_code(error), str(error) or type(error).__name__) from error
+        self._release()
+
+    def rollback(self) -> None:
+        try:
+            self.connection.rollback()
+        except Exception:
+            pass
+        finally:
+            self._release()
+
+
+def _run_cursor(cursor: Any, statements: Sequence[Statement]) -> list[StatementResult]:
+    results: list[StatementResult] = []
+    for sql, params in statements:
+        cursor.execute(sql, list(params))
+        if cursor.description is None:
+            results.append(([], max(int(cursor.rowcount), 0)))
+        else:
+            rows = [tuple(r) for r in cursor.fetchall()]
+            verb = sql.lstrip()[:6].upper()
+            results.append((rows, 0 if verb == "SELECT" else max(int(cursor.rowcount), 0)))
+    return results
+
+
 class SqliteConnectionBatch:
     """Batches on one `sqlite3.Connection` (serialised by a lock): each is one
     `BEGIN IMMEDIATE` ... `COMMIT` transaction, rolled back on any error."""
+
+    #: One connection: a handler's transaction holds it (renewals skip it meanwhile).
+    one_connection = True
 
     def __init__(self, connection: Any) -> None:
         self.connection = connection
         self._lock = threading.Lock()
         self._fork = _Forked()
+
+    def transaction(self) -> SqliteTransaction:
+        """A transactional handler's transaction on this connection."""
+        return SqliteTransaction(self)
 
     def __call__(self, statements: Sequence[Statement]) -> list[StatementResult]:
         self._fork.check()
@@ -104,26 +230,23 @@ class DbapiConnectionBatch:
     """Batches on any DB-API 2.0 connection (serialised by a lock): the
     statements on one cursor, then `commit()`; `rollback()` on any error."""
 
+    one_connection = True
+
     def __init__(self, connection: Any) -> None:
         self.connection = connection
         self._lock = threading.Lock()
         self._fork = _Forked()
+
+    def transaction(self) -> DbapiTransaction:
+        """A transactional handler's transaction on this connection."""
+        return DbapiTransaction(self)
 
     def __call__(self, statements: Sequence[Statement]) -> list[StatementResult]:
         self._fork.check()
         with self._lock:
             conn = self.connection
             try:
-                cursor = conn.cursor()
-                results: list[StatementResult] = []
-                for sql, params in statements:
-                    cursor.execute(sql, list(params))
-                    if cursor.description is None:
-                        results.append(([], max(int(cursor.rowcount), 0)))
-                    else:
-                        rows = [tuple(r) for r in cursor.fetchall()]
-                        verb = sql.lstrip()[:6].upper()
-                        results.append((rows, 0 if verb == "SELECT" else max(int(cursor.rowcount), 0)))
+                results = _run_cursor(conn.cursor(), statements)
                 conn.commit()
                 return results
             except Exception as error:

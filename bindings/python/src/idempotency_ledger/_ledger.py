@@ -12,7 +12,8 @@ import sys
 from typing import Any, Callable, Iterable, Mapping, Optional, Union
 
 from . import _native
-from ._native import Config, Exchange, Handled
+from ._native import Config, Exchange, Handled, PassThrough, Propagate, ReadBody, Respond, RunHandler
+from ._transaction import HandlerTransaction
 from ._types import HeadersLike, MutationResponse, NothingChanged
 
 #: The settings `Ledger(**settings)` takes: the WIT `config` fields in snake_case.
@@ -214,7 +215,9 @@ class Ledger:
         path_and_query: Text,
         headers: HeadersLike,
         body: Union[bytes, bytearray, memoryview, None],
-        handler: Callable[[], Produced],
+        handler: Callable[..., Produced],
+        *,
+        transactional: bool = False,
     ) -> Handled:
         """Runs `handler()` at most once per (principal, Idempotency-Key): the
         whole exchange, in Rust (one ledger round trip to decide, one to
@@ -227,24 +230,92 @@ class Ledger:
         TTL, or released under `on_server_error="release"`) and the exception
         propagates with `idempotency_ticket` and `idempotency_outcome` set.
         Ledger failures never raise: the answer is the core's 5xx.
+
+        `transactional=True` (docs/SPEC.md 10.2): `handler(tx)` gets a
+        `HandlerTransaction` open on the ledger's database; its writes
+        commit with the stored answer, or are rolled back with it (a
+        takeover that superseded this owner, a failed completion or
+        commit, a raised handler, `NothingChanged`).
         """
         method = _text(method)
         if method.upper() not in self._protected:
             try:
-                produced = handler()
+                produced = handler(_PassedThrough()) if transactional else handler()
             except NothingChanged as nothing:
                 if nothing.response is None:
                     raise  # no reservation to release: as a plain call would
                 produced = nothing.response
             return Handled.passed_through(produced)
+        if transactional:
+            return self._handle_transactional(principal, method, _text(path_and_query), _headers(headers), _body(body), handler)
         return self._native.handle(principal, method, _text(path_and_query), _headers(headers), _body(body), handler)
 
-    def start(self, principal: Optional[str], method: Text, path_and_query: Text, headers: HeadersLike) -> Exchange:
+    def _handle_transactional(
+        self, principal: Optional[str], method: str, path_and_query: str, headers: list[tuple[str, str]], body: bytes, handler: Callable[..., Produced]
+    ) -> Handled:
+        """`handle` for a transactional handler: the exchange's loop, the
+        handler called with its transaction."""
+        with self.start(principal, method, path_and_query, headers, transactional=True) as exchange:
+            action: Any = exchange.action
+            produced: Any = None
+            failure: Optional[BaseException] = None
+            while True:
+                if isinstance(action, ReadBody):
+                    action = exchange.body_too_large() if len(body) > action.cap else exchange.body(body)
+                elif isinstance(action, RunHandler):
+                    try:
+                        produced = handler(HandlerTransaction(exchange, action.renew_every_ms))
+                        status, response_headers, response_body = _produced(produced)
+                    except NothingChanged as nothing:
+                        produced = nothing.response
+                        if produced is None:
+                            failure = nothing
+                        action = exchange.nothing_changed()
+                        continue
+                    except BaseException as error:
+                        failure = error
+                        action = exchange.raised(f"{type(error).__name__}: {error}" if str(error) else type(error).__name__)
+                        continue
+                    action = exchange.answered(status, response_headers, response_body)
+                elif isinstance(action, Respond):
+                    if failure is not None:
+                        _attach(failure, exchange.ticket, action.outcome)
+                        raise failure
+                    if action.response is None:
+                        return Handled.of(produced, action.outcome, exchange.ticket, action.close)
+                    return Handled.of(action.response, action.outcome, exchange.ticket, action.close)
+                elif isinstance(action, Propagate):
+                    if failure is not None:
+                        _attach(failure, exchange.ticket, action.outcome)
+                        raise failure
+                    return Handled.of(action.response, action.outcome, exchange.ticket, False)
+                else:
+                    assert isinstance(action, PassThrough)
+                    return Handled.passed_through(handler(_PassedThrough()))
+
+    def start(
+        self,
+        principal: Optional[str],
+        method: Text,
+        path_and_query: Text,
+        headers: HeadersLike,
+        *,
+        transactional: bool = False,
+        transaction: Any = None,
+    ) -> Exchange:
         """Starts a request's exchange, for an adapter that runs the handler
         itself: perform `exchange.action`, feed what happened, until a final
         action (`PassThrough`, `Respond`, `Propagate`). The exchange keeps a
-        pooled ledger lent until then (or until `exchange.close()`)."""
-        return self._native.start(principal, _text(method), _text(path_and_query), _headers(headers))
+        pooled ledger lent until then (or until `exchange.close()`).
+
+        `transactional=True`: at `RunHandler` (its `transaction` True) a
+        transaction is open on the ledger's database for the handler's
+        writes (`exchange.execute`, or `exchange.transaction`'s connection);
+        the exchange completes, commits or rolls it back itself when it is
+        fed the handler's end. `transaction`: a transaction object of the
+        adapter's to open it on instead of the ledger's own connection (see
+        `idempotency_ledger._transaction`)."""
+        return self._native.start(principal, _text(method), _text(path_and_query), _headers(headers), transactional, transaction)
 
     def sweep(self, now: Optional[int] = None) -> int:
         """One bounded sweep batch (rows last updated before now - retention);
@@ -255,6 +326,35 @@ class Ledger:
     def sweep_all(self) -> int:
         """Sweep batches until the core says no more. Returns the rows deleted."""
         return self._native.sweep_all()
+
+
+class _PassedThrough:
+    """The transaction a transactional handler gets on a request the core
+    does not protect: none (it runs as a plain handler, its writes its own)."""
+
+    lease_lost = False
+    connection = None
+    session = None
+
+    def execute(self, sql: str, params: Any = ()) -> Any:
+        raise RuntimeError("this request is not protected (its method is not one the ledger protects): no transaction is open")
+
+
+def _produced(produced: Any) -> tuple[int, Any, Any]:
+    if isinstance(produced, tuple) and len(produced) == 3:
+        return produced[0], produced[1], produced[2]
+    try:
+        return produced.status, produced.headers, produced.body
+    except AttributeError:
+        raise TypeError(f"the handler must return a MutationResponse or a (status, headers, body) tuple, not {type(produced).__name__}") from None
+
+
+def _attach(error: BaseException, ticket: Any, outcome: str) -> None:
+    try:
+        error.idempotency_ticket = ticket  # type: ignore[attr-defined]
+        error.idempotency_outcome = outcome  # type: ignore[attr-defined]
+    except (AttributeError, TypeError):
+        pass
 
 
 def schema(dialect: str = "sqlite") -> list[str]:

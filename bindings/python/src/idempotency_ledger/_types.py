@@ -36,6 +36,7 @@ Outcome = Literal[
     "abandoned",
     "fenced-out",
     "completion-failed",
+    "rolled-back",
     "ledger-busy",
     "ledger-failed",
     "ledger-outcome-unknown",

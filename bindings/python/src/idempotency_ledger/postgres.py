@@ -8,6 +8,13 @@ Importing this module needs psycopg (the `postgres` extra). For PostgreSQL by
 URL, `Ledger.postgres(url)` uses the Rust crate's own pool instead and needs
 no Python driver at all.
 
+A transactional handler's transaction (docs/SPEC.md 10.2) opens on a
+connection of the pool (or on your connection), kept for the request from
+`begin()` to `commit()` or `rollback()`: psycopg's own transaction (not
+autocommit) at READ COMMITTED, so a `with conn.transaction():` in the handler
+is a savepoint inside it, and the handler writes through
+`HandlerTransaction.connection` with psycopg's placeholders as usual.
+
 The callback reports what happened as the driver saw it (`BatchFailure`):
 the server's error with its SQLSTATE, an exhausted pool, an unreachable
 server, or a connection lost after the batch was sent (its commit unknown).
@@ -183,16 +190,107 @@ def _timed_out(pool: ConnectionPool[Any], error: PoolTimeout, failed_before: int
     return BatchFailure("pool-exhausted", None, f"{_message(error)} (all {pool.max_size} connections in use)")
 
 
+class PsycopgTransaction:
+    """A handler's transaction on a psycopg connection: `acquire()` gives
+    the connection (and `release(conn)` takes it back, from `commit()` or
+    `rollback()`), which is put out of autocommit at READ COMMITTED with the
+    ledger's lock timeout for the transaction, then restored."""
+
+    def __init__(self, acquire: Any, release: Any, lock_timeout: str) -> None:
+        self._acquire = acquire
+        self._release = release
+        self._lock_timeout = lock_timeout
+        self.connection: "psycopg.Connection[Any] | None" = None
+        self._restore: tuple[bool, Any] = (True, None)
+
+    def begin(self) -> None:
+        conn = self._acquire()
+        refused = None
+        if conn.closed:
+            refused = BatchFailure("unreachable", None, "the psycopg connection is closed")
+        elif conn.info.transaction_status != _IDLE:
+            refused = BatchFailure("host", None, "the psycopg connection is already inside a transaction (one the application left open)")
+        if refused is not None:
+            self._release(conn)
+            raise refused
+        self._restore = (conn.autocommit, conn.isolation_level)
+        self.connection = conn
+        try:
+            conn.autocommit = False
+            conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+            # psycopg opens the transaction with its first statement.
+            conn.execute(f"SET LOCAL lock_timeout = '{self._lock_timeout}'")
+        except BaseException as error:
+            self._end(rollback=True)
+            if not isinstance(error, Exception):
+                raise
+            raise _failure(error, False) from error
+
+    def execute(self, statements: Sequence[Statement]) -> list[StatementResult]:
+        conn = self.connection
+        if conn is None:
+            raise BatchFailure("host", None, "no transaction is open")
+        results: list[StatementResult] = []
+        try:
+            for sql, params in statements:
+                cur = psycopg.RawCursor(conn, row_factory=tuple_row)
+                cur.execute(sql, list(params))
+                rows = [] if cur.description is None else [[_value(v) for v in row] for row in cur.fetchall()]
+                tag = (cur.statusmessage or "").split(" ", 1)[0].upper()
+                changes = max(cur.rowcount, 0) if tag in ("INSERT", "UPDATE", "DELETE", "MERGE") else 0
+                results.append((rows, changes))
+        except BatchFailure:
+            raise
+        except Exception as error:
+            # Nothing commits before COMMIT: a lost connection lost the transaction.
+            raise _failure(error, False) from error
+        return results
+
+    def commit(self) -> None:
+        conn = self.connection
+        if conn is None:
+            raise BatchFailure("host", None, "no transaction is open")
+        try:
+            conn.commit()
+        except Exception as error:
+            failure = _failure(error, True)
+            if failure.args[0] != "database":
+                self._end(rollback=False)  # the connection broke: the transaction is gone with it
+            raise failure from error
+        self._end(rollback=False)
+
+    def rollback(self) -> None:
+        self._end(rollback=True)
+
+    def _end(self, *, rollback: bool) -> None:
+        conn, self.connection = self.connection, None
+        if conn is None:
+            return
+        try:
+            if rollback and not conn.closed:
+                conn.rollback()
+            if not conn.closed and conn.info.transaction_status == _IDLE:
+                conn.autocommit, conn.isolation_level = self._restore
+        except Exception:
+            pass
+        finally:
+            self._release(conn)
+
+
 class PoolBatch:
     """Batches on connections borrowed from a `psycopg_pool.ConnectionPool`
     (thread-safe: each batch takes its own connection and gives it back)."""
+
+    #: Many connections: a handler's transaction keeps one, renewals use others.
+    one_connection = False
 
     def __init__(self, pool: ConnectionPool[Any], *, busy_timeout_ms: int = 5000) -> None:
         if not isinstance(pool, ConnectionPool):
             raise TypeError("Ledger needs a psycopg_pool.ConnectionPool (the ledger is synchronous), not an AsyncConnectionPool")
         self.pool = pool
         self._pid = os.getpid()
-        self._prelude = ("BEGIN ISOLATION LEVEL READ COMMITTED", f"SET LOCAL lock_timeout = '{lock_timeout_literal(busy_timeout_ms)}'")
+        self._lock_timeout = lock_timeout_literal(busy_timeout_ms)
+        self._prelude = ("BEGIN ISOLATION LEVEL READ COMMITTED", f"SET LOCAL lock_timeout = '{self._lock_timeout}'")
 
     def _getconn(self) -> "psycopg.Connection[Any]":
         pool = self.pool
@@ -212,6 +310,27 @@ class PoolBatch:
             finally:
                 pool.putconn(conn)
         raise BatchFailure("unreachable", None, "every pooled PostgreSQL connection was found closed by the server")
+
+    def transaction(self) -> PsycopgTransaction:
+        """A transactional handler's transaction on a connection of the pool
+        (borrowed at `begin()`, given back when it ends)."""
+        return PsycopgTransaction(self._borrow, self._give_back, self._lock_timeout)
+
+    def _borrow(self) -> "psycopg.Connection[Any]":
+        self._check_fork()
+        return self._getconn()
+
+    def _give_back(self, conn: "psycopg.Connection[Any]") -> None:
+        _give_back(self.pool, conn, False)
+
+    def _check_fork(self) -> None:
+        if os.getpid() != self._pid and not self.pool.closed:
+            raise BatchFailure(
+                "unreachable",
+                None,
+                "this psycopg pool was opened before fork(); open the pool in each worker process "
+                "(ConnectionPool(..., open=False) and pool.open() after the fork)",
+            )
 
     def __call__(self, statements: Sequence[Statement]) -> list[StatementResult]:
         if os.getpid() != self._pid and not self.pool.closed:
@@ -239,11 +358,29 @@ class PoolBatch:
 class ConnectionBatch:
     """Batches on one psycopg connection (serialised by a lock)."""
 
+    #: One connection: a handler's transaction holds it (renewals skip it meanwhile).
+    one_connection = True
+
     def __init__(self, connection: "psycopg.Connection[Any]", *, busy_timeout_ms: int = 5000) -> None:
         self.connection = connection
         self._lock = threading.Lock()
         self._pid = os.getpid()
-        self._prelude = ("BEGIN ISOLATION LEVEL READ COMMITTED", f"SET LOCAL lock_timeout = '{lock_timeout_literal(busy_timeout_ms)}'")
+        self._lock_timeout = lock_timeout_literal(busy_timeout_ms)
+        self._prelude = ("BEGIN ISOLATION LEVEL READ COMMITTED", f"SET LOCAL lock_timeout = '{self._lock_timeout}'")
+
+    def transaction(self) -> PsycopgTransaction:
+        """A transactional handler's transaction on this connection (held
+        for it: no other batch runs on the connection meanwhile)."""
+        return PsycopgTransaction(self._hold, self._let_go, self._lock_timeout)
+
+    def _hold(self) -> "psycopg.Connection[Any]":
+        if os.getpid() != self._pid:
+            raise BatchFailure("unreachable", None, "this psycopg connection was opened before fork()")
+        self._lock.acquire()
+        return self.connection
+
+    def _let_go(self, conn: "psycopg.Connection[Any]") -> None:
+        self._lock.release()
 
     def __call__(self, statements: Sequence[Statement]) -> list[StatementResult]:
         if os.getpid() != self._pid:
@@ -275,4 +412,4 @@ def open_pool(conninfo: str = "", *, min_size: int = 1, max_size: int = 10, time
     return ConnectionPool(conninfo, min_size=min_size, max_size=max_size, timeout=timeout, kwargs=kwargs, open=True, **pool_options)
 
 
-__all__ = ["ConnectionBatch", "PoolBatch", "lock_timeout_literal", "open_pool", "run_on"]
+__all__ = ["ConnectionBatch", "PoolBatch", "PsycopgTransaction", "lock_timeout_literal", "open_pool", "run_on"]
