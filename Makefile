@@ -30,7 +30,7 @@ wit: $(COMPONENT_WASM) ## Print the component's WIT world (what wasm-tools compo
 
 check-imports: $(COMPONENT_WASM) ## Fail unless the component imports only the ledger interface
 	@imports="$$($(COMPONENTIZE) imports $(COMPONENT_WASM))"; echo "component imports: $$imports"; \
-	  test "$$imports" = "idempotency:ledger/ledger@0.2.0" || { echo "error: unexpected imports" >&2; exit 1; }
+	  test "$$imports" = "idempotency:ledger/ledger@0.3.0" || { echo "error: unexpected imports" >&2; exit 1; }
 
 PG_URL ?=
 demo: $(COMPONENT_WASM) ## Run the demo against an embedded SQLite file (PG_URL=postgresql://...: on that server)

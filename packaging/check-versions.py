@@ -18,7 +18,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-CRATES = ["guest/core", "bindings/rust", "bindings/python"]
+CRATES = ["guest/core", "bindings/rust", "bindings/rust/cli", "bindings/python"]
 # Host sources that name the component's interfaces with their version.
 INTERFACE_SOURCES = ["Makefile", "bindings/js/src/*.js", "bindings/rust/src/**/*.rs", "bindings/python/src/**/*.rs",
                      "bindings/python/src/**/*.py"]
