@@ -228,7 +228,9 @@ class PgLedger(Ledger):
         self.lock = threading.Lock()
 
     def url(self, port: Optional[int] = None) -> str:
-        return pgcontrol.url_for(self.admin_url, self.name, port)
+        """The servers' URL for this database: through the pooler when there
+        is one (with `port`: through the harness's TCP proxy on that port)."""
+        return pgcontrol.url_for(pgcontrol.servers_url() or self.admin_url, self.name, port)
 
     def connect(self, application_name: str = "faults-harness", autocommit: bool = True) -> psycopg.Connection[Any]:
         return pgcontrol.connect(self.admin_url, dbname=self.name, application_name=application_name, autocommit=autocommit)

@@ -22,7 +22,22 @@ RECONNECT_CLASSES = ("08", "57")
 
 
 def admin_url() -> Optional[str]:
+    """The server itself: the harness's own sessions (checks, row locks,
+    pg_terminate_backend) never go through a pooler. scripts/pgbouncer.sh
+    run sets IDEMPOTENCY_PG_DIRECT_URL to it; otherwise IDEMPOTENCY_PG_URL."""
+    return os.environ.get("IDEMPOTENCY_PG_DIRECT_URL") or os.environ.get("IDEMPOTENCY_PG_URL") or None
+
+
+def servers_url() -> Optional[str]:
+    """What the example servers connect to: IDEMPOTENCY_PG_URL (a pooler in
+    front of the server when scripts/pgbouncer.sh run set one)."""
     return os.environ.get("IDEMPOTENCY_PG_URL") or None
+
+
+def pooler() -> Optional[str]:
+    """The pool mode of the pooler the servers go through (transaction,
+    session), or None when they talk to the server directly."""
+    return os.environ.get("IDEMPOTENCY_PG_POOLER") or None
 
 
 def connect(url: str, *, dbname: Optional[str] = None, application_name: str = "faults-harness", autocommit: bool = True) -> psycopg.Connection[Any]:

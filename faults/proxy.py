@@ -1,6 +1,8 @@
 """A byte-transparent TCP proxy on loopback between a server and its
 PostgreSQL: it can hold what the server sends (a flight carrying a
-completion) and drop it, so the batch never reaches the database."""
+completion) and drop it, so the batch never reaches the database; and it
+can be switched to another upstream, as a managed database's endpoint is
+when a replica is promoted (failover.py)."""
 
 from __future__ import annotations
 
@@ -34,8 +36,10 @@ class Proxy:
                 client, _ = self.listener.accept()
             except OSError:
                 return
+            with self.lock:
+                upstream = self.upstream
             try:
-                server = socket.create_connection(self.upstream, timeout=10)
+                server = socket.create_connection(upstream, timeout=10)
             except OSError:
                 client.close()
                 continue
@@ -72,6 +76,30 @@ class Proxy:
             if upstream:
                 with self.lock:
                     held.clear()  # a client that went away never delivers what was held
+
+    def switch(self, upstream_port: int, *, cut: bool = True) -> None:
+        """New connections go to `upstream_port`. `cut`: the open ones are
+        closed (what an endpoint does when its old server is gone); without
+        it they stay on the old server (a DNS name that moved)."""
+        with self.lock:
+            self.upstream = ("127.0.0.1", upstream_port)
+        if cut:
+            self.cut()
+
+    def cut(self) -> None:
+        """Closes every open connection (both sides)."""
+        with self.lock:
+            pairs, self.pairs = self.pairs, []
+        for c, s, _ in pairs:
+            for sock in (c, s):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                try:
+                    sock.close()
+                except OSError:
+                    pass
 
     def drop_held(self) -> None:
         with self.lock:

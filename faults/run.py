@@ -7,6 +7,7 @@
     python3 faults/run.py soak    --host H --db D --minutes M [--clients C] [--procs P]
     python3 faults/run.py contract --host H --db D
     python3 faults/run.py exactly-once --host H --db D [--modes transactional,plain] [--rounds N]
+    python3 faults/run.py failover --host H --sync on|off [--kinds kill,readonly,multihost] [--orders both]
 
 PostgreSQL runs need IDEMPOTENCY_PG_URL (scripts/postgres.sh run -- ...).
 Each run prints its figures and writes them as JSON under target/faults/;
@@ -31,8 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import crash  # noqa: E402
 import dbfaults  # noqa: E402
 import exactly_once  # noqa: E402
+import failover  # noqa: E402
 import load  # noqa: E402
-from answers import REPLAY_HEADER, payload, post_order, random_key  # noqa: E402
+from answers import REPLAY_HEADER, Background, payload, post_order, random_key  # noqa: E402
 from ledgers import Ledger, PgLedger, SqliteLedger  # noqa: E402
 from pgcontrol import admin_url as pg_admin_url  # noqa: E402
 from pgcontrol import port_of  # noqa: E402
@@ -95,31 +97,95 @@ class Context:
 
 
 def contract(ctx: Context, report: Report) -> dict[str, Any]:
-    """The shared example-server contract, briefly (what the faults rely on)."""
+    """The shared example-server contract (the servers' READMEs): what the
+    faults rely on, and what a deployment behind a pooler must keep."""
     led = ctx.ledger("contract")
-    srv = ctx.server(led.url()).start()
+    cap = 32_768
+    srv = ctx.server(led.url(), extra={"IDEMPOTENCY_MAX_BODY_BYTES": str(cap)}).start()
     name = f"{ctx.host.name}/{ctx.db} contract"
+    sent = 0
+
+    def post(key: Optional[str], body: bytes, **kw: Any) -> Any:
+        nonlocal sent
+        sent += 1
+        return post_order(srv.port, key, body, **kw)
+
     report.check(srv.count() == 0, f"{name}: the count does not start at 0")
-    a = post_order(srv.port, "c-1", b'{"sku":"A"}', principal=None)
-    report.check(a.status == 401, f"{name}: no bearer token got {a.brief()}")
+    a = post("c-1", b'{"sku":"A"}', principal=None)
+    report.check(a.status == 401 and a.error == "unauthorized", f"{name}: no bearer token got {a.brief()}")
     report.check(srv.count() == 0, f"{name}: a 401 executed")
-    checked = 0
+    expected = 0
+    firsts = {}
     for size in (0, 20_000):
         key = random_key("contract")
         body = payload("contract", size)
-        first = post_order(srv.port, key, body)
+        first = post(key, body)
         ok = first.status == 201 and not first.replayed and first.headers.get("content-type", "").startswith("application/json")
         if ok:
             v = first.json()
             ok = v.get("request") == json.loads(body) and first.headers.get("location") == f"/orders/{v.get('id')}"
         report.check(ok, f"{name}: a valid {len(body)}-byte order got {first.brief()} (expected 201 echoing the request)")
-        again = post_order(srv.port, key, body)
-        report.check(again.status == first.status and again.body == first.body and again.replayed, f"{name}: the retry of a {len(body)}-byte order got {again.brief()}")
-        checked += 2
-    report.check(srv.count() == 2, f"{name}: {srv.count()} executions for 2 orders")
+        again = post(key, body)
+        report.check(again.status == first.status and again.body == first.body and again.replayed
+                     and again.headers.get("location") == first.headers.get("location"),
+                     f"{name}: the retry of a {len(body)}-byte order got {again.brief()}")
+        expected += 1
+        firsts[size] = (key, body, first)
+    key, body, first = firsts[0]
+    reuse = post(key, payload("other"))
+    report.check(reuse.status == 409 and reuse.error == "idempotency_key_reused", f"{name}: the key with another payload got {reuse.brief()}")
+    other = post(key, body, principal="bob")
+    report.check(other.status == 201 and not other.replayed and other.order_id() not in (None, first.order_id()),
+                 f"{name}: the same key under another principal got {other.brief()} (keys are scoped by principal)")
+    expected += 1
+    big = post(random_key("contract"), payload("big", cap + 1000))
+    report.check(big.status == 413 and big.error == "idempotency_request_too_large", f"{name}: a body over the cap got {big.brief()}")
+    # A refused request creates nothing and releases its key: the corrected retry runs.
+    fix = random_key("contract-fix")
+    bad_json = post(fix, b"{not json")
+    report.check(bad_json.status == 400 and bad_json.error == "invalid_json", f"{name}: a body that is not JSON got {bad_json.brief()}")
+    conn_path_delay = _post_path(srv.port, "/orders?delay_ms=soon", fix, b"{}")
+    sent += 1
+    report.check(conn_path_delay.status == 400 and conn_path_delay.error == "invalid_delay_ms", f"{name}: delay_ms=soon got {conn_path_delay.brief()}")
+    fixed = post(fix, payload("fixed"))
+    report.check(fixed.status == 201 and not fixed.replayed, f"{name}: the corrected retry after two 400s got {fixed.brief()}")
+    expected += 1
+    report.check(srv.count() == expected, f"{name}: {srv.count()} executions, expected {expected}")
+    # 20 concurrent duplicates of a slow request: one execution, the others
+    # 409 in progress (or the replay, once the first answered).
+    burst_key = random_key("contract-burst")
+    burst_body = payload("burst")
+    answers = [Background(lambda: post_order(srv.port, burst_key, burst_body, delay_ms=300)) for _ in range(20)]
+    got = [b.join(60).answer for b in answers]
+    sent += len(answers)
+    statuses = sorted(a.status if a else 0 for a in got)
+    fresh = [a for a in got if a is not None and a.status == 201 and not a.replayed]
+    report.check(len(fresh) == 1 and set(statuses) <= {201, 409}, f"{name}: 20 concurrent duplicates answered {statuses} ({len(fresh)} fresh)")
+    report.check(all(a.error == "idempotency_key_in_progress" for a in got if a is not None and a.status == 409),
+                 f"{name}: a concurrent duplicate's 409 was not in progress: {[a.brief() for a in got if a is not None and a.status == 409][:2]}")
+    expected += 1
+    report.check(srv.count() == expected, f"{name}: {srv.count()} executions after the burst, expected {expected}")
+    rows = led.rows()
+    report.check(len(rows) == expected and all(r.status == "completed" for r in rows), f"{name}: ledger rows {[(r.key, r.status) for r in rows]}")
     code = srv.stop()
     report.check(code == 0, f"{name}: SIGTERM exit code {code}")
-    return {"requests": checked + 1}
+    return {"requests": sent, "executions": expected}
+
+
+def _post_path(port: int, path: str, key: str, body: bytes) -> Any:
+    """A POST to another path (a malformed query) with a bearer token and a key."""
+    import http.client
+
+    from answers import Answer
+
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    sent = time.time()
+    try:
+        c.request("POST", path, body=body, headers={"Content-Type": "application/json", "Authorization": "Bearer alice", "Idempotency-Key": key})
+        r = c.getresponse()
+        return Answer(r.status, {k.lower(): v for k, v in r.getheaders()}, r.read(), sent, time.time())
+    finally:
+        c.close()
 
 
 def crashes(ctx: Context, report: Report, rounds: int, load_seconds: float) -> dict[str, Any]:
@@ -127,7 +193,7 @@ def crashes(ctx: Context, report: Report, rounds: int, load_seconds: float) -> d
     proxy = None
     url = led.url()
     if isinstance(led, PgLedger):
-        proxy = Proxy(port_of(led.admin_url))
+        proxy = Proxy(port_of(led.url()))
         ctx.proxies.append(proxy)
         url = led.url(port=proxy.port)
     srv = ctx.server(url, ctx.ttl).start()
@@ -203,7 +269,7 @@ def write(command: str, results: list[tuple[str, str, str, Report, dict[str, Any
     doc = {
         "command": " ".join([python, "faults/run.py"] + sys.argv[1:]),
         # Where the servers came from when not from this working tree's builds.
-        "env": {k: os.environ[k] for k in ("FAULTS_RUST_SERVE", "FAULTS_RUST_PROFILE") if os.environ.get(k)},
+        "env": {k: os.environ[k] for k in ("FAULTS_RUST_SERVE", "FAULTS_RUST_PROFILE", "IDEMPOTENCY_PG_POOLER") if os.environ.get(k)},
         "started": stamp,
         "git": os.popen(f"git -C {ROOT} rev-parse --short HEAD 2>/dev/null").read().strip(),
         # Servers run from the working tree: what differed from HEAD there.
@@ -226,6 +292,48 @@ def summarize(results: list[tuple[str, str, str, Report, dict[str, Any]]]) -> bo
         if len(report.violations) > 20:
             print(f"  ... and {len(report.violations) - 20} more")
     return ok
+
+
+def failovers(args: argparse.Namespace) -> int:
+    """`failover`: each kind on a fresh primary + replica pair of its own
+    (failover.py); needs no IDEMPOTENCY_PG_URL."""
+    ports = tuple(int(p) for p in args.pg_ports.split(","))
+    assert len(ports) == 2
+    sync = args.sync == "on"
+    results: list[tuple[str, str, str, Report, dict[str, Any]]] = []
+    selected = [args.host] if args.host else args.hosts.split(",")
+    modes = {"plain": [False], "exactly-once": [True], "both": [False, True]}[args.orders]
+    for host in selected:
+        for kind in args.kinds.split(","):
+            for orders in (modes if kind == "kill" else [False]):
+                if kind == "multihost" and host == "node":
+                    say("== failover node multihost: skipped (node-postgres takes one host per URL; see bindings/js/README.md)")
+                    continue
+                part = f"failover-{kind}" + ("-eo" if orders else "")
+                say(f"== {part} {host} sync={args.sync}")
+                report = Report(f"{part} {host}")
+                workdir = Workdir(f"{part}-{host}")
+                began = time.time()
+                figures: dict[str, Any] = {}
+                try:
+                    figures = failover.scenario(hosts()[host], kind, sync, orders, report, ports=ports, ttl_ms=args.ttl_ms, clients=args.clients or 6,
+                                                warm_s=args.warm_seconds, outage_s=args.outage_seconds, after_s=args.after_seconds,
+                                                grace_s=args.grace_seconds, logs=workdir.logs)
+                except Exception as e:  # noqa: BLE001 - reported as a failure with its trace
+                    report.check(False, f"{part} {host} raised {type(e).__name__}: {e}\n{traceback.format_exc()}")
+                figures["wall_seconds"] = round(time.time() - began, 1)
+                workdir.cleanup(keep=not report.ok)
+                say(f"   {part} {host}: {report.checks} checks, {len(report.violations)} violations, {figures['wall_seconds']} s")
+                results.append((part, host, "postgres", report, figures))
+    args.db = f"postgres-sync-{args.sync}"
+    path = write("failover", results, args)
+    ok = summarize(results)
+    print(f"\n{'host':<7} {'kind':<9} {'sync':<4} {'eo':<4} {'requests':>7} {'5xx':>5} {'recover_s':>9} {'acked':>6} {'re-run before+during':>20} {'dup':>6}")
+    for part, host, _, _, f in results:
+        if "kind" in f:
+            print(failover.summary_line(host, f))
+    print(f"figures: {path.relative_to(ROOT)}")
+    return 0 if ok else 1
 
 
 SHORT_PARTS = ("contract", "crash", "dbfaults", "load", "exactly-once")
@@ -308,10 +416,10 @@ def short_parallel(args: argparse.Namespace, selected: list[str]) -> int:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", choices=["short", "crash", "dbfaults", "soak", "contract", "exactly-once"])
+    p.add_argument("command", choices=["short", "crash", "dbfaults", "soak", "contract", "exactly-once", "failover"])
     p.add_argument("--host", choices=["rust", "python", "node"])
     p.add_argument("--hosts", default="rust,python,node")
-    p.add_argument("--db", choices=["sqlite", "postgres"], required=True)
+    p.add_argument("--db", choices=["sqlite", "postgres"], default=None)
     p.add_argument("--ttl-ms", type=int, default=2000)
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--load-seconds", type=float, default=1.5, help="crash round E: load before the kill")
@@ -331,8 +439,19 @@ def main() -> int:
                    help="exactly-once: transactional (IDEMPOTENCY_TRANSACTIONAL=1) and/or plain (orders committed on their own: duplicates measured)")
     p.add_argument("--stall-ttl-ms", type=int, default=1000, help="exactly-once: the TTL of the stall probes (the handler runs 2.2 times as long)")
     p.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE", help="more environment for the servers (e.g. NODE_OPTIONS=--max-old-space-size=64)")
+    p.add_argument("--sync", choices=["on", "off"], default="on", help="failover: synchronous replication to the replica")
+    p.add_argument("--kinds", default="kill,readonly,multihost", help="failover: kill (primary gone), readonly (old primary read-only, pooled connections kept), multihost (host=a,b URL)")
+    p.add_argument("--orders", choices=["plain", "exactly-once", "both"], default="both", help="failover kill: the plain servers, the exactly-once mode (ORDERS_IN_DATABASE=1 IDEMPOTENCY_TRANSACTIONAL=1), or both")
+    p.add_argument("--pg-ports", default="25435,25436", help="failover: the primary's and the replica's ports")
+    p.add_argument("--warm-seconds", type=float, default=2.0)
+    p.add_argument("--after-seconds", type=float, default=6.0, help="failover: load after the switch")
+    p.add_argument("--grace-seconds", type=float, default=3.0, help="failover: no 5xx for requests sent this long after the switch")
     args = p.parse_args()
     random.seed(args.seed or time.time_ns())
+    if args.command == "failover":
+        return failovers(args)
+    if args.db is None:
+        p.error("--db is required")
     selected = [args.host] if args.host else args.hosts.split(",")
     results: list[tuple[str, str, str, Report, dict[str, Any]]] = []
 
