@@ -313,7 +313,8 @@ class OrdersCrash(crash.Crash):
         acked = {(ks.principal, ks.key) for ks in model.keys if any(r.status == 201 for r in ks.recs)}
         f = check_orders(self.report, self.ledger, self.mode, ids, acked, f"{self.host}/{self.ledger.kind} {self.mode.name} E", server_count=self.count(), sent=self.sent())
         self.figures.append(f)
-        self.tell(f"E: {fig['keys']} keys, {fig['pending_at_restart']} pending at the restart")
+        self.tally["e_keys"] = self.tally.get("e_keys", 0) + fig["keys"]
+        self.tally["e_pending_at_restart"] = self.tally.get("e_pending_at_restart", 0) + fig["pending_at_restart"]
 
 
 ROUNDS = ("X", "H", "W", "R", "E")

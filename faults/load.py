@@ -433,9 +433,16 @@ def check_keys(keys: list[KeyState], report: Report, faults: Optional[Faults] = 
                 if r.sent > first_replay:
                     report.check(False, f"{name}: executed again ({r.kind}, sent {r.sent:.3f}) after a replay was received at {first_replay:.3f}")
         owner_done = min((r.received for r in fresh), default=None)
+        # A payload can hold the key and lose it without a stored answer: its
+        # transactional completion rolled back and released the reservation
+        # (SPEC 10.2), or a fault lost its answer; the other payload may then
+        # claim the key. Evidence: no 201 for it, a 5xx or no answer.
+        other_released = lenient and any(o.status >= 500 or o.status == 0 for o in other) and not any(o.status == 201 for o in other)
         for r in other:
             if r.status == 409 and r.error == "idempotency_key_reused":
                 tally["reused"] += 1
+            elif r.status == 409 and r.error == "idempotency_key_in_progress" and other_released:
+                tally["in_progress"] += 1
             elif r.status == 0 and lenient:
                 tally["no_answer"] += 1
             elif r.status >= 500 and documented_5xx_rec(r, transactional=transactional, orders=orders) and faults is not None and faults.during(r.sent, r.received):
@@ -467,7 +474,7 @@ def check_keys(keys: list[KeyState], report: Report, faults: Optional[Faults] = 
                 # payload ran afterwards. That other request was sent before
                 # this 409 arrived, and got no 201.
                 held = [o for o in other if o.sent < r.received and o.status != 201 and not (o.status == 409 and o.error == "idempotency_key_reused")]
-                if held and not any(o.status == 201 for o in other):
+                if held and other_released:
                     tally["reused_while_released"] = tally.get("reused_while_released", 0) + 1
                     continue
                 report.check(False, f"{name}: {r.kind} with the key's own payload got 409 reused")

@@ -9,6 +9,7 @@ newest exactly-once run per host and database (orders counted per key).
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -104,9 +105,15 @@ def faults_survived(crash: dict[str, Any] | None, dbfaults: dict[str, Any] | Non
 
 
 def make_command(r: dict[str, Any]) -> str:
-    """The make target that reruns what faults/run.py ran."""
+    """The make target that reruns what faults/run.py ran (the run.py command
+    itself when the Rust server was not the release build make faults uses)."""
     argv = r["command"].split()
     opt = {a: b for a, b in zip(argv, argv[1:]) if a.startswith("--")}
+    env = " ".join(f"{k}={v}" for k, v in (r.get("env") or {}).items()) if r["host"] == "rust" else ""
+    if env and r["part"] in ("crash", "dbfaults"):
+        pg = "./scripts/postgres.sh run -- " if r["db"] == "postgres" else ""
+        extra = f" --rounds {opt['--rounds']}" if "--rounds" in opt else f" --cycles {opt.get('--cycles', 3)}"
+        return f"{env} {pg}bindings/python/.venv/bin/python faults/run.py {r['part']} --host {r['host']} --db {r['db']}{extra}"
     if r["part"] == "soak":
         env = f" SERVER_ENV={opt['--server-env']}" if "--server-env" in opt else ""
         return f"make soak HOST={r['host']} DB={r['db']} MINUTES={opt.get('--minutes', 10)}{env}"
@@ -128,10 +135,16 @@ def eo_orders(f: dict[str, Any]) -> str:
 
 def eo_crash_cell(c: dict[str, Any]) -> str:
     rounds = ", ".join(f"{r} ({ROUND_NAMES.get(r, r)})" for r in c["rounds"])
-    outcomes = "; ".join(f"{k}" + (f" ×{v}" if v > 1 else "") for k, v in c.get("outcomes", {}).items())
-    t = c.get("tally", {})
+    t = dict(c.get("tally", {}))
+    for k, v in c.get("outcomes", {}).items():  # older runs told each E round as an outcome
+        m = re.match(r"E: (\d+) keys, (\d+) pending", k)
+        if m:
+            t["e_keys"] = t.get("e_keys", 0) + int(m.group(1)) * v
+            t["e_pending_at_restart"] = t.get("e_pending_at_restart", 0) + int(m.group(2)) * v
+    outcomes = "; ".join(f"{k}" + (f" ×{v}" if v > 1 else "") for k, v in sorted(c.get("outcomes", {}).items()) if not k.startswith("E:"))
+    load = f"; E: {n(t['e_keys'])} keys under load, {t.get('e_pending_at_restart', 0)} pending at the restarts" if "e_keys" in t else ""
     return (f"{c.get('repeat', 1)}× {rounds}: {t.get('kills', 0)} SIGKILLs, {c.get('exits_after_write', 0)} exits after the write, "
-            f"{t.get('takeovers', 0)} takeovers; {outcomes}; {eo_orders(c['orders'])}")
+            f"{t.get('takeovers', 0)} takeovers; {outcomes}{load}; {eo_orders(c['orders'])}")
 
 
 def eo_faults_cell(fs: dict[str, Any]) -> str:
@@ -180,9 +193,19 @@ def eo_table(runs: dict[tuple[str, str, str], dict[str, Any]]) -> None:
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for (host, db), r in sorted(eo.items(), key=lambda kv: (kv[0][0] != "rust", kv[0][0] != "python", kv[0][1] != "sqlite", kv[0])):
         f = r["figures"]
-        verdict = "" if not r["violations"] else f" **{len(r['violations'])} violations**"
+
+        def verdict(mode: str) -> str:
+            # A violation naming the other mode belongs to that mode's row.
+            other = "plain" if mode == "transactional" else "transactional"
+            mine = [v for v in r["violations"] if f" {other}:" not in v and f" {other} " not in v]
+            kinds: dict[str, int] = {}
+            for v in mine:
+                kind = v.rsplit(": ", 1)[-1].split("\n")[0][:120]
+                kinds[kind] = kinds.get(kind, 0) + 1
+            return "" if not mine else f" **{len(mine)} violations: " + "; ".join(f"{c} × {k}" for k, c in kinds.items()) + "**"
+
         if not f.get("supported"):
-            print(f"| {host} | {db} | | not supported: {(f.get('support') or {}).get('orders_in_database')}{verdict} | | | {eo_command(r)} |")
+            print(f"| {host} | {db} | | not supported: {(f.get('support') or {}).get('orders_in_database')}{verdict('')} | | | {eo_command(r)} |")
             continue
         for mode in ("transactional", "plain"):
             m = f.get(mode)
@@ -191,7 +214,7 @@ def eo_table(runs: dict[tuple[str, str, str], dict[str, Any]]) -> None:
             if "not_supported" in m:
                 print(f"| {host} | {db} | {mode} | not supported: {m['not_supported']} | | | {eo_command(r)} |")
                 continue
-            print(f"| {host} | {db} | {mode} | {eo_crash_cell(m['crash'])}{verdict} | {eo_faults_cell(m.get('faults') or {})} | {eo_stall_cell(m.get('stall') or {})} | {eo_command(r)} |")
+            print(f"| {host} | {db} | {mode} | {eo_crash_cell(m['crash'])}{verdict(mode)} | {eo_faults_cell(m.get('faults') or {})} | {eo_stall_cell(m.get('stall') or {})} | {eo_command(r)} |")
 
 
 def main() -> int:
@@ -209,6 +232,16 @@ def main() -> int:
             f"| {host} | {db} | {soak_cell(soak)}{verdict} | {faults_survived(crash, dbf)} | {bad_inputs(soak)} | "
             f"{nothing_lost(soak)} | {commands(soak, crash, dbf)} |"
         )
+    # Crash and fault runs without a soak of their own (a rerun at depth).
+    lone = [(h, d) for h, d in pairs if not runs.get(("soak", h, d))]
+    if lone:
+        print()
+        print("| host | database | faults survived | reproduce |")
+        print("| --- | --- | --- | --- |")
+        for host, db in lone:
+            crash, dbf = runs.get(("crash", host, db)), runs.get(("dbfaults", host, db))
+            if crash or dbf:
+                print(f"| {host} | {db} | {faults_survived(crash, dbf)} | {commands(crash, dbf)} |")
     eo_table(runs)
     return 0
 
