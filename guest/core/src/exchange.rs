@@ -195,6 +195,8 @@ enum Ending {
     ServerError,
     /// A transactional handler's transaction was rolled back.
     RolledBack(RollbackCause),
+    /// A transactional handler's transaction could not begin: it never ran.
+    NotBegun(ProtocolError),
 }
 
 impl State {
@@ -315,6 +317,16 @@ impl Exchange {
 
             // ---- the handler ----
             (State::Running(ticket), Event::HandlerDone(result)) => self.handler_done(session, now, ticket, result),
+            // SPEC 10.2: the handler's transaction could not begin, so the handler never ran: the
+            // reservation is released and the caller gets the ledger's answer. A BEGIN whose
+            // outcome is unknown opened nothing that could commit.
+            (State::Running(ticket), Event::BatchFailed(error)) if self.transactional => {
+                let error = match session.classify(&error) {
+                    LedgerError::OutcomeUnknown(detail) => LedgerError::Io(detail),
+                    classified => classified,
+                };
+                self.release(session, ticket, Ending::NotBegun(ProtocolError::Ledger(error)))
+            }
 
             // ---- completion (SPEC 6, 7) ----
             (State::Completing { ticket, action, answer, log, sweep_due }, Event::BatchDone(results)) => {
@@ -562,7 +574,21 @@ fn released_ending(session: &Session, ticket: Ticket, ending: Ending, released: 
             let log = vec![session.log_line(&LogEvent::RolledBack { ticket, why, released })];
             respond(Answer::Core(responses::rolled_back(session.config(), released)), log, Outcome::RolledBack)
         }
+        Ending::NotBegun(error) => not_begun(session, ticket, error, released, vec![]),
     }
+}
+
+/// A transactional handler that never ran: the ledger's answer, as for a
+/// failed decision.
+fn not_begun(session: &Session, ticket: Ticket, error: ProtocolError, released: bool, more: Vec<LogLine>) -> Action {
+    let outcome = match &error {
+        ProtocolError::Ledger(LedgerError::Busy) => Outcome::LedgerBusy,
+        _ => Outcome::LedgerFailed,
+    };
+    let response = session.error_response(&error);
+    let mut log = vec![session.log_line(&LogEvent::NotBegun { ticket, error, released })];
+    log.extend(more);
+    respond(Answer::Core(response), log, outcome)
 }
 
 /// The release batch failed (or answered with the wrong shape) after the
@@ -577,6 +603,7 @@ fn release_failed(session: &Session, ticket: Ticket, ending: Ending, error: Prot
             let log = vec![session.log_line(&LogEvent::RolledBack { ticket, why, released: false }), failed];
             respond(Answer::Core(responses::rolled_back(session.config(), false)), log, Outcome::RolledBack)
         }
+        Ending::NotBegun(why) => not_begun(session, ticket, why, false, vec![failed]),
     }
 }
 
@@ -939,6 +966,44 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(done.log[0].message.contains("rolled back"), "{:?}", done.log);
+    }
+
+    #[test]
+    fn a_transaction_that_cannot_begin_releases_the_key_and_answers_as_the_ledger_failed() {
+        let s = session(Config::default());
+        let running = |s: &Session| {
+            let (read, mut x) = match s.start(&keyed(), Some("acct"), true) {
+                (Action::ReadBody(read), Some(x)) => (read, x),
+                other => panic!("{other:?}"),
+            };
+            batch(x.step(s, NOW, Event::BodyHashed(digest(&read.prefix, b""))));
+            assert!(matches!(x.step(s, NOW, Event::BatchDone(claimed(1))), Action::RunHandler(_)));
+            x
+        };
+        // Busy: the release, then the busy 503; the handler never ran.
+        let mut x = running(&s);
+        let release = batch(x.step(&s, NOW, Event::BatchFailed(BatchError::PoolExhausted("pool".into()))));
+        assert_eq!(release.iter().map(|st| st.query).collect::<Vec<_>>(), [Query::Release]);
+        let done = reply(x.step(&s, NOW, Event::BatchDone(vec![StatementResult { rows: vec![], changes: 1 }])));
+        assert_eq!(done.outcome, Outcome::LedgerBusy);
+        assert!(matches!(&done.send, Answer::Core(r) if r.status == 503), "{:?}", done.send);
+        assert!(done.log[0].message.contains("could not begin") && done.log[0].message.contains("was released"), "{:?}", done.log);
+        // A BEGIN whose connection broke opened nothing: the 500 that says nothing ran, not "outcome unknown".
+        let mut x = running(&s);
+        batch(x.step(&s, NOW, Event::BatchFailed(BatchError::OutcomeUnknown("reset".into()))));
+        let done = reply(x.step(&s, NOW, Event::BatchFailed(BatchError::Unreachable("down".into()))));
+        assert_eq!(done.outcome, Outcome::LedgerFailed);
+        assert!(matches!(&done.send, Answer::Core(r) if r.status == 500 && r.body.as_deref().is_some_and(|b| b.contains("not executed"))));
+        assert_eq!(done.log.len(), 2, "the line for the transaction and the one for the failed release: {:?}", done.log);
+        assert!(done.log[0].message.contains(&alloc::format!("a retry after {} ms", s.config().pending_ttl_ms)), "{:?}", done.log);
+        // Not transactional: no transaction to begin, so a batch-failed while the handler runs is a host bug.
+        let (read, mut x) = match s.start(&keyed(), Some("acct"), false) {
+            (Action::ReadBody(read), Some(x)) => (read, x),
+            other => panic!("{other:?}"),
+        };
+        batch(x.step(&s, NOW, Event::BodyHashed(digest(&read.prefix, b""))));
+        x.step(&s, NOW, Event::BatchDone(claimed(1)));
+        assert_eq!(reply(x.step(&s, NOW, Event::BatchFailed(BatchError::PoolExhausted("pool".into())))).outcome, Outcome::InternalError);
     }
 
     #[test]

@@ -171,6 +171,17 @@ pub fn event(config: &Config, event: &LogEvent) -> LogLine {
             };
             line(LogLevel::Error, format!("[idempotency] rolled back for {}: {cause}; nothing changed, and {after}", owner(ticket)))
         }
+        LogEvent::NotBegun { ticket, error, released } => {
+            let after = if *released {
+                "the reservation was released, so a retry runs it".into()
+            } else {
+                format!("the reservation could not be released; a retry after {} ms takes it over", config.pending_ttl_ms)
+            };
+            line(
+                LogLevel::Error,
+                format!("[idempotency] the handler's transaction could not begin for {}: {error}; the handler did not run, and {after}", owner(ticket)),
+            )
+        }
         LogEvent::CommitOutcomeUnknown { ticket, error } => line(
             LogLevel::Error,
             format!(

@@ -318,6 +318,8 @@ pub enum LogEvent {
     RolledBack { ticket: Ticket, why: RollbackCause, released: bool },
     /// The commit of a transactional handler has an unknown outcome.
     CommitOutcomeUnknown { ticket: Ticket, error: ProtocolError },
+    /// A transactional handler's transaction could not begin: it did not run.
+    NotBegun { ticket: Ticket, error: ProtocolError, released: bool },
 }
 
 /// Why a transactional handler's transaction was rolled back (other than a
