@@ -670,3 +670,416 @@ fn a_fresh_connection_behind_a_table_lock_is_busy_after_the_lock_timeout() {
     let (after, runs) = handle_counted(&mut ledger, &order("behind-a-lock"));
     assert!(after.expect("handled").outcome == Outcome::Executed && runs == 1, "the lock is gone: it runs");
 }
+
+// ---- exactly once (docs/SPEC.md 10) on PostgreSQL: AsyncLedger on AsyncPostgres ----
+
+mod exactly_once {
+    use super::*;
+    use idempotency_ledger::wit::{BatchError, StatementResult};
+    use idempotency_ledger::{
+        AsyncBackend, AsyncLedger, AsyncPostgres, AsyncTransaction, BoxFuture, Dialect, HandlerTransaction, SqlStatement, SystemClock,
+    };
+    use std::sync::Mutex;
+
+    /// What the handlers' transactions did, as the driver reported it.
+    #[derive(Clone, Default)]
+    struct Journal(Arc<Mutex<Vec<String>>>);
+
+    impl Journal {
+        fn push(&self, line: String) {
+            self.0.lock().expect("journal").push(line);
+        }
+        fn lines(&self) -> Vec<String> {
+            self.0.lock().expect("journal").clone()
+        }
+    }
+
+    /// The real AsyncPostgres with a journal of its handlers' transactions
+    /// in front (a wrapper that records; every statement runs on the server).
+    struct Recorded {
+        inner: AsyncPostgres,
+        journal: Journal,
+    }
+
+    impl AsyncBackend for Recorded {
+        fn execute_batch(&self, statements: Vec<SqlStatement>) -> BoxFuture<'_, Result<Vec<StatementResult>, BatchError>> {
+            self.inner.execute_batch(statements)
+        }
+
+        fn dialect(&self) -> Dialect {
+            Dialect::Postgres
+        }
+
+        fn begin(&self) -> BoxFuture<'_, Result<Box<dyn AsyncTransaction>, BatchError>> {
+            Box::pin(async move {
+                let inner = self.inner.begin().await?;
+                self.journal.push("begin".into());
+                Ok(Box::new(RecordedTransaction { inner, journal: self.journal.clone() }) as Box<dyn AsyncTransaction>)
+            })
+        }
+    }
+
+    struct RecordedTransaction {
+        inner: Box<dyn AsyncTransaction>,
+        journal: Journal,
+    }
+
+    impl AsyncTransaction for RecordedTransaction {
+        fn execute(&mut self, statements: Vec<SqlStatement>) -> BoxFuture<'_, Result<Vec<StatementResult>, BatchError>> {
+            Box::pin(async move {
+                let what: Vec<String> = statements.iter().map(|s| s.sql.split_whitespace().take(3).collect::<Vec<_>>().join(" ")).collect();
+                let ran = self.inner.execute(statements).await;
+                match &ran {
+                    Ok(_) => self.journal.push(format!("ok {what:?}")),
+                    Err(BatchError::Database(e)) => self.journal.push(format!("error {} {what:?}: {}", e.code.as_deref().unwrap_or("-"), e.message)),
+                    Err(other) => self.journal.push(format!("failed {what:?}: {other:?}")),
+                }
+                ran
+            })
+        }
+
+        fn commit(self: Box<Self>) -> BoxFuture<'static, Result<(), BatchError>> {
+            let RecordedTransaction { inner, journal } = *self;
+            Box::pin(async move {
+                let committed = inner.commit().await;
+                journal.push(format!("commit {committed:?}"));
+                committed
+            })
+        }
+
+        fn rollback(self: Box<Self>) -> BoxFuture<'static, ()> {
+            let RecordedTransaction { inner, journal } = *self;
+            Box::pin(async move {
+                inner.rollback().await;
+                journal.push("rollback".into());
+            })
+        }
+    }
+
+    /// A fresh schema with an `orders` table beside the ledger's, a URL for
+    /// it whose connections carry `application_name` = the returned name,
+    /// and a runtime.
+    fn setup(tag: &str) -> (TestDb, String, String, tokio::runtime::Runtime) {
+        let db = TestDb::postgres();
+        db.execute_sql("CREATE TABLE orders (key TEXT NOT NULL, by TEXT NOT NULL)");
+        let schema = db.pg().expect("postgres").name.clone();
+        let name = format!("eo-{tag}-{schema}");
+        let url = format!("{}&application_name={name}", url_with_schema(&postgres_url(), &schema));
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+        (db, url, name, rt)
+    }
+
+    async fn ledger_on(url: &str, max_size: usize, settings: Settings, clock: impl idempotency_ledger::Clock + 'static) -> (AsyncLedger, Journal) {
+        let journal = Journal::default();
+        let backend = Recorded { inner: AsyncPostgres::connect(url, max_size).expect("pool"), journal: journal.clone() };
+        (AsyncLedger::new(runtime(), backend, settings, clock).await.expect("ledger"), journal)
+    }
+
+    /// One statement on an admin connection of its own (async: the blocking
+    /// pool refuses to run on a runtime's threads).
+    async fn admin(url: &str, sql: String) -> Vec<Vec<Value>> {
+        let admin = AsyncPostgres::connect(url, 1).expect("admin pool");
+        let mut results = admin.execute_batch(vec![SqlStatement { sql: sql.into(), params: vec![] }]).await.expect("admin sql");
+        results.remove(0).rows
+    }
+
+    /// The committed orders, as another connection sees them.
+    fn orders(db: &TestDb) -> Vec<(String, String)> {
+        db.pg_query("SELECT key, by FROM orders ORDER BY key, by")
+            .into_iter()
+            .map(|r| (r[0].as_str().expect("key").to_string(), r[1].as_str().expect("by").to_string()))
+            .collect()
+    }
+
+    async fn insert_order(tx: &HandlerTransaction, key: &str, by: &str) -> Result<(), String> {
+        tx.execute("INSERT INTO orders (key, by) VALUES ($1, $2)", vec![Value::Text(key.into()), Value::Text(by.into())])
+            .await
+            .map(|_| ())
+            .map_err(|e| format!("{e:?}"))
+    }
+
+    fn body(by: &str) -> String {
+        format!(r#"{{"order":"o-{by}"}}"#)
+    }
+
+    /// The order and the stored answer commit together; until the commit,
+    /// another connection sees neither; a replay runs and writes nothing.
+    #[test]
+    fn the_handlers_writes_commit_with_its_answer_and_a_replay_writes_nothing() {
+        let (db, url, _, rt) = setup("commit");
+        let admin_url = url_with_schema(&postgres_url(), &db.pg().expect("postgres").name);
+        let runs = Arc::new(AtomicUsize::new(0));
+        let seen_inside = Arc::new(Mutex::new(Vec::new()));
+        let (first, replay, journal) = rt.block_on(async {
+            let (ledger, journal) = ledger_on(&url, 4, Settings::default(), ManualClock::new(T0)).await;
+            let mut answers = Vec::new();
+            for _ in 0..2 {
+                let (runs, seen_inside, admin_url) = (runs.clone(), seen_inside.clone(), admin_url.clone());
+                let handled = ledger
+                    .handle_transactional("acct", &order("commit"), |_, tx| async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        insert_order(&tx, "commit", "first").await?;
+                        // Before the commit, outside the transaction: no order, and the row still pending.
+                        let outside = admin(&admin_url, "SELECT (SELECT count(*)::bigint FROM orders), (SELECT status FROM idempotency_keys)".into()).await;
+                        seen_inside.lock().expect("seen").push(format!("{:?} {:?}", outside[0][0], outside[0][1]));
+                        Ok::<_, String>(MutationResponse::json(201, body("first")))
+                    })
+                    .await
+                    .expect("handled");
+                answers.push(handled);
+            }
+            let replay = answers.pop().expect("replay");
+            (answers.pop().expect("first"), replay, journal)
+        });
+        assert_eq!((first.outcome, first.response.status), (Outcome::Executed, 201));
+        assert_eq!((replay.outcome, replay.response.body_text()), (Outcome::Replayed, Some(body("first").as_str())));
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "the replay ran nothing");
+        assert_eq!(
+            *seen_inside.lock().expect("seen"),
+            vec![format!("{:?} {:?}", Value::Integer(0), Value::Text("pending".into()))],
+            "inside the handler, the order and the completion are not visible to others"
+        );
+        assert_eq!(orders(&db), vec![("commit".to_string(), "first".to_string())]);
+        let row = db.rows().into_iter().find(|r| r["key"] == "commit").expect("row");
+        assert_eq!((row["status"].as_str(), row["response_status"].as_i64()), (Some("completed"), Some(201)));
+        let journal = journal.lines();
+        assert_eq!(journal.first().map(String::as_str), Some("begin"), "{journal:?}");
+        assert_eq!(journal.last().map(String::as_str), Some("commit Ok(())"), "{journal:?}");
+        assert_eq!(journal.iter().filter(|l| *l == "begin").count(), 1, "the replay opened no transaction: {journal:?}");
+    }
+
+    /// A takeover while the first owner's transaction is open (the order
+    /// written, not committed): the new owner commits; the first owner's
+    /// completion is fenced on PostgreSQL (the fence's NOT NULL violation,
+    /// SQLSTATE 23502), its transaction rolled back, and its caller gets the
+    /// new owner's stored answer. One order: the new owner's.
+    #[test]
+    fn a_takeover_while_the_first_owners_transaction_is_open_fences_it_on_postgres() {
+        let (db, url, _, rt) = setup("fence");
+        let clock = ManualClock::new(T0);
+        let settings = Settings { lease_renewal: Some(false), ..Settings::default() };
+        let (first, second, journal) = rt.block_on(async {
+            let (ledger, journal) = ledger_on(&url, 4, settings, clock.clone()).await;
+            let (wrote_tx, wrote) = tokio::sync::oneshot::channel::<()>();
+            let (go, go_rx) = tokio::sync::oneshot::channel::<()>();
+            let first = tokio::spawn({
+                let ledger = ledger.clone();
+                async move {
+                    ledger
+                        .handle_transactional("acct", &order("fence"), |_, tx| async move {
+                            insert_order(&tx, "fence", "first").await?;
+                            let _ = wrote_tx.send(());
+                            let _ = go_rx.await;
+                            Ok::<_, String>(MutationResponse::json(201, body("first")))
+                        })
+                        .await
+                }
+            });
+            wrote.await.expect("the first owner wrote its order");
+            clock.advance(Duration::from_millis(30_001)); // its lease expired: it stalled
+            let second = ledger
+                .handle_transactional("acct", &order("fence"), |_, tx| async move {
+                    insert_order(&tx, "fence", "second").await?;
+                    Ok::<_, String>(MutationResponse::json(201, body("second")))
+                })
+                .await
+                .expect("the takeover");
+            go.send(()).expect("wake the first owner");
+            let first = first.await.expect("join").expect("the first owner's answer");
+            (first, second, journal)
+        });
+        assert_eq!((second.outcome, second.response.status, second.ticket.as_ref().map(|t| t.generation)), (Outcome::TakenOver, 201, Some(2)));
+        assert_eq!(first.outcome, Outcome::FencedOut);
+        assert_eq!((first.response.status, first.response.body_text()), (201, Some(body("second").as_str())), "the new owner's stored answer");
+        assert_eq!(orders(&db), vec![("fence".to_string(), "second".to_string())], "the first owner's order was rolled back");
+        let row = db.rows().into_iter().find(|r| r["key"] == "fence").expect("row");
+        assert_eq!((row["generation"].as_i64(), row["status"].as_str()), (Some(2), Some("completed")));
+        let journal = journal.lines();
+        let fence = journal.iter().filter(|l| l.starts_with("error 23502")).collect::<Vec<_>>();
+        assert_eq!(fence.len(), 1, "the fence fired once, with SQLSTATE 23502: {journal:?}");
+        assert!(fence[0].contains("idempotency_keys"), "{journal:?}");
+        assert_eq!(journal.iter().filter(|l| *l == "rollback").count(), 1, "{journal:?}");
+        assert_eq!(journal.iter().filter(|l| *l == "commit Ok(())").count(), 1, "{journal:?}");
+    }
+
+    fn backend_pids(db: &TestDb, name: &str) -> Vec<(i64, String)> {
+        db.pg_query(&format!("SELECT pid, coalesce(state, '') FROM pg_stat_activity WHERE application_name = '{name}' AND pid <> pg_backend_pid()"))
+            .into_iter()
+            .map(|r| (r[0].as_i64().expect("pid"), r[1].as_str().unwrap_or_default().to_string()))
+            .collect()
+    }
+
+    /// The handler's connection is terminated while its transaction is open
+    /// (the order written): nothing of the handler commits, the key is
+    /// released, the caller gets the rolled-back 503, and the retry runs the
+    /// handler once.
+    #[test]
+    fn a_connection_terminated_mid_transaction_commits_nothing_and_the_retry_runs_once() {
+        capture_logs();
+        let (db, url, _, rt) = setup("kill");
+        let admin_url = url_with_schema(&postgres_url(), &db.pg().expect("postgres").name);
+        let runs = Arc::new(AtomicUsize::new(0));
+        let killed = Arc::new(Mutex::new(None));
+        let (first, retry, replay) = rt.block_on(async {
+            let (ledger, _) = ledger_on(&url, 4, Settings::default(), ManualClock::new(T0)).await;
+            let mut answers = Vec::new();
+            for attempt in 0..3 {
+                let (runs, killed, admin_url) = (runs.clone(), killed.clone(), admin_url.clone());
+                let handled = ledger
+                    .handle_transactional("acct-kill", &order("kill"), |_, tx| async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        insert_order(&tx, "kill", &format!("attempt-{attempt}")).await?;
+                        if attempt == 0 {
+                            let pid = tx.execute("SELECT pg_backend_pid()", vec![]).await.map_err(|e| format!("{e:?}"))?;
+                            let pid = match &pid.rows[0][0] {
+                                Value::Integer(pid) => *pid,
+                                other => panic!("a pid: {other:?}"),
+                            };
+                            *killed.lock().expect("killed") = Some(pid);
+                            admin(&admin_url, format!("SELECT pg_terminate_backend({pid})")).await;
+                            let deadline = Instant::now() + Duration::from_secs(10);
+                            while !admin(&admin_url, format!("SELECT 1 FROM pg_stat_activity WHERE pid = {pid}")).await.is_empty() {
+                                assert!(Instant::now() < deadline, "the terminated backend did not exit");
+                                tokio::time::sleep(Duration::from_millis(5)).await;
+                            }
+                        }
+                        Ok::<_, String>(MutationResponse::json(201, body(&format!("attempt-{attempt}"))))
+                    })
+                    .await
+                    .expect("handled");
+                answers.push(handled);
+            }
+            let replay = answers.pop().expect("replay");
+            let retry = answers.pop().expect("retry");
+            (answers.pop().expect("first"), retry, replay)
+        });
+        assert!(killed.lock().expect("killed").is_some());
+        assert_eq!((first.outcome, first.response.status, first.response.header("retry-after")), (Outcome::RolledBack, 503, Some("1")));
+        assert!(first.response.body_text().is_some_and(|b| b.contains("idempotency_rolled_back")), "{:?}", first.response.body_text());
+        assert!(
+            logged().iter().any(|l| l.contains("principal=\"acct-kill\"") && l.contains("rolled back") && l.contains("released")),
+            "the core's rolled-back line"
+        );
+        assert_eq!((retry.outcome, retry.response.status), (Outcome::Executed, 201), "the key was released: the retry runs at once");
+        assert_eq!((replay.outcome, replay.response.body_text()), (Outcome::Replayed, Some(body("attempt-1").as_str())));
+        assert_eq!(runs.load(Ordering::SeqCst), 2, "the killed attempt and the retry; the replay ran nothing");
+        assert_eq!(orders(&db), vec![("kill".to_string(), "attempt-1".to_string())], "nothing of the killed attempt committed");
+    }
+
+    /// With renewal on (the default), a live owner whose handler runs past
+    /// the TTL keeps its key on PostgreSQL: duplicates get 409 and it runs
+    /// once. With renewal off, a duplicate takes over, and the first owner's
+    /// transactional completion is fenced out: two runs, one order.
+    #[test]
+    fn renewal_keeps_a_live_owner_past_the_ttl_on_postgres() {
+        for renewal in [true, false] {
+            let (db, url, _, rt) = setup(if renewal { "renew" } else { "norenew" });
+            let settings = Settings { pending_ttl_ms: Some(3_000), lease_renewal: Some(renewal), ..Settings::default() };
+            let runs = Arc::new(AtomicUsize::new(0));
+            let (first, duplicates) = rt.block_on(async {
+                let (ledger, _) = ledger_on(&url, 4, settings, SystemClock).await;
+                let handler = |by: &'static str, hold: Duration, runs: Arc<AtomicUsize>| {
+                    move |_: &Request, tx: HandlerTransaction| async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        insert_order(&tx, "slow", by).await?;
+                        tokio::time::sleep(hold).await;
+                        Ok::<_, String>(MutationResponse::json(201, body(by)))
+                    }
+                };
+                let first = tokio::spawn({
+                    let (ledger, runs) = (ledger.clone(), runs.clone());
+                    async move { ledger.handle_transactional("acct", &order("slow"), handler("first", Duration::from_millis(7_000), runs)).await }
+                });
+                let mut duplicates = Vec::new();
+                for at in [4_000, 5_500] {
+                    // Past the TTL since the claim (3 s): only renewals keep the key.
+                    tokio::time::sleep(Duration::from_millis(if duplicates.is_empty() { at } else { 1_500 })).await;
+                    let dup = ledger.handle_transactional("acct", &order("slow"), handler("duplicate", Duration::ZERO, runs.clone())).await;
+                    duplicates.push(dup.expect("handled").outcome);
+                }
+                (first.await.expect("join").expect("handled"), duplicates)
+            });
+            let rows = orders(&db);
+            if renewal {
+                assert_eq!(duplicates, vec![Outcome::InProgress, Outcome::InProgress], "a live owner that renews is never taken over");
+                assert_eq!((first.outcome, runs.load(Ordering::SeqCst)), (Outcome::Executed, 1));
+                assert_eq!(rows, vec![("slow".to_string(), "first".to_string())]);
+            } else {
+                assert_eq!(duplicates[0], Outcome::TakenOver, "without renewal the TTL decides: {duplicates:?}");
+                assert_eq!(first.outcome, Outcome::FencedOut, "the first owner's completion is fenced out");
+                assert_eq!(first.response.body_text(), Some(body("duplicate").as_str()), "and its caller gets the new owner's answer");
+                assert_eq!(runs.load(Ordering::SeqCst), 2);
+                assert_eq!(rows, vec![("slow".to_string(), "duplicate".to_string())], "the fenced-out owner's order was rolled back");
+            }
+        }
+    }
+
+    /// A request cancelled while its handler's transaction is open (the task
+    /// dropped): the kept connection is closed, never returned to the pool
+    /// inside the transaction, so nothing of it commits later. With a pool
+    /// of one connection, the next request runs on a fresh connection and
+    /// the cancelled order never appears; the key stays pending until the TTL.
+    #[test]
+    fn a_cancelled_request_returns_no_connection_to_the_pool_inside_its_transaction() {
+        let (db, url, name, rt) = setup("cancel");
+        let clock = ManualClock::new(T0);
+        let (outcomes, journal) = rt.block_on(async {
+            let (ledger, journal) = ledger_on(&url, 1, Settings { lease_renewal: Some(false), ..Settings::default() }, clock.clone()).await;
+            let (wrote_tx, wrote) = tokio::sync::oneshot::channel::<()>();
+            let cancelled = tokio::spawn({
+                let ledger = ledger.clone();
+                async move {
+                    ledger
+                        .handle_transactional("acct", &order("cancel"), |_, tx| async move {
+                            insert_order(&tx, "cancel", "cancelled").await?;
+                            let _ = wrote_tx.send(());
+                            std::future::pending::<()>().await;
+                            Ok::<_, String>(MutationResponse::json(201, body("cancelled")))
+                        })
+                        .await
+                }
+            });
+            wrote.await.expect("the handler wrote its order");
+            let query = format!("SELECT count(*)::bigint FROM pg_stat_activity WHERE application_name = '{name}' AND state = 'idle in transaction'");
+            let in_transaction = format!("{:?}", admin(&url_with_schema(&postgres_url(), &db.pg().expect("postgres").name), query).await[0][0]);
+            assert_eq!(in_transaction, format!("{:?}", Value::Integer(1)), "the handler's transaction is open on the server");
+            cancelled.abort();
+            assert!(cancelled.await.expect_err("aborted").is_cancelled());
+            // The next requests on the same pool of one connection: a new key runs and commits.
+            let mut outcomes = Vec::new();
+            for key in ["after-1", "after-2"] {
+                let handled = ledger
+                    .handle_transactional("acct", &order(key), |_, tx| async move {
+                        insert_order(&tx, key, "after").await?;
+                        Ok::<_, String>(MutationResponse::json(201, body("after")))
+                    })
+                    .await
+                    .expect("handled");
+                outcomes.push(handled.outcome);
+            }
+            // The cancelled key is still reserved: its retry is in progress, nothing runs.
+            let retry = ledger
+                .handle_transactional("acct", &order("cancel"), |_, _| async { Err::<MutationResponse, String>("must not run".into()) })
+                .await
+                .expect("handled");
+            outcomes.push(retry.outcome);
+            (outcomes, journal)
+        });
+        assert_eq!(outcomes, vec![Outcome::Executed, Outcome::Executed, Outcome::InProgress]);
+        assert_eq!(
+            orders(&db),
+            vec![("after-1".to_string(), "after".to_string()), ("after-2".to_string(), "after".to_string())],
+            "the cancelled order never committed"
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while backend_pids(&db, &name).iter().any(|(_, state)| state.contains("transaction")) {
+            assert!(Instant::now() < deadline, "a connection of the pool stays inside a transaction: {:?}", backend_pids(&db, &name));
+            thread::sleep(Duration::from_millis(10));
+        }
+        let row = db.rows().into_iter().find(|r| r["key"] == "cancel").expect("row");
+        assert_eq!(row["status"], "pending", "the cancelled reservation waits for its TTL");
+        let journal = journal.lines();
+        assert_eq!(journal.iter().filter(|l| *l == "begin").count(), 3, "{journal:?}");
+        assert_eq!(journal.iter().filter(|l| l.starts_with("commit")).count(), 2, "the cancelled transaction neither committed nor rolled back by the host: {journal:?}");
+    }
+}
