@@ -320,7 +320,7 @@ impl Ledger {
                 Next::Propagate { outcome, response } => {
                     return match failed {
                         Some(error) => Err(HandleError { error, ticket: exchange.ticket, outcome, response: Some(response) }),
-                        // The failure was the ledger's (the transaction could not begin): its 500.
+                        // A propagate with no handler failure (no handler ran): the core's 500.
                         None => Ok(Handled { response, outcome, ticket: exchange.ticket, close: false, sweep_due: false }),
                     };
                 }
@@ -443,11 +443,8 @@ impl Ledger {
                 if run.transaction {
                     match self.with_backend(|backend| backend.begin()) {
                         Ok(Ok(())) => exchange.in_transaction = true,
-                        // It never ran: a handler failure the core answers (rolled back, released).
-                        Ok(Err(error)) => {
-                            let detail = format!("the handler's transaction could not begin: {error:?}");
-                            return self.step(exchange, wit::Event::HandlerDone(wit::HandlerResult::Raised(detail)));
-                        }
+                        // It never runs: the core releases the key and answers as the ledger failed.
+                        Ok(Err(error)) => return self.step(exchange, wit::Event::BatchFailed(error)),
                         Err(_) => return self.fault.next(),
                     }
                 }

@@ -290,7 +290,7 @@ impl AsyncLedger {
                     let ticket = exchange.ticket().cloned();
                     return match failed {
                         Some(error) => Err(HandleError { error, ticket, outcome, response: Some(response) }),
-                        // The failure was the ledger's (the transaction could not begin): its 500.
+                        // A propagate with no handler failure (no handler ran): the core's 500.
                         None => Ok(Handled { response, outcome, ticket, close: false, sweep_due: false }),
                     };
                 }
@@ -641,10 +641,9 @@ impl AsyncExchange {
                                 let inner_tx = Arc::new(tokio::sync::Mutex::new(Some(tx)));
                                 self.transaction = Some(HandlerTransaction { inner: inner_tx, dialect: inner.dialect });
                             }
-                            // It never ran: a handler failure the core answers (rolled back, released).
+                            // It never runs: the core releases the key and answers as the ledger failed.
                             Err(error) => {
-                                let detail = format!("the handler's transaction could not begin: {error:?}");
-                                event = wit::Event::HandlerDone(wit::HandlerResult::Raised(detail));
+                                event = wit::Event::BatchFailed(error);
                                 continue;
                             }
                         }

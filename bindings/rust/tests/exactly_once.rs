@@ -13,7 +13,7 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::routing::post;
 use axum::{Extension, Router};
-use idempotency_ledger::wit::Value;
+use idempotency_ledger::wit::{self, Value};
 use idempotency_ledger::{
     AsyncLedger, AsyncSqlite, HandlerTransaction, IdempotencyLayer, Ledger, ManualClock, MutationResponse, Outcome, Request,
     Runtime, Settings, SqliteBackend, SystemClock,
@@ -210,7 +210,7 @@ fn a_live_owner_that_renews_its_lease_is_never_taken_over() {
 
 #[test]
 fn a_stepped_exchange_tells_its_renewal_interval_and_its_time_in_the_ledger() {
-    use idempotency_ledger::{wit, Feed, Next};
+    use idempotency_ledger::{Feed, Next};
     let dir = tempfile::tempdir().expect("tmp");
     let path = dir.path().join("l.sqlite");
     let clock = ManualClock::new(T0);
@@ -242,4 +242,81 @@ fn a_stepped_exchange_tells_its_renewal_interval_and_its_time_in_the_ledger() {
     assert!(matches!(off.feed(&mut exchange, Feed::Body(b"{}")), Next::RunHandler(_)));
     assert_eq!(exchange.renew_every_ms(), None, "renewal off");
     off.end(&mut exchange);
+}
+
+/// Real SQLite whose BEGIN fails, as a pool at its limit or a terminated
+/// connection makes it fail: the fault is injected, the database is real.
+struct BeginFails(SqliteBackend);
+
+impl idempotency_ledger::SqlBackend for BeginFails {
+    fn execute_batch(&mut self, statements: &[idempotency_ledger::SqlStatement]) -> Result<Vec<wit::StatementResult>, wit::BatchError> {
+        self.0.execute_batch(statements)
+    }
+    fn begin(&mut self) -> Result<(), wit::BatchError> {
+        Err(wit::BatchError::PoolExhausted("no connection for the handler's transaction".into()))
+    }
+}
+
+#[test]
+fn a_transaction_that_cannot_begin_runs_nothing_and_frees_the_key() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("l.sqlite");
+    let clock = ManualClock::new(T0);
+    ledger(&path, &clock); // migrated
+    let mut failing = Ledger::new(Runtime::shared().expect("runtime"), BeginFails(SqliteBackend::open(&path).expect("sqlite")), Settings::default(), clock.clone())
+        .expect("ledger");
+    let runs = AtomicUsize::new(0);
+    let handled = failing
+        .handle_transactional("acct", &order("k1"), |_, _| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, String>(MutationResponse::json(201, "{}"))
+        })
+        .expect("the core's answer, not a handler failure");
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "no handler runs without its transaction");
+    assert_eq!((handled.response.status, handled.outcome), (503, Outcome::LedgerBusy));
+    assert_eq!(handled.response.header("retry-after"), Some("1"));
+    // The reservation was released: a retry on a working ledger runs at once.
+    let mut working = ledger(&path, &clock);
+    let retried = working.handle_transactional("acct", &order("k1"), |_, _| Ok::<_, String>(MutationResponse::json(201, "{}"))).expect("ran");
+    assert_eq!(retried.outcome, Outcome::Executed);
+}
+
+/// The async twin: real SQLite behind `AsyncSqlite`, its BEGIN refused.
+#[derive(Clone)]
+struct AsyncBeginFails(AsyncSqlite);
+
+impl idempotency_ledger::AsyncBackend for AsyncBeginFails {
+    fn execute_batch(
+        &self,
+        statements: Vec<idempotency_ledger::SqlStatement>,
+    ) -> idempotency_ledger::BoxFuture<'_, Result<Vec<wit::StatementResult>, wit::BatchError>> {
+        self.0.execute_batch(statements)
+    }
+    fn dialect(&self) -> idempotency_ledger::Dialect {
+        self.0.dialect()
+    }
+    fn begin(&self) -> idempotency_ledger::BoxFuture<'_, Result<Box<dyn idempotency_ledger::AsyncTransaction>, wit::BatchError>> {
+        Box::pin(async { Err(wit::BatchError::Unreachable("the server closed the connection".into())) })
+    }
+}
+
+#[tokio::test]
+async fn an_async_transaction_that_cannot_begin_runs_nothing_and_frees_the_key() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("l.sqlite");
+    let backend = AsyncBeginFails(AsyncSqlite::open(&path).expect("sqlite"));
+    let ledger = AsyncLedger::new(Runtime::shared().expect("runtime"), backend, Settings::default(), SystemClock).await.expect("ledger");
+    let runs = AtomicUsize::new(0);
+    let handled = ledger
+        .handle_transactional("acct", &order("k1"), |_, _| async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, String>(MutationResponse::json(201, "{}"))
+        })
+        .await
+        .expect("the core's answer, not a handler failure");
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "no handler runs without its transaction");
+    assert_eq!((handled.response.status, handled.outcome), (500, Outcome::LedgerFailed));
+    assert!(handled.response.body_text().is_some_and(|b| b.contains("not executed")), "{:?}", handled.response.body_text());
+    let rows: i64 = rusqlite::Connection::open(&path).expect("open").query_row("SELECT COUNT(*) FROM idempotency_keys", [], |r| r.get(0)).expect("count");
+    assert_eq!(rows, 0, "the reservation was released");
 }
