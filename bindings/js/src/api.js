@@ -58,16 +58,18 @@ export function makeApi(getCore, wrapOther = () => null, describeDb = "a LedgerD
   }
 
   /**
-   * The recipe's drop-in handler: runs `runMutation(bodyBytes, request)` at
-   * most once per (principal, Idempotency-Key) and returns the Response to
-   * send (the core's, or the mutation's own). `principal` undefined (or "")
-   * is answered by the core (401). `options.onOutcome(outcome)` hears how
-   * each request ended.
+   * The recipe's drop-in handler: runs `runMutation(bodyBytes, request,
+   * context)` at most once per (principal, Idempotency-Key) and returns the
+   * Response to send (the core's, or the mutation's own). `principal`
+   * undefined (or "") is answered by the core (401). `options.onOutcome(outcome)`
+   * hears how each request ended. `context`: { transaction, signal, ticket }
+   * (with `options.transactional`, the transaction whose writes commit with
+   * the stored answer; `signal` aborts when a renewal finds the lease lost).
    */
   async function handleIdempotentMutation(request, env, ctx, principal, runMutation, options = NO_OPTIONS) {
     const ledger = ledgerFor(dbFrom(env, options), options);
     const waitUntil = ctx && typeof ctx.waitUntil === "function" ? (p) => ctx.waitUntil(p) : undefined;
-    const { response } = await ledger.handle(request, principal ?? undefined, runMutation, { waitUntil, route: options?.route });
+    const { response } = await ledger.handle(request, principal ?? undefined, runMutation, { waitUntil, route: options?.route, transactional: options?.transactional === true });
     return response;
   }
 
@@ -90,6 +92,7 @@ export function makeApi(getCore, wrapOther = () => null, describeDb = "a LedgerD
       inProgressRetryMs: c.inProgressRetryMs === undefined ? null : Number(c.inProgressRetryMs),
       waitMs: Number(c.waitMs),
       onServerError: c.onServerError,
+      leaseRenewal: c.leaseRenewal,
     };
   }
 

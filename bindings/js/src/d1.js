@@ -60,24 +60,83 @@ export function d1Ledger(db) {
   if (!db || typeof db.prepare !== "function" || typeof db.batch !== "function") {
     throw new TypeError("d1Ledger needs a D1Database binding (env.DB)");
   }
+  const prepareAll = (statements) => {
+    try {
+      return statements.map((s) => db.prepare(s.sql).bind(...s.params.map(toD1Value)));
+    } catch (error) {
+      if (error instanceof BatchFailure) throw error;
+      throw new BatchFailure(databaseError(undefined, error?.message ?? error), { cause: error });
+    }
+  };
+  const run = async (prepared) => {
+    try {
+      return await db.batch(prepared);
+    } catch (error) {
+      // D1 gives a message only ("D1_ERROR: ... SQLITE_BUSY", "Network connection lost").
+      throw new BatchFailure(databaseError(undefined, error?.message ?? error), { cause: error });
+    }
+  };
   return {
     dialect: "sqlite",
     async batch(statements) {
-      let prepared;
-      try {
-        prepared = statements.map((s) => db.prepare(s.sql).bind(...s.params.map(toD1Value)));
-      } catch (error) {
-        if (error instanceof BatchFailure) throw error;
-        throw new BatchFailure(databaseError(undefined, error?.message ?? error), { cause: error });
-      }
-      let results;
-      try {
-        results = await db.batch(prepared);
-      } catch (error) {
-        // D1 gives a message only ("D1_ERROR: ... SQLITE_BUSY", "Network connection lost").
-        throw new BatchFailure(databaseError(undefined, error?.message ?? error), { cause: error });
-      }
-      return fromD1Results(results, statements.length);
+      const prepared = prepareAll(statements);
+      return fromD1Results(await run(prepared), statements.length);
+    },
+    /**
+     * A transactional handler's "transaction" on D1, which has no
+     * interactive transactions (docs/SPEC.md 10.2): nothing opens; the
+     * handler gets `handle`, `{ dialect, prepare(sql), add(...statements) }`,
+     * and registers its writes (D1 prepared statements, bound) with `add`;
+     * they run after the core's fenced completion in ONE `db.batch()`
+     * `[complete, fence, ...the handler's statements]`, so a completion that
+     * matched no row aborts the batch before any of them commits. Their
+     * results are not returned (generate ids in the handler).
+     */
+    async begin() {
+      const kept = [];
+      let open = true;
+      const handle = Object.freeze({
+        dialect: "sqlite",
+        /** `db.prepare(sql)` on the ledger's D1 database (bind it, then `add` it). */
+        prepare: (sql) => db.prepare(sql),
+        /** Registers statements to commit with the completion, in order. */
+        add(...statements) {
+          if (!open) throw new Error("the handler's D1 batch has already run (or was dropped): add statements before the handler answers");
+          for (const s of statements) {
+            if (!s || typeof s !== "object" || typeof s.bind !== "function") throw new TypeError("add(...statements): D1 prepared statements (db.prepare(sql).bind(...))");
+          }
+          kept.push(...statements);
+        },
+      });
+      return {
+        handle,
+        /** The completion followed by the handler's statements, as one batch: the completion's results only. */
+        async execute(statements) {
+          if (!open) throw new BatchFailure({ tag: "host", val: "the handler's D1 batch has already run" });
+          open = false;
+          const prepared = prepareAll(statements);
+          const results = await run([...prepared, ...kept]);
+          if (!Array.isArray(results) || results.length !== prepared.length + kept.length) {
+            throw new BatchFailure({ tag: "outcome-unknown", val: `D1 batch returned ${Array.isArray(results) ? results.length : typeof results} results for ${prepared.length + kept.length} statements` });
+          }
+          return fromD1Results(results.slice(0, statements.length), statements.length);
+        },
+        /**
+         * The completion's batch already committed; a transaction that ran no
+         * completion (a request the ledger passed through) commits the
+         * handler's statements now, as one batch.
+         */
+        async commit() {
+          if (!open) return;
+          open = false;
+          if (kept.length > 0) fromD1Results(await run(kept), kept.length);
+        },
+        /** The batch aborted, or never ran: nothing to undo. */
+        async rollback() {
+          open = false;
+          kept.length = 0;
+        },
+      };
     },
   };
 }

@@ -38,4 +38,4 @@ export function idempotency(options) {
 }
 
 export const { ledgerFor, migrate } = api;
-export { NothingChangedError, sweepsDone } from "./ledger.js";
+export { LeaseLostError, NothingChangedError, sweepsDone } from "./ledger.js";

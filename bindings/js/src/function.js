@@ -60,9 +60,10 @@ function methodOf(session) {
 /**
  * Runs one idempotent call: `{ outcome, value }` (ran, or replayed), `{
  * outcome, error }` (the function threw: rethrow it; a NothingChangedError
- * released the key), or `{ outcome, rejected }` (a RejectedError).
+ * released the key), or `{ outcome, rejected }` (a RejectedError). `run(context)`
+ * runs the function; `context` is { transaction, signal, ticket }.
  */
-export async function callOnce(ledger, { name, key, principal, payload, run }) {
+export async function callOnce(ledger, { name, key, principal, payload, run, transactional = false }) {
   const body = encoder.encode(canonicalJson(payload));
   const path = `/functions/${name}`;
   const head = {
@@ -77,22 +78,35 @@ export async function callOnce(ledger, { name, key, principal, payload, run }) {
     principalValue(principal),
     {
       readBody: (cap) => (BigInt(body.byteLength) > BigInt(cap) ? "too-large" : body),
-      runHandler: async () => {
-        const result = await run();
+      runHandler: async (ticket, bytes, context) => {
+        const result = await run(context);
         const stored = canonicalJson(result);
         value = result;
         ran = true;
         return { tag: "answered", val: { status: 200, headers: JSON_HEADERS, body: { tag: "text", val: stored } } };
       },
     },
-    { route: path },
+    { route: path, transactional },
   );
-  if (action.tag === "pass-through") return { outcome, value: await run() };
+  if (action.tag === "pass-through") {
+    const own = await ledger.ownTransaction(transactional);
+    let result;
+    try {
+      result = await run(own.context);
+    } catch (thrown) {
+      await own.end(false);
+      throw thrown;
+    }
+    if (!(await own.end(true))) return { outcome, rejected: new RejectedError(ledger.session.faultReply.outcome, ledger.faultResponse()) };
+    return { outcome, value: result };
+  }
   if (error !== undefined) return { outcome, error };
   if (action.tag === "propagate") return { outcome, rejected: new RejectedError(outcome, action.val.response) };
   const { send } = action.val;
   if (send.tag === "handler") return { outcome, value };
   const response = send.val;
+  // A transactional call taken over meanwhile: its writes were rolled back, and the answer is the current owner's stored result.
+  if (outcome === "fenced-out" && response.status === 200) return { outcome, value: response.body ? JSON.parse(response.body) : null };
   if (ran && response.status === 200) return { outcome, value };
   if (REPLAYS.has(outcome) && response.status === 200) return { outcome, value: response.body ? JSON.parse(response.body) : null };
   return { outcome, rejected: new RejectedError(outcome, response) };
@@ -122,7 +136,11 @@ export function makeIdempotentFunction(api) {
    * (a string, or a function of the arguments); `key(...args)` (the
    * Idempotency-Key); `payload(...args)` (what is fingerprinted; default the
    * arguments array); `name` (the synthetic path's last part; default
-   * fn.name); and every setting (`pendingTtlMs`, `waitMs`, ...).
+   * fn.name); `transactional` (the function's writes to the ledger's
+   * database commit with its stored result); and every setting
+   * (`pendingTtlMs`, `waitMs`, ...). `fn` gets one argument after the
+   * caller's: { transaction, signal, ticket } (its transaction's handle when
+   * transactional; the AbortSignal a lost lease aborts).
    */
   return function idempotentFunction(fn, options) {
     const what = "idempotentFunction";
@@ -140,7 +158,8 @@ export function makeIdempotentFunction(api) {
         key: await options.key(...args),
         principal: await principalOf(...args),
         payload: options.payload === undefined ? args : await options.payload(...args),
-        run: () => fn.apply(this, args),
+        run: (context) => fn.apply(this, [...args, context]),
+        transactional: options.transactional === true,
       });
       if (call.error !== undefined) {
         if (call.error instanceof NothingChangedError) return call.error.value;
@@ -163,7 +182,8 @@ const clampDelay = (s) => Math.min(MAX_DELAY_SECONDS, Math.max(0, Math.ceil(s)))
 export function makeIdempotentQueueConsumer(api) {
   /**
    * A Cloudflare Queues `queue(batch, env, ctx)` handler that runs
-   * `handler(message, env, ctx)` at most once per message key, one message
+   * `handler(message, env, ctx, context)` at most once per message key
+   * (`context`: { transaction, signal, ticket }, as idempotentFunction's), one message
    * after the other. Options: `db` (a function of env; default
    * env[options.binding ?? "DB"]), `key(message)` (default message.id),
    * `payload(message)` (default message.body), `principal` (a string, or a
@@ -198,7 +218,8 @@ export function makeIdempotentQueueConsumer(api) {
           key: await keyOf(message),
           principal,
           payload: await payloadOf(message),
-          run: () => handler(message, env, ctx),
+          run: (context) => handler(message, env, ctx, context),
+          transactional: options.transactional === true,
         });
         let delaySeconds;
         const ack = call.error === undefined && call.rejected === undefined && ACKED.has(call.outcome);

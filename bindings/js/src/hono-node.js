@@ -11,4 +11,4 @@ const api = makeApi(getCore, (db) => (isBetterSqlite(db) ? sqliteLedger(db) : nu
 /** `app.use(idempotency({ db, principal: (c) => ..., ...settings }))`. */
 export const idempotency = makeHonoIdempotency(api);
 export const { ledgerFor, migrate } = api;
-export { NothingChangedError, sweepsDone } from "./ledger.js";
+export { LeaseLostError, NothingChangedError, sweepsDone } from "./ledger.js";

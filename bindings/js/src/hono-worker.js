@@ -8,4 +8,4 @@ const api = makeApi(getCore, () => null, "a D1 binding, a pg.Pool (Hyperdrive) o
 /** `app.use(idempotency({ db: (c) => c.env.DB, principal: (c) => ..., ...settings }))`. */
 export const idempotency = makeHonoIdempotency(api);
 export const { ledgerFor, migrate } = api;
-export { NothingChangedError, sweepsDone } from "./ledger.js";
+export { LeaseLostError, NothingChangedError, sweepsDone } from "./ledger.js";

@@ -5,7 +5,7 @@
 import { createMiddleware } from "hono/factory";
 import { matchedRoutes } from "hono/route";
 import { drainRequestBody, mutationOf, readFetchBody, requestHead, toFetchResponse } from "./fetch.js";
-import { raisedResult } from "./ledger.js";
+import { handlerContext, neverAborted, raisedResult } from "./ledger.js";
 import { adapterOptions, nodeHead, principalValue } from "./middleware.js";
 import { closeAfterAnswer, readNodeBody } from "./node-http.js";
 
@@ -105,26 +105,54 @@ function honoRoute(c, ours, option) {
   return undefined;
 }
 
+/** The Hono variable a handler reads its context from: `c.get("idempotency")` -> { transaction, signal, ticket }. */
+export const CONTEXT_VARIABLE = "idempotency";
+
+/** The context of a request the ledger passed through (no transaction, no ticket, a signal never aborted). */
+const passedThroughContext = () => handlerContext(undefined, neverAborted(), undefined);
+
 /** Builds `idempotency(options)` over `api` (the entry's makeApi result). */
 export function makeHonoIdempotency(api) {
   return function idempotency(options) {
     const { principalOf, dbOf, select } = adapterOptions(options, "idempotency");
+    const transactional = options.transactional === true;
     return createMiddleware(async (c, next) => {
       const request = c.req.raw;
       if (!select(request.method, c.req.path)) return next();
       const ledger = api.ledgerFor(await dbOf(c), options);
-      if (!ledger.session.protects(request.method)) return next();
+      // Not protected (or no key where keys are optional): the handler runs as
+      // it is; on a transactional route, in a transaction of its own.
+      const passThrough = async () => {
+        if (!transactional) {
+          c.set(CONTEXT_VARIABLE, passedThroughContext());
+          return next();
+        }
+        const own = await ledger.ownTransaction(true);
+        c.set(CONTEXT_VARIABLE, own.context);
+        try {
+          await next();
+        } catch (e) {
+          await own.end(false);
+          throw e;
+        }
+        if (!(await own.end(c.error === undefined))) {
+          c.res = undefined;
+          c.res = toFetchResponse(ledger.faultResponse());
+        }
+      };
+      if (!ledger.session.protects(request.method)) return passThrough();
       const principal = principalValue(await principalOf(c));
       const incoming = incomingOf(c, request);
       const ours = c.req.routeIndex;
       let produced = null;
       let thrown;
-      const { action } = await ledger.exchange(
+      const { action, handlerRan: ran } = await ledger.exchange(
         incoming ? nodeHead(incoming) : requestHead(request),
         principal,
         {
           readBody: (cap) => readBody(c, incoming, request, cap),
-          runHandler: async () => {
+          runHandler: async (ticket, body, context) => {
+            c.set(CONTEXT_VARIABLE, context);
             try {
               await next();
             } catch (e) {
@@ -137,17 +165,16 @@ export function makeHonoIdempotency(api) {
             return { tag: "answered", val: produced.wit };
           },
         },
-        { waitUntil: waitUntilOf(c), route: () => honoRoute(c, ours, options.route) },
+        { waitUntil: waitUntilOf(c), route: () => honoRoute(c, ours, options.route), transactional },
       );
-      if (action.tag === "pass-through") return next();
-      if (action.tag === "propagate") {
+      if (action.tag === "pass-through") return passThrough();
+      if (action.tag === "propagate" && ran) {
         // Hono's onError already made the framework's response (c.res); an
         // error it did not take is thrown on.
         if (thrown !== undefined) throw thrown;
         return undefined;
       }
-      const { send, close } = action.val;
-      if (send.tag === "handler") {
+      if (action.tag === "respond" && action.val.send.tag === "handler") {
         // c.res is the response as the handler (or the framework, for a
         // request it refused) made it: it goes out untouched.
         if (produced === null && thrown !== undefined) {
@@ -156,9 +183,12 @@ export function makeHonoIdempotency(api) {
         }
         return undefined;
       }
+      // The core's answer: a response it made, or (the handler never ran:
+      // its transaction could not begin) its answer to the failure.
+      const close = action.tag === "respond" && action.val.close;
       if (close && !incoming) await drainRequestBody(request);
       if (close && incoming) closeAfterAnswer(incoming);
-      const response = toFetchResponse(send.val, close && incoming !== undefined);
+      const response = toFetchResponse(action.tag === "respond" ? action.val.send.val : action.val.response, close && incoming !== undefined);
       if (c.finalized) {
         c.res = undefined;
         c.res = response;

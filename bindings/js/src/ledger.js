@@ -9,8 +9,16 @@
 // Platform-neutral: a `LedgerDb` is anything with
 //   dialect: "sqlite" | "postgres"
 //   batch(statements) -> Promise<StatementResult[]>   (one atomic unit; throws BatchFailure)
-// where a statement is { query, sql, params } (see ./d1.js for D1,
-// ./sqlite.js for better-sqlite3, ./pg.js for node-postgres).
+//   begin() -> Promise<LedgerTransaction>             (optional: transactional handlers)
+//   renewalBatch(statements)                          (optional: a lease renewal's batch, on
+//                                                      another connection than batch's)
+// where a statement is { query, sql, params } and a LedgerTransaction is
+//   handle                        what the handler gets (the driver's own object)
+//   execute(statements)           the completion inside the transaction (throws BatchFailure)
+//   commit()                      throws BatchFailure
+//   rollback()                    never throws
+// (see ./d1.js for D1, ./sqlite.js for better-sqlite3, ./pg.js for
+// node-postgres).
 import { drainRequestBody, mutationOf, readFetchBody, requestHead, toFetchResponse } from "./fetch.js";
 import { BatchFailure, ComponentFault, IdempotencyError, toBatchError, toWitConfig } from "./runtime.js";
 import { ExchangeRecording, currentInstruments } from "./telemetry.js";
@@ -31,6 +39,32 @@ export class NothingChangedError extends Error {
     if (options?.response !== undefined) this.response = options.response;
     if (options?.value !== undefined) this.value = options.value;
   }
+}
+
+/**
+ * The reason of the `signal` a handler gets once a lease renewal found its
+ * reservation taken over (docs/SPEC.md 10.1): its completion will be fenced
+ * out (a transactional handler's writes rolled back); stop before any effect
+ * outside the database. The message is the core's log line for it.
+ */
+export class LeaseLostError extends Error {
+  constructor(message = "lease lost", options) {
+    super(message, options);
+    this.name = "LeaseLostError";
+  }
+}
+
+/** What a handler gets besides its request: its transaction (transactional routes), the lease's signal, the ticket. */
+export function handlerContext(transaction, signal, ticket) {
+  return Object.freeze({ transaction, signal, ticket });
+}
+
+/**
+ * The signal of a lease that is never lost (renewal off, or no reservation):
+ * one per request (Workers bind such objects to the request that made them).
+ */
+export function neverAborted() {
+  return new AbortController().signal;
 }
 
 /** Lowercase hex SHA-256 of `prefix` (UTF-8) followed by `body`, with Web Crypto. */
@@ -141,12 +175,94 @@ export class IdempotencyLedger {
   }
 
   /** Runs one batch: the `batch-done` or `batch-failed` event (the failure as the driver saw it). */
-  async runBatch(statements) {
+  async runBatch(statements, { renewal = false } = {}) {
     try {
-      return { tag: "batch-done", val: await this.db.batch(this.#withSql(statements)) };
+      const sql = this.#withSql(statements);
+      // A renewal runs on a connection of its own where the LedgerDb has one (never a handler's transaction).
+      const results = renewal && typeof this.db.renewalBatch === "function" ? await this.db.renewalBatch(sql) : await this.db.batch(sql);
+      return { tag: "batch-done", val: results };
     } catch (error) {
       return { tag: "batch-failed", val: toBatchError(error) };
     }
+  }
+
+  /** Runs a `complete-in-transaction`, `commit` or `rollback` on `tx`: the event to feed. */
+  async #inTransaction(action, tx) {
+    switch (action.tag) {
+      case "complete-in-transaction":
+        if (tx === null) return { tag: "batch-failed", val: { tag: "host", val: "no transaction is open for this exchange" } };
+        try {
+          return { tag: "batch-done", val: await tx.execute(this.#withSql(action.val)) };
+        } catch (error) {
+          return { tag: "batch-failed", val: toBatchError(error) };
+        }
+      case "commit":
+        if (tx === null) return { tag: "commit-failed", val: { tag: "host", val: "no transaction is open for this exchange" } };
+        try {
+          await tx.commit();
+          return { tag: "committed" };
+        } catch (error) {
+          return { tag: "commit-failed", val: toBatchError(error) };
+        }
+      default:
+        await tx?.rollback();
+        return { tag: "rolled-back" };
+    }
+  }
+
+  /**
+   * Renews `ticket`'s lease every `everyMs` while its handler runs (docs/SPEC.md
+   * 10.1): the core's renewal batch on the ledger's database (never on the
+   * handler's transaction), its answer read by the core and its line logged;
+   * a lost lease aborts `signal` and ends the renewals; an unknown one goes
+   * on. `stop()` ends them when the handler ends; a renewal still in flight
+   * then is ignored (handed to `waitUntil` so a Worker lets it finish).
+   */
+  #renewLease(ticket, everyMs, waitUntil) {
+    const controller = new AbortController();
+    let stopped = false;
+    let timer = null;
+    const renewOnce = async () => {
+      const event = await this.runBatch(this.session.renewal(ticket, this.now()), { renewal: true });
+      if (stopped) return null;
+      return this.session.renewed(ticket, event.tag === "batch-done" ? { tag: "ok", val: event.val } : { tag: "err", val: event.val });
+    };
+    const tick = async () => {
+      timer = null;
+      if (stopped) return;
+      const renewal = renewOnce();
+      if (typeof waitUntil === "function") waitUntil(renewal.catch(() => {}));
+      let lease;
+      try {
+        lease = await renewal;
+      } catch (failure) {
+        if (stopped) return;
+        if (failure instanceof ComponentFault) for (const line of this.session.faultReply.log) this.log(line);
+        else this.logger.error?.(failure);
+        lease = null;
+      }
+      if (stopped) return;
+      if (lease?.log) this.log(lease.log);
+      if (lease?.state === "lost") {
+        stopped = true;
+        controller.abort(new LeaseLostError(lease.log?.message));
+        return;
+      }
+      schedule();
+    };
+    const schedule = () => {
+      timer = setTimeout(tick, everyMs);
+      timer?.unref?.();
+    };
+    schedule();
+    return {
+      signal: controller.signal,
+      stop() {
+        stopped = true;
+        if (timer !== null) clearTimeout(timer);
+        timer = null;
+      },
+    };
   }
 
   /**
@@ -155,31 +271,42 @@ export class IdempotencyLedger {
    *                     stopped reading past the cap), "consumed" (something
    *                     before the middleware read it) or "incomplete" (the
    *                     client's stream broke); may return a promise
-   *   runHandler(ticket, body) -> the WIT `handler-result` (a throw counts as
-   *                     raised, or nothing-changed for a NothingChangedError)
-   * Returns { action, outcome, error? }: the final action (pass-through,
-   * respond or propagate) for the adapter to send, its outcome, and what the
-   * handler threw. The core's log lines are written and the sweep it asks
-   * for is scheduled (handed to `waitUntil` when given) before this returns.
-   * `route`: the route template for the metrics (a string, or a function
-   * asked once the exchange ended), when the adapter knows it.
+   *   runHandler(ticket, body, context) -> the WIT `handler-result` (a throw
+   *                     counts as raised, or nothing-changed for a
+   *                     NothingChangedError); `context` is { transaction,
+   *                     signal, ticket }: the transaction's handle on a
+   *                     transactional exchange (else undefined) and the
+   *                     AbortSignal a lost lease aborts
+   * Returns { action, outcome, error?, handlerRan }: the final action
+   * (pass-through, respond or propagate) for the adapter to send, its
+   * outcome, what the handler threw, and whether it ran (a transactional
+   * handler whose transaction could not begin never runs: a `propagate` then
+   * carries the core's answer to send). The core's log lines are written and
+   * the sweep it asks for is scheduled (handed to `waitUntil` when given)
+   * before this returns. `route`: the route template for the metrics (a
+   * string, or a function asked once the exchange ended), when the adapter
+   * knows it. `transactional` (default: the options' `transactional`): the
+   * handler writes to the ledger's own database in a transaction that commits
+   * with its completion (docs/SPEC.md 10.2; the LedgerDb must have `begin()`).
    */
-  async exchange(head, principal, io, { waitUntil, route } = {}) {
+  async exchange(head, principal, io, { waitUntil, route, transactional = this.options.transactional === true } = {}) {
     const instruments = this.telemetry ? currentInstruments() : null;
     if (!this.session.protects(head.method)) {
       if (instruments !== null) {
         await new ExchangeRecording(instruments, head.method, principal, false, { traced: false }).finish("passed-through", route, this.digest, { measured: false }).catch(() => {});
       }
-      return this.#final(PASS_THROUGH, undefined, waitUntil);
+      return this.#final(PASS_THROUGH, undefined, waitUntil, false);
     }
     // null unless a meter or tracer provider is registered: nothing is timed then
     const rec = instruments === null ? null : new ExchangeRecording(instruments, head.method, principal, this.recordKeys);
     let exchange;
     let error;
     let action;
+    let tx = null; // the handler's open transaction (a transactional exchange)
+    let handlerRan = false;
     try {
       rec?.enter();
-      ({ action, exchange } = this.session.start(head, principal, this.now()));
+      ({ action, exchange } = this.session.start(head, principal, this.now(), "stepped", transactional));
       rec?.leave();
       let body = EMPTY;
       while (exchange !== undefined && !isFinal(action)) {
@@ -211,18 +338,43 @@ export class IdempotencyLedger {
             event = { tag: "slept" };
             break;
           case "run-handler": {
-            let result;
-            const ticket = action.val;
+            const { ticket, renewEveryMs, transaction } = action.val;
             if (rec !== null) rec.ticket = ticket;
+            if (transaction) {
+              rec?.enter();
+              try {
+                if (typeof this.db.begin !== "function") throw new BatchFailure({ tag: "host", val: "this database has no transactions for handlers" });
+                tx = await this.db.begin();
+              } catch (failure) {
+                // It never ran: a handler failure the core answers (nothing to roll back; the key released).
+                event = { tag: "handler-done", val: { tag: "raised", val: `the handler's transaction could not begin: ${failure?.message ?? failure}` } };
+              }
+              rec?.leave();
+              if (event !== undefined) break;
+            }
+            const lease = renewEveryMs === undefined ? null : this.#renewLease(ticket, renewEveryMs, waitUntil);
+            const context = handlerContext(tx?.handle, lease?.signal ?? neverAborted(), ticket);
+            let result;
+            handlerRan = true;
             try {
-              result = await (rec === null ? io.runHandler(ticket, body) : rec.inSpan(() => io.runHandler(ticket, body)));
+              result = await (rec === null ? io.runHandler(ticket, body, context) : rec.inSpan(() => io.runHandler(ticket, body, context)));
             } catch (thrown) {
               error = thrown;
               result = raisedResult(thrown);
+            } finally {
+              lease?.stop();
             }
             event = { tag: "handler-done", val: result };
             break;
           }
+          case "complete-in-transaction":
+          case "commit":
+          case "rollback":
+            rec?.enter();
+            event = await this.#inTransaction(action, tx);
+            rec?.leave();
+            if (event.tag === "committed" || event.tag === "rolled-back") tx = null;
+            break;
           default:
             throw new TypeError(`unknown action ${action.tag}`);
         }
@@ -232,6 +384,7 @@ export class IdempotencyLedger {
       }
     } catch (failure) {
       if (!(failure instanceof ComponentFault)) {
+        if (tx !== null) await tx.rollback();
         if (rec !== null) await rec.finish(undefined, undefined, this.digest, { error: failure }).catch(() => {});
         throw failure;
       }
@@ -240,12 +393,14 @@ export class IdempotencyLedger {
     } finally {
       exchange?.drop();
     }
-    const end = this.#final(action, error, waitUntil);
+    // Still open after the final action (a commit whose outcome is unknown, an internal error): dropped.
+    if (tx !== null) await tx.rollback();
+    const end = this.#final(action, error, waitUntil, handlerRan);
     if (rec !== null) await rec.finish(end.outcome, route, this.digest).catch(() => {});
     return end;
   }
 
-  #final(action, error, waitUntil) {
+  #final(action, error, waitUntil, handlerRan) {
     let outcome;
     if (action.tag === "pass-through") outcome = "passed-through";
     else {
@@ -260,7 +415,53 @@ export class IdempotencyLedger {
         // a broken callback must not break a request
       }
     }
-    return error === undefined ? { action, outcome } : { action, outcome, error };
+    return error === undefined ? { action, outcome, handlerRan } : { action, outcome, error, handlerRan };
+  }
+
+  /**
+   * For a request the ledger passes through (its method is not protected, or
+   * it has no key where keys are optional) on a transactional route: the
+   * handler still gets a transaction, of its own, so its writes run as they
+   * would under the ledger. Returns { context, end(ok) }: `end(true)` commits
+   * (false when the commit failed: answer `faultResponse()`), `end(false)`
+   * rolls back. Not transactional, or a transaction that cannot begin: no
+   * transaction in the context, and `end` does nothing.
+   */
+  async ownTransaction(transactional) {
+    let tx = null;
+    if (transactional && typeof this.db.begin === "function") {
+      try {
+        tx = await this.db.begin();
+      } catch {
+        tx = null; // the handler gets no transaction (and fails if it writes through one)
+      }
+    }
+    return {
+      context: handlerContext(tx?.handle, neverAborted(), undefined),
+      async end(ok) {
+        if (tx === null) return true;
+        const open = tx;
+        tx = null;
+        if (!ok) {
+          await open.rollback();
+          return true;
+        }
+        try {
+          await open.commit();
+          return true;
+        } catch {
+          await open.rollback();
+          return false;
+        }
+      },
+    };
+  }
+
+  /** The session's fault reply (logged): the core's 500 for a request the host could not finish. */
+  faultResponse() {
+    const reply = this.session.faultReply;
+    for (const line of reply.log) this.log(line);
+    return reply.send.val;
   }
 
   /** One bounded sweep batch at `now`: the core's report ({ deleted, more, log? }), its line logged. */
@@ -309,34 +510,47 @@ export class IdempotencyLedger {
 
   /**
    * The whole exchange for one Fetch Request (Workers): `runMutation(body,
-   * request)` runs at most once per (principal, key) and returns a Response
-   * or `{ status, body, headers }`. Returns `{ response, outcome }`: the
+   * request, context)` runs at most once per (principal, key) and returns a
+   * Response or `{ status, body, headers }`; `context` is { transaction,
+   * signal, ticket } (the transaction's handle when `transactional`, the
+   * AbortSignal a lost lease aborts). Returns `{ response, outcome }`: the
    * Response to send (the core's, or the mutation's own). A mutation that
    * throws is rethrown once the core has said what its reservation becomes
    * (a NothingChangedError carrying `response` is answered with it).
    */
-  async handle(request, principal, runMutation, { waitUntil, route } = {}) {
+  async handle(request, principal, runMutation, { waitUntil, route, transactional = this.options.transactional === true } = {}) {
     const head = requestHead(request);
     let produced = null;
     let returned;
-    const { action, outcome, error } = await this.exchange(
+    const { action, outcome, error, handlerRan } = await this.exchange(
       head,
       principal,
       {
         readBody: (cap) => readFetchBody(request, cap),
-        runHandler: async (ticket, body) => {
-          returned = await runMutation(bufferOf(body), request);
+        runHandler: async (ticket, body, context) => {
+          returned = await runMutation(bufferOf(body), request, context);
           produced = await mutationOf(returned);
           return { tag: "answered", val: produced.wit };
         },
       },
-      { waitUntil, route },
+      { waitUntil, route, transactional },
     );
     if (action.tag === "pass-through") {
-      const result = await runMutation(await request.arrayBuffer(), request);
-      return { response: (await mutationOf(result)).response, outcome };
+      const own = await this.ownTransaction(transactional);
+      let result;
+      try {
+        result = await mutationOf(await runMutation(await request.arrayBuffer(), request, own.context));
+      } catch (thrown) {
+        await own.end(false);
+        throw thrown;
+      }
+      if (!(await own.end(true))) return { response: toFetchResponse(this.faultResponse()), outcome };
+      return { response: result.response, outcome };
     }
-    if (action.tag === "propagate") throw error;
+    if (action.tag === "propagate") {
+      if (!handlerRan) return { response: toFetchResponse(action.val.response), outcome };
+      throw error;
+    }
     const { send, close } = action.val;
     if (close) await drainRequestBody(request);
     if (send.tag === "core") {

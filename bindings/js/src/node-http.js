@@ -3,7 +3,7 @@
 // (and handed back to the stream for the application), the response the
 // handler writes held until the core has completed it, then sent as the
 // application made it (or the core's response instead).
-import { NothingChangedError, raisedResult } from "./ledger.js";
+import { handlerContext, neverAborted, NothingChangedError, raisedResult } from "./ledger.js";
 import { adapterOptions, nodeHead, principalValue } from "./middleware.js";
 
 /** The path without the query (for route selection). */
@@ -256,18 +256,21 @@ function routeOf(req, option, framework) {
   };
 }
 
+/** The context of a request the ledger passed through (no transaction, no ticket, a signal never aborted). */
+const passedThroughContext = () => handlerContext(undefined, neverAborted(), undefined);
+
 /**
  * The exchange for one node:http request. `run({ bypass })` runs the
  * application (Express's next(), or the node:http handler); its response is
  * held, completed through the core, and then the answer the core says is
- * sent. Resolves once the request was answered.
+ * sent. The handler finds its context on `req.idempotency` ({ transaction,
+ * signal, ticket }). Resolves once the request was answered.
  */
 export async function handleNode(api, options, parts, req, res, run, { framework = false } = {}) {
   const { principalOf, dbOf, select } = parts;
   if (!select(req.method, nodePath(req))) return run({ bypass: true });
   const ledger = api.ledgerFor(await dbOf(req), options);
-  if (!ledger.session.protects(req.method)) return run({ bypass: true });
-  const principal = principalValue(await principalOf(req));
+  const transactional = options.transactional === true;
   const state = { error: undefined, held: null, check: null, routeAtStart: req.route, framework };
   const handlerResult = (captured) => {
     const error = state.error;
@@ -276,48 +279,87 @@ export async function handleNode(api, options, parts, req, res, run, { framework
     if (error !== undefined) return raisedResult(error);
     return { tag: "answered", val: { status: captured.status, headers: captured.headers, body: { tag: "bytes", val: captured.body } } };
   };
+  /** Runs the application with its response held; resolves with its WIT handler-result once it is over. */
+  const runHeld = (context) =>
+    new Promise((resolve) => {
+      req[STATE] = state;
+      req.idempotency = context;
+      // The handler is over once its response ended and (node:http) its
+      // function returned, or once it failed: a framework reports that
+      // through its error middleware and then answers it (held too).
+      let captured = null;
+      let returned = framework;
+      state.check = () => {
+        if (state.check === null) return;
+        const failed = state.error !== undefined && !framework;
+        if (!failed && (captured === null || !returned)) return;
+        state.check = null;
+        resolve(handlerResult(captured));
+      };
+      state.held = holdResponse(res, (c) => {
+        captured = c;
+        state.check?.();
+      });
+      Promise.resolve()
+        .then(() => run({ bypass: false, state }))
+        .then(
+          () => {
+            returned = true;
+            state.check?.();
+          },
+          (thrown) => fail(req, thrown),
+        );
+    });
+  /** Sends what the handler made (held), or, when it made nothing, its error's response or a dropped connection. */
+  const sendHandlers = () => {
+    const held = state.held;
+    if (held?.ended) held.send();
+    else {
+      held?.restore();
+      if (state.error?.response !== undefined) sendObject(res, state.error.response);
+      else res.destroy(state.error);
+    }
+  };
+  // Not protected (or no key where keys are optional): the handler runs as
+  // it is; on a transactional route, in a transaction of its own, committed
+  // once it answered.
+  const passThrough = async () => {
+    if (!transactional) {
+      req.idempotency = passedThroughContext();
+      return run({ bypass: true });
+    }
+    const own = await ledger.ownTransaction(true);
+    const result = await runHeld(own.context);
+    if (!(await own.end(result.tag === "answered"))) {
+      state.held?.restore();
+      sendCore(res, ledger.faultResponse(), false);
+      return undefined;
+    }
+    sendHandlers();
+    return undefined;
+  };
+  if (!ledger.session.protects(req.method)) return passThrough();
+  const principal = principalValue(await principalOf(req));
   const route = routeOf(req, options.route, framework);
-  const { action } = await ledger.exchange(nodeHead(req), principal, {
-    readBody: async (cap) => {
-      const body = await readNodeBody(req, cap);
-      if (typeof body !== "string") req.rawBody = body;
-      return body;
+  const { action } = await ledger.exchange(
+    nodeHead(req),
+    principal,
+    {
+      readBody: async (cap) => {
+        const body = await readNodeBody(req, cap);
+        if (typeof body !== "string") req.rawBody = body;
+        return body;
+      },
+      runHandler: (ticket, body, context) => runHeld(context),
     },
-    runHandler: () =>
-      new Promise((resolve) => {
-        req[STATE] = state;
-        // The handler is over once its response ended and (node:http) its
-        // function returned, or once it failed: a framework reports that
-        // through its error middleware and then answers it (held too).
-        let captured = null;
-        let returned = framework;
-        state.check = () => {
-          if (state.check === null) return;
-          const failed = state.error !== undefined && !framework;
-          if (!failed && (captured === null || !returned)) return;
-          state.check = null;
-          resolve(handlerResult(captured));
-        };
-        state.held = holdResponse(res, (c) => {
-          captured = c;
-          state.check?.();
-        });
-        Promise.resolve()
-          .then(() => run({ bypass: false, state }))
-          .then(
-            () => {
-              returned = true;
-              state.check?.();
-            },
-            (thrown) => fail(req, thrown),
-          );
-      }),
-  }, { route });
-  if (action.tag === "pass-through") return run({ bypass: true });
+    { route, transactional },
+  );
+  if (action.tag === "pass-through") return passThrough();
   const held = state.held;
   if (action.tag === "propagate") {
     // Express: the framework's own error response (held) goes out unstored;
-    // node:http (nothing to re-raise to): the core's answer for it.
+    // node:http (nothing to re-raise to), or a handler that never ran (its
+    // transaction could not begin): the core's answer for it.
     if (held?.ended) held.send();
     else {
       held?.restore();
@@ -329,13 +371,7 @@ export async function handleNode(api, options, parts, req, res, run, { framework
   if (send.tag === "core") {
     held?.restore();
     sendCore(res, send.val, close);
-  } else if (held?.ended) held.send();
-  else {
-    // The handler made no response: a NothingChangedError with one of its own, or nothing to send.
-    held?.restore();
-    if (state.error?.response !== undefined) sendObject(res, state.error.response);
-    else res.destroy(state.error);
-  }
+  } else sendHandlers();
   return undefined;
 }
 

@@ -53,7 +53,7 @@ export { d1Ledger } from "./d1.js";
 export { routeFilter } from "./middleware.js";
 export { readNodeBody } from "./node-http.js";
 export { nodeHead } from "./middleware.js";
-export { IdempotencyLedger, NothingChangedError, sweepsDone, sha256Hex, sessionFor } from "./ledger.js";
+export { IdempotencyLedger, LeaseLostError, NothingChangedError, sweepsDone, sha256Hex, sessionFor } from "./ledger.js";
 export { requestHead, readFetchBody, toFetchResponse, mutationOf } from "./fetch.js";
 export { RejectedError } from "./function.js";
 export { canonicalJson, canonicalJsonBytes } from "./canonical-json.js";

@@ -81,11 +81,15 @@ const isFatal = (e) => isDatabaseError(e) && (e.severity === "FATAL" || e.severi
  * One batch as a pg submittable: every message in one write, one Sync.
  * `resolve(results)` / `reject(BatchFailure)`; `state.sent` tells whether
  * the flight left, `state.committed` whether COMMIT's CommandComplete came.
+ * `inTransaction`: the statements alone, inside a transaction already open
+ * on the connection (no BEGIN, no COMMIT: a handler's completion).
  */
 class Flight {
-  constructor(statements, lockTimeoutMs, resolve, reject) {
+  constructor(statements, lockTimeoutMs, resolve, reject, { inTransaction = false } = {}) {
     this.statements = statements;
-    this.texts = [BEGIN, `SET LOCAL lock_timeout = '${lockTimeoutMs}ms'`, ...statements.map((s) => s.sql), "COMMIT"];
+    this.texts = inTransaction ? statements.map((s) => s.sql) : [BEGIN, `SET LOCAL lock_timeout = '${lockTimeoutMs}ms'`, ...statements.map((s) => s.sql), "COMMIT"];
+    this.first = inTransaction ? 0 : 2; // the index of the first statement among the texts
+    this.commits = !inTransaction;
     this.results = [];
     this.current = null;
     this.index = 0;
@@ -105,7 +109,7 @@ class Flight {
     if (corked) stream.cork();
     try {
       for (let i = 0; i < this.texts.length; i++) {
-        const values = i >= 2 && i < this.texts.length - 1 ? this.params[i - 2] : [];
+        const values = i >= this.first && i < this.first + this.statements.length ? this.params[i - this.first] : [];
         connection.parse({ text: this.texts[i], name: "", types: [] });
         connection.bind({ statement: "", portal: "", values });
         connection.describe({ type: "P", name: "" });
@@ -136,10 +140,10 @@ class Flight {
     const i = this.index++;
     const rows = this.current?.rows ?? [];
     this.current = null;
-    if (i >= 2 && i < this.texts.length - 1) {
+    if (i >= this.first && i < this.first + this.statements.length) {
       this.results.push({ rows, changes: changesOf(msg.text, this.texts[i]) });
     }
-    if (i === this.texts.length - 1) this.committed = true;
+    if (this.commits && i === this.texts.length - 1) this.committed = true;
   }
 
   handleEmptyQuery() {
@@ -152,8 +156,12 @@ class Flight {
 
   handleReadyForQuery() {
     if (this.settled) return;
-    if (!this.committed || this.results.length !== this.statements.length) {
-      this.fail(new BatchFailure({ tag: "outcome-unknown", val: "postgres: the batch ended without COMMIT being confirmed" }));
+    if (this.results.length !== this.statements.length || (this.commits && !this.committed)) {
+      this.fail(
+        this.commits
+          ? new BatchFailure({ tag: "outcome-unknown", val: "postgres: the batch ended without COMMIT being confirmed" })
+          : new BatchFailure({ tag: "host", val: "postgres: the statements ended without every result" }),
+      );
       return;
     }
     this.settled = true;
@@ -295,7 +303,103 @@ export function pgLedger(pool, { connectTimeoutMs = 5000, lockTimeoutMs = 5000 }
     return new BatchFailure({ tag: "outcome-unknown", val: `postgres: ${what}` }, { cause: error });
   }
 
-  return { dialect: "postgres", pool, batch };
+  /** A failure inside a handler's open transaction: nothing commits before COMMIT, so a lost connection lost the transaction. */
+  function inTransactionFailure(error, sent) {
+    if (error instanceof BatchFailure) return error;
+    if (isDatabaseError(error) && !isFatal(error)) return new BatchFailure(databaseError(error.code, error.message), { cause: error });
+    const what = isDatabaseError(error) ? `${error.message} (${error.code})` : String(error?.message ?? error);
+    return new BatchFailure({ tag: sent ? "unreachable" : "host", val: `postgres: ${what}` }, { cause: error });
+  }
+
+  /**
+   * Opens a transactional handler's transaction (docs/SPEC.md 10.2) on a
+   * connection checked out of the pool for the request: `BEGIN ISOLATION
+   * LEVEL READ COMMITTED; SET LOCAL lock_timeout`. The handler gets `handle`:
+   * `{ client, dialect }`, the checked-out pg client inside the transaction;
+   * the completion runs on it, then COMMIT or ROLLBACK, and only then does
+   * the connection go back to the pool (a broken one is discarded). While the
+   * transaction is open, the client's `release()` refuses to run.
+   */
+  async function begin() {
+    const client = await openClient();
+    const onError = () => {};
+    client.on("error", onError);
+    const release = client.release;
+    let open = true;
+    const end = (error) => {
+      if (!open) return;
+      open = false;
+      client.removeListener("error", onError);
+      client.release = release;
+      release.call(client, error);
+    };
+    try {
+      await client.query(`${BEGIN}; SET LOCAL lock_timeout = '${lockTimeoutMs}ms'`);
+    } catch (error) {
+      end(error instanceof Error ? error : new Error(String(error)));
+      if (isDatabaseError(error) && !isFatal(error)) throw new BatchFailure(databaseError(error.code, error.message), { cause: error });
+      throw new BatchFailure({ tag: "unreachable", val: `postgres: ${error?.message ?? error}` }, { cause: error });
+    }
+    client.release = () => {
+      throw new Error("this client belongs to a transactional handler's open transaction: the ledger commits or rolls it back and then releases it");
+    };
+    const inside = () => {
+      if (!open) throw new BatchFailure({ tag: "host", val: "the handler's transaction has ended" });
+      if (typeof client.getTransactionStatus === "function" && client.getTransactionStatus() === "I") {
+        throw new BatchFailure({ tag: "host", val: "the handler's transaction is no longer open on its client (the handler committed or rolled it back)" });
+      }
+    };
+    return {
+      handle: Object.freeze({ dialect: "postgres", client }),
+      /** The completion inside the transaction, pipelined (one Sync; no BEGIN, no COMMIT); the first error is thrown, the transaction stays (aborted) for the rollback. */
+      async execute(statements) {
+        inside();
+        let flight;
+        try {
+          return await new Promise((resolve, reject) => {
+            try {
+              flight = new Flight(statements, lockTimeoutMs, resolve, reject, { inTransaction: true });
+            } catch (error) {
+              reject(error);
+              return;
+            }
+            client.query(flight);
+          });
+        } catch (error) {
+          throw inTransactionFailure(error, !!flight?.sent);
+        }
+      },
+      async commit() {
+        inside();
+        let result;
+        try {
+          result = await client.query("COMMIT");
+        } catch (error) {
+          if (isDatabaseError(error) && !isFatal(error)) throw new BatchFailure(databaseError(error.code, error.message), { cause: error });
+          // Sent: a connection lost now leaves the commit's outcome unknown.
+          end(error instanceof Error ? error : new Error(String(error)));
+          throw new BatchFailure({ tag: "outcome-unknown", val: `postgres: ${error?.message ?? error}` }, { cause: error });
+        }
+        if (result?.command !== "COMMIT") {
+          // An aborted transaction answers COMMIT with ROLLBACK: nothing committed.
+          throw new BatchFailure({ tag: "host", val: `postgres: COMMIT was answered ${result?.command}` });
+        }
+        end();
+      },
+      /** ROLLBACK, then the connection goes back to the pool (discarded when the rollback failed: the server rolls back as it goes). */
+      async rollback() {
+        if (!open) return;
+        try {
+          await client.query("ROLLBACK");
+          end();
+        } catch (error) {
+          end(error instanceof Error ? error : new Error(String(error)));
+        }
+      },
+    };
+  }
+
+  return { dialect: "postgres", pool, batch, begin };
 }
 
 /** True for a node-postgres Pool (duck-typed). */

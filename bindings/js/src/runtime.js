@@ -233,10 +233,12 @@ export class Session {
   /**
    * Starts one request's exchange: { action, exchange } (`exchange`
    * undefined when the action is final). `now` in ms; `mode` "stepped" (the
-   * host runs each batch) or "driven" (through `Core.drive`).
+   * host runs each batch) or "driven" (through `Core.drive`);
+   * `transactional`: the handler runs in a transaction on the ledger's
+   * database and its writes commit with the completion (docs/SPEC.md 10.2).
    */
-  start(head, principal, now, mode = "stepped") {
-    const request = { head, principal: principal === null || principal === undefined ? undefined : String(principal), now: BigInt(now), mode };
+  start(head, principal, now, mode = "stepped", transactional = false) {
+    const request = { head, principal: principal === null || principal === undefined ? undefined : String(principal), now: BigInt(now), mode, transactional: transactional === true };
     let epoch;
     const started = this.call((s) => {
       epoch = this.#core.epoch;
@@ -258,6 +260,21 @@ export class Session {
   /** The report of a sweep batch: `result` is { tag: "ok", val: results } or { tag: "err", val: batchError }. */
   swept(result) {
     return this.call((s) => s.swept(result));
+  }
+
+  /** The lease renewal of `ticket`'s owner at `now` (statements: one batch, on another connection than a handler's transaction). */
+  renewal(ticket, now) {
+    return this.call((s) => s.renewal(ticket, BigInt(now)));
+  }
+
+  /** What a renewal batch found (`result` as for `swept`): the WIT `lease` ({ state: "held" | "lost" | "unknown", log? }). */
+  renewed(ticket, result) {
+    return this.call((s) => s.renewed(ticket, result));
+  }
+
+  /** Driven: one renewal batch through `executor`; the lease. */
+  renew(executor, ticket, now) {
+    return this.#core.drive(executor, () => this.#live().renew(ticket, BigInt(now)));
   }
 
   /** Driven: the migration through `executor`. */
@@ -326,6 +343,7 @@ const OPTION_FIELDS = {
   inProgressRetryMs: "option-u64",
   waitMs: "u64",
   onServerError: "enum",
+  leaseRenewal: "bool",
 };
 
 /** Every settings option this package accepts (camelCase, as in WIT). */

@@ -21,7 +21,7 @@ export const {
 export { getCore };
 export { d1Ledger, fromD1Results, fromD1Value, toD1Value } from "./d1.js";
 export { pgLedger } from "./pg.js";
-export { IdempotencyLedger, NothingChangedError, sweepsDone, sha256Hex, sessionFor } from "./ledger.js";
+export { IdempotencyLedger, LeaseLostError, NothingChangedError, sweepsDone, sha256Hex, sessionFor } from "./ledger.js";
 export { requestHead, readFetchBody, toFetchResponse, mutationOf } from "./fetch.js";
 export { RejectedError } from "./function.js";
 export { canonicalJson, canonicalJsonBytes } from "./canonical-json.js";

@@ -14,10 +14,9 @@ import { fileURLToPath } from "node:url";
 import { test } from "node:test";
 import { coreSignatures, instantiate as bind } from "../src/component.js";
 import { generate, render } from "../scripts/wit-table.js";
-import { sqliteLedger } from "../src/sqlite.js";
 import { FORMAT_3, doc } from "./helpers/vectors.js";
-import { dialectOf, eventOf, headOf, optionsOf, resultsOf, runExchange, runExchangeDriven, runSweep } from "./helpers/vector-json.js";
-import { freshDb, insertRows } from "./helpers/sqlite.js";
+import { dialectOf, eventOf, headOf, optionsOf, resultsOf, runExchange, runExchangeDriven, runRenewal, runRenewalDriven, runSweep, ticketOf } from "./helpers/vector-json.js";
+import { vectorDb } from "./helpers/sqlite.js";
 
 const generated = (name) => new URL(`../generated/${name}`, import.meta.url);
 const coreBytes = readFileSync(generated("core.core.wasm"));
@@ -147,13 +146,18 @@ function sessionOn(r, config) {
   return {
     sql,
     raw: s,
-    start(head, principal, now, mode) {
-      const started = s.start({ head, principal: principal ?? undefined, now: BigInt(now), mode });
+    start(head, principal, now, mode, transactional = false) {
+      const started = s.start({ head, principal: principal ?? undefined, now: BigInt(now), mode, transactional });
       const x = started.exchange;
       return { action: started.action, exchange: x && { step: (n, e) => x.step(BigInt(n), e), drop: () => x[DISPOSE]() } };
     },
     sweep: (now) => s.sweep(BigInt(now)),
     swept: (result) => s.swept(result),
+    renewal: (ticket, now) => s.renewal(ticket, BigInt(now)),
+    renewed: (ticket, result) => s.renewed(ticket, result),
+    renew(executor, ticket, now) {
+      return this.drive(executor, () => s.renew(ticket, BigInt(now)));
+    },
     drive(executor, fn) {
       r.state.executor = (statements) => {
         try {
@@ -194,6 +198,7 @@ function configOf(r, options = {}, dialect = "sqlite") {
   const SETTINGS = {
     protectedMethods: "list", fingerprintHeaders: "list", replayHeaders: "list", pendingTtlMs: "big", retentionMs: "big", bodyCapBytes: "num",
     requestBodyCapBytes: "big", sweepBatch: "num", sweepEvery: "num", keyRequired: "bool", replayHeader: "opt", inProgressRetryMs: "optbig", waitMs: "big", onServerError: "enum",
+    leaseRenewal: "bool",
   };
   for (const [name, kind] of Object.entries(SETTINGS)) {
     const value = options[name];
@@ -204,16 +209,15 @@ function configOf(r, options = {}, dialect = "sqlite") {
   return c;
 }
 
-/** A database per binding and scenario: the runners' `db` over a fresh better-sqlite3 file. */
+/** A database per binding and scenario: the runners' `db` over a fresh better-sqlite3 file (closed by `closeAll`). */
+const open = [];
 function fileDb(rows = []) {
-  const file = freshDb();
-  insertRows(file, rows);
-  const ledger = sqliteLedger(file);
-  const replaceRowsSync = (r) => {
-    file.prepare("DELETE FROM idempotency_keys").run();
-    insertRows(file, r);
-  };
-  return { batch: ledger.batch, batchSync: ledger.batchSync, replaceRowsSync, replaceRows: async (r) => replaceRowsSync(r) };
+  const db = vectorDb(rows);
+  open.push(db);
+  return db;
+}
+function closeAll() {
+  for (const db of open.splice(0)) db.close();
 }
 
 const T = 1_767_225_600_000;
@@ -266,6 +270,14 @@ const SCENARIOS = [
     scripted(`completion-failed-${i}`, {}, keyed(`kc${i}`), [body("{}"), "db", answered(201, "{}"), { "batch-failed": e }]),
   ]),
   scripted("malformed-results", {}, keyed("k18"), [body("{}"), { "batch-done": [{ rows: [[null, -9007199254740991, { real: -0.5 }, "ü", { blob: "00ff" }]], changes: 3 }] }]),
+  // Transactional: the completion in the handler's transaction, then commit or rollback (on the file).
+  scripted("tx-fresh", {}, { ...keyed("t1"), transactional: true }, [body("{}"), "db", answered(201, '{"id":1}'), "db", "db"]),
+  scripted("tx-renewal-off", { leaseRenewal: false }, { ...keyed("t2"), transactional: true }, [body("{}"), "db", answered(201, "{}"), "db", "db"]),
+  scripted("tx-raised", {}, { ...keyed("t3"), transactional: true }, [body("{}"), "db", { "handler-done": { raised: "boom" } }, "db", "db"]),
+  scripted("tx-commit-unknown", {}, { ...keyed("t4"), transactional: true }, [body("{}"), "db", answered(201, "{}"), "db", { "commit-failed": { kind: "outcome-unknown", message: "o" } }]),
+  scripted("tx-commit-busy", {}, { ...keyed("t5"), transactional: true }, [body("{}"), "db", answered(201, "{}"), "db", { "commit-failed": { kind: "database", code: "SQLITE_BUSY", message: "database is locked" } }, "db", "db"]),
+  scripted("tx-completion-failed", {}, { ...keyed("t6"), transactional: true }, [body("{}"), "db", answered(201, "{}"), { "batch-failed": { kind: "database", code: "SQLITE_CONSTRAINT_NOTNULL", message: "NOT NULL constraint failed: idempotency_keys.status" } }, "db", "db"]),
+  scripted("tx-events-out-of-order", {}, { ...keyed("t7"), transactional: true }, [body("{}"), "db", { committed: null }]),
 ];
 
 test("the same values and errors as jco's glue: defaults, schema, queries, settings", async () => {
@@ -306,10 +318,21 @@ test("the same values and errors as jco's glue: exchanges stepped and driven, sw
     const a = await same(`${v.id} (stepped)`, stepped);
     assert.ok(a.value?.length > 0, `${v.id}: ran`);
     if (!v.stepped_only) await same(`${v.id} (driven)`, driven);
+    closeAll();
+  }
+  for (const v of FORMAT_3 ? doc.renewal : []) {
+    await same(`${v.id} (stepped)`, (r) => runRenewal(v, sessionOn(r, configOf(r, optionsOf(v.id, v.config), dialectOf(v, "sqlite"))), fileDb(v.rows)));
+    await same(`${v.id} (driven)`, (r) => runRenewalDriven(v, sessionOn(r, configOf(r, optionsOf(v.id, v.config), dialectOf(v, "sqlite"))), fileDb(v.rows)));
+    closeAll();
   }
   for (const v of FORMAT_3 ? doc.sweep : []) {
     await same(`${v.id}`, (r) => runSweep(v, sessionOn(r, configOf(r, optionsOf(v.id, v.config))), fileDb(v.rows)));
   }
+  await same("renewal of a ticket whose row is gone", (r) => {
+    const s = sessionOn(r, configOf(r));
+    const ticket = ticketOf({ principal: "p", key: "k", fingerprint: "f".repeat(64), generation: 2, created_at: T });
+    return [s.renewal(ticket, T), s.renewed(ticket, { tag: "ok", val: resultsOf([{ rows: [], changes: 0 }]) }), s.renewed(ticket, { tag: "err", val: eventOf({ "batch-failed": { kind: "unreachable", message: "u" } }).val })];
+  });
   const expired = Array.from({ length: 3 }, (_, i) => ({
     principal: "p", key: `k${i}`, fingerprint: "f".repeat(64), status: "completed", generation: 1, response_status: 201, response_body: "{}", response_headers: "{}", created_at: 0, updated_at: 0,
   }));
@@ -335,6 +358,7 @@ test("the same values and errors as jco's glue: exchanges stepped and driven, sw
     const db = fileDb();
     return s.drive((statements) => db.batchSync(statements.map((x) => ({ sql: s.sql[x.query], params: x.params }))), () => s.raw.migrate());
   });
+  closeAll();
 });
 
 test("a trap or a failing ledger import leaves the instance unusable (the runtime then discards it)", () => {

@@ -307,8 +307,10 @@ describe("Node adapter (better-sqlite3)", () => {
       inProgressRetryMs: 1000,
       waitMs: 0,
       onServerError: "store",
+      leaseRenewal: true,
     });
     assert.equal(defaultOptions({ profile: "ietf" }).replayHeader, "Idempotency-Replayed");
+    assert.equal(defaultOptions({ leaseRenewal: false }).leaseRenewal, false);
     const db = freshDb();
     assert.throws(() => ledgerFor(db, { pendingTtlMs: 0 }), (e) => e instanceof IdempotencyError && e.protocolError.tag === "invalid-config");
     assert.throws(() => ledgerFor(db, { retentionMs: 10, pendingTtlMs: 1000 }), IdempotencyError);

@@ -123,15 +123,98 @@ function suite(name, env, skip) {
   });
 }
 
-suite("SQLite file", async () => ({ DATABASE_URL: join(dir, `ledger-${Date.now()}.sqlite`), IDEMPOTENCY_MAX_BODY_BYTES: "4000" }), false);
+/** A POST the server dies on (X-Exit-After-Write): the fetch fails, the process exits. */
+async function postAndDie(server, key) {
+  const answer = await post(server.base, { key, headers: { "x-exit-after-write": "1" } }).catch((error) => ({ error }));
+  assert.ok(answer.error, `no answer: ${JSON.stringify(answer)}`);
+  const { code, signal } = await server.exited;
+  assert.deepEqual({ code, signal }, { code: 3, signal: null }, `X-Exit-After-Write ends the process with status 3 right after the write: ${server.stderr()}`);
+}
 
-let pg;
-after(async () => pg?.dispose());
+async function stop(server) {
+  server.child.kill("SIGTERM");
+  const { code } = await server.exited;
+  assert.equal(code, 0, server.stderr());
+}
+
+/** Orders in the ledger's database (EXAMPLE-SERVERS.md): crash right after the write, lease renewal. */
+function exactlyOnceSuite(name, database, skip) {
+  describe(`make serve-node, orders in the ledger's database (${name})`, { skip }, () => {
+    test("transactional: killed right after its write, the order is not committed; the retry after the TTL writes it once", async () => {
+      const env = { ...(await database()), ORDERS_IN_DATABASE: "1", IDEMPOTENCY_TRANSACTIONAL: "1", IDEMPOTENCY_PENDING_TTL_MS: "500" };
+      const first = await start(env);
+      assert.match(first.stderr(), /"ordersInDatabase":true,"transactional":true/);
+      await postAndDie(first, "crash");
+      const second = await start(env);
+      try {
+        assert.equal(await count(second.base), 0, "the write died with its transaction");
+        await new Promise((resolve) => setTimeout(resolve, 600)); // past the TTL: the retry takes the reservation over
+        const retry = await post(second.base, { key: "crash" });
+        assert.equal(retry.status, 201, retry.text);
+        const replay = await post(second.base, { key: "crash" });
+        assert.deepEqual([replay.status, replay.text], [201, retry.text], "replayed");
+        assert.equal(await count(second.base), 1, "one order for one key across the crash");
+      } finally {
+        await stop(second);
+      }
+    });
+
+    test("not transactional: the order written before the crash stays, and the retry after the TTL writes it again", async () => {
+      const env = { ...(await database()), ORDERS_IN_DATABASE: "1", IDEMPOTENCY_PENDING_TTL_MS: "500" };
+      await postAndDie(await start(env), "crash-plain");
+      const second = await start(env);
+      try {
+        assert.equal(await count(second.base), 1, "the write committed on its own");
+        await new Promise((resolve) => setTimeout(resolve, 600));
+        assert.equal((await post(second.base, { key: "crash-plain" })).status, 201);
+        assert.equal(await count(second.base), 2, "what the transactional mode prevents: the order twice");
+      } finally {
+        await stop(second);
+      }
+    });
+
+    test("IDEMPOTENCY_LEASE_RENEWAL: a live owner past the TTL keeps its key when on, and is taken over when off", async () => {
+      for (const [renewal, status, orders] of [
+        ["on", 409, 1],
+        ["off", 201, 2],
+      ]) {
+        const server = await start({ ...(await database()), ORDERS_IN_DATABASE: "1", IDEMPOTENCY_PENDING_TTL_MS: "400", IDEMPOTENCY_LEASE_RENEWAL: renewal });
+        try {
+          assert.match(server.stderr(), new RegExp(`"leaseRenewal":${renewal === "on"}`));
+          const key = `slow-${renewal}`;
+          const slow = post(server.base, { key, query: "?delay_ms=1500" });
+          await new Promise((resolve) => setTimeout(resolve, 900)); // past the TTL while the first still runs
+          const second = await post(server.base, { key, query: "?delay_ms=1500" });
+          assert.equal((await slow).status, 201);
+          assert.equal(second.status, status, `renewal ${renewal}: ${second.text}`);
+          assert.equal(await count(server.base), orders, `renewal ${renewal}`);
+        } finally {
+          await stop(server);
+        }
+      }
+    });
+  });
+}
+
+suite("SQLite file", async () => ({ DATABASE_URL: join(dir, `ledger-${Date.now()}.sqlite`), IDEMPOTENCY_MAX_BODY_BYTES: "4000" }), false);
+let files = 0;
+// The whole contract again with the orders in the ledger's database, written in the handler's transaction.
+suite("SQLite file, transactional", async () => ({ DATABASE_URL: join(dir, `tx-${Date.now()}.sqlite`), IDEMPOTENCY_MAX_BODY_BYTES: "4000", ORDERS_IN_DATABASE: "1", IDEMPOTENCY_TRANSACTIONAL: "1" }), false);
+exactlyOnceSuite("SQLite file", async () => ({ DATABASE_URL: join(dir, `orders-${Date.now()}-${++files}.sqlite`) }), false);
+
+const pgs = [];
+after(async () => {
+  for (const pg of pgs) await pg.dispose();
+});
+const pgDatabase = (max) => async () => {
+  const pg = await freshSchema({ max });
+  pgs.push(pg);
+  return { DATABASE_URL: pg.url };
+};
 suite(
   "PostgreSQL",
-  async () => {
-    pg = await freshSchema({ max: 1 });
-    return { DATABASE_URL: pg.url, IDEMPOTENCY_MAX_BODY_BYTES: "4000" };
-  },
+  async () => ({ ...(await pgDatabase(1)()), IDEMPOTENCY_MAX_BODY_BYTES: "4000" }),
   SKIP_PG,
 );
+suite("PostgreSQL, transactional", async () => ({ ...(await pgDatabase(1)()), IDEMPOTENCY_MAX_BODY_BYTES: "4000", ORDERS_IN_DATABASE: "1", IDEMPOTENCY_TRANSACTIONAL: "1" }), SKIP_PG);
+exactlyOnceSuite("PostgreSQL", pgDatabase(1), SKIP_PG);

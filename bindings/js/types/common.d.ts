@@ -9,11 +9,12 @@ import type {
   Ticket,
   LogLine,
   SweepReport,
+  Lease,
 } from "../generated/interfaces/idempotency-ledger-types.js";
 import type { Statement, StatementResult, BatchError } from "../generated/interfaces/idempotency-ledger-ledger.js";
 import type { Action, Event, HandlerResult, Reply } from "../generated/interfaces/idempotency-ledger-exchange.js";
 
-export type { Config, Outcome, ProtocolError, RequestHead, Ticket, Statement, StatementResult, BatchError, WitMutationResponse, WitResponse, LogLine, SweepReport, Action, Event, HandlerResult, Reply };
+export type { Config, Outcome, ProtocolError, RequestHead, Ticket, Statement, StatementResult, BatchError, WitMutationResponse, WitResponse, LogLine, SweepReport, Lease, Action, Event, HandlerResult, Reply };
 
 export interface IdempotencySettings {
   /** Methods that must carry Idempotency-Key (default POST, PATCH, DELETE). */
@@ -46,6 +47,8 @@ export interface IdempotencySettings {
   waitMs?: number;
   /** What a 5xx answer or a raised mutation leaves: "store" (default) or "release". */
   onServerError?: "store" | "release";
+  /** While a handler runs, renew its reservation every third of the pending TTL, so a live owner is never taken over (default true). */
+  leaseRenewal?: boolean;
 }
 
 export interface IdempotencyOptions extends IdempotencySettings {
@@ -65,7 +68,50 @@ export interface IdempotencyOptions extends IdempotencySettings {
   recordKeys?: boolean;
   /** The route template for the metrics' `http.route` (Hono and Express find it themselves; node:http and Workers only have this). */
   route?: string | ((ctx: any) => string | undefined);
+  /**
+   * The handler writes to the ledger's own database and its writes must commit
+   * with the stored answer (exactly once, docs/SPEC.md 10.2): it runs in a
+   * transaction (`context.transaction`): better-sqlite3 `{ db }`, pg `{ client }`,
+   * D1 `{ prepare, add }`.
+   */
+  transactional?: boolean;
 }
+
+/** A transactional handler's transaction on better-sqlite3: the ledger's Database itself, inside a deferred BEGIN. */
+export interface SqliteTransaction {
+  readonly dialect: "sqlite";
+  readonly db: any;
+}
+
+/** A transactional handler's transaction on PostgreSQL: the pg client checked out for the request, inside BEGIN (do not release it). */
+export interface PgTransaction {
+  readonly dialect: "postgres";
+  readonly client: any;
+}
+
+/** A transactional handler's statements on D1: run after the fenced completion in ONE db.batch(). */
+export interface D1Transaction {
+  readonly dialect: "sqlite";
+  /** `db.prepare(sql)` on the ledger's D1 database. */
+  prepare(sql: string): any;
+  /** Registers bound prepared statements that commit with the completion, in order (before the handler answers). */
+  add(...statements: unknown[]): void;
+}
+
+export type HandlerTransactionHandle = SqliteTransaction | PgTransaction | D1Transaction;
+
+/** What a handler gets besides its request. */
+export interface IdempotencyContext {
+  /** The handler's transaction (transactional routes), else undefined. */
+  readonly transaction: HandlerTransactionHandle | undefined;
+  /** Aborted (reason: a LeaseLostError) once a renewal found the reservation taken over: stop before any effect outside the database. */
+  readonly signal: AbortSignal;
+  /** The won claim or takeover the handler runs under (undefined when the ledger passed the request through). */
+  readonly ticket: Ticket | undefined;
+}
+
+/** The reason of `IdempotencyContext.signal`: the lease was lost (the message is the core's log line). */
+export declare class LeaseLostError extends Error {}
 
 /** What runMutation may return: a plain result (the recipe's shape) or a Response. */
 export interface MutationResult {
@@ -75,7 +121,7 @@ export interface MutationResult {
   headers?: Headers | Record<string, string> | Array<[string, string]>;
 }
 
-export type RunMutation = (bodyBytes: ArrayBuffer, request: Request) => Promise<MutationResult | Response> | MutationResult | Response;
+export type RunMutation = (bodyBytes: ArrayBuffer, request: Request, context: IdempotencyContext) => Promise<MutationResult | Response> | MutationResult | Response;
 
 export interface ExecutionContextLike {
   waitUntil(promise: Promise<unknown>): void;
@@ -92,6 +138,18 @@ export interface SqlStatement {
 export interface LedgerDb {
   dialect: "sqlite" | "postgres";
   batch(statements: SqlStatement[]): Promise<StatementResult[]>;
+  /** Opens a transactional handler's transaction (optional: without it, transactional routes fail). */
+  begin?(): Promise<LedgerTransaction>;
+  /** A lease renewal's batch on another connection than a handler's transaction (optional: `batch` otherwise). */
+  renewalBatch?(statements: SqlStatement[]): Promise<StatementResult[]>;
+}
+
+/** An open transaction of a transactional handler (the ledger completes, commits or rolls it back). */
+export interface LedgerTransaction {
+  readonly handle: HandlerTransactionHandle;
+  execute(statements: SqlStatement[]): Promise<StatementResult[]>;
+  commit(): Promise<void>;
+  rollback(): Promise<void>;
 }
 
 /** A failure of a LedgerDb as the driver saw it: the core classifies `batchError`. */
@@ -124,7 +182,7 @@ export interface ExchangeIo {
   /** The body (at most `cap` bytes), or why it cannot be had. */
   readBody(cap: bigint): Uint8Array | "too-large" | "consumed" | "incomplete" | "length-unknown" | Promise<Uint8Array | "too-large" | "consumed" | "incomplete" | "length-unknown">;
   /** Runs the handler under `ticket`; a throw counts as raised (nothing-changed for a NothingChangedError). */
-  runHandler(ticket: Ticket, body: Uint8Array): Promise<HandlerResult> | HandlerResult;
+  runHandler(ticket: Ticket, body: Uint8Array, context: IdempotencyContext): Promise<HandlerResult> | HandlerResult;
 }
 
 export interface ExchangeEnd {
@@ -133,6 +191,8 @@ export interface ExchangeEnd {
   outcome: Outcome;
   /** What the handler threw, when it did. */
   error?: unknown;
+  /** Whether the handler ran (a transactional handler whose transaction could not begin did not: send a propagate's response). */
+  handlerRan: boolean;
 }
 
 export declare class IdempotencyError extends Error {
@@ -223,7 +283,7 @@ export interface QueueConsumerOptions<Body, Env> extends IdempotencyOptions {
  * handler ran or its stored result was found, else retries it.
  */
 export declare function idempotentQueueConsumer<Body = unknown, Env = any>(
-  handler: (message: QueueMessageLike<Body>, env: Env, ctx: ExecutionContextLike | undefined) => unknown,
+  handler: (message: QueueMessageLike<Body>, env: Env, ctx: ExecutionContextLike | undefined, context: IdempotencyContext) => unknown,
   options?: QueueConsumerOptions<Body, Env>,
 ): (batch: QueueBatchLike<Body>, env: Env, ctx?: ExecutionContextLike) => Promise<void>;
 
@@ -255,10 +315,12 @@ export declare class Session {
   readonly faultReply: Reply;
   readonly sql: Record<Statement["query"], string>;
   protects(method: string): boolean;
-  start(head: RequestHead, principal: string | undefined, now: number, mode?: "stepped" | "driven"): { action: Action; exchange?: Exchange };
+  start(head: RequestHead, principal: string | undefined, now: number, mode?: "stepped" | "driven", transactional?: boolean): { action: Action; exchange?: Exchange };
   migration(): Statement[];
   sweep(now: number): Statement[];
   swept(result: { tag: "ok"; val: StatementResult[] } | { tag: "err"; val: BatchError }): SweepReport;
+  renewal(ticket: Ticket, now: number): Statement[];
+  renewed(ticket: Ticket, result: { tag: "ok"; val: StatementResult[] } | { tag: "err"; val: BatchError }): Lease;
 }
 
 export declare class IdempotencyLedger {
@@ -269,7 +331,7 @@ export declare class IdempotencyLedger {
     head: RequestHead,
     principal: string | undefined,
     io: ExchangeIo,
-    ctx?: { waitUntil?: (p: Promise<unknown>) => void; route?: string | (() => string | undefined) },
+    ctx?: { waitUntil?: (p: Promise<unknown>) => void; route?: string | (() => string | undefined); transactional?: boolean },
   ): Promise<ExchangeEnd>;
   sweep(now?: number): Promise<SweepReport>;
   sweepAll(now?: number): Promise<number>;
@@ -278,7 +340,7 @@ export declare class IdempotencyLedger {
     request: Request,
     principal: string | undefined,
     runMutation: RunMutation,
-    ctx?: { waitUntil?: (p: Promise<unknown>) => void; route?: string | (() => string | undefined) },
+    ctx?: { waitUntil?: (p: Promise<unknown>) => void; route?: string | (() => string | undefined); transactional?: boolean },
   ): Promise<Handled>;
 }
 

@@ -13,6 +13,7 @@ export type ExpressMiddleware = ((req: any, res: any, next: (error?: unknown) =>
  * `app.use(idem)` (with include/exclude) before any body parser. A body
  * parser's refusal (and, app-wide, a response made before any route
  * matched) releases the key. `app.use(idem.errors)` after the routes.
+ * The handler finds its context on `req.idempotency` (an IdempotencyContext).
  */
 export declare function idempotency(options: AdapterOptions<IncomingMessageLike & { get(name: string): string | undefined }, object | PgPoolLike | LedgerDb>): ExpressMiddleware;
 export declare function migrate(db: object | PgPoolLike | LedgerDb): void | Promise<void>;

@@ -1,5 +1,5 @@
 // Node.js entry (better-sqlite3 v12).
-import type { IdempotentFunctionOptions, AdapterOptions, PgPoolLike, Core, ExecutionContextLike, IdempotencyLedger, IdempotencyOptions, LedgerDb, RunMutation, SqlStatement, StatementResult } from "./common.js";
+import type { IdempotentFunctionOptions, AdapterOptions, PgPoolLike, Core, ExecutionContextLike, IdempotencyContext, IdempotencyLedger, IdempotencyOptions, LedgerDb, RunMutation, SqlStatement, StatementResult } from "./common.js";
 export * from "./common.js";
 
 /** The parts of a better-sqlite3 (v12) Database this package uses. */
@@ -30,13 +30,20 @@ export declare function createPgPool(url: string, options?: { max?: number; conn
 /** The plain node:http adapter. */
 export declare function idempotentHandler(
   options: AdapterOptions<import("./node-http.js").IncomingMessageLike, Database | PgPoolLike | LedgerDb>,
-  handler: (req: import("./node-http.js").IncomingMessageLike & { rawBody?: Uint8Array }, res: import("./node-http.js").ServerResponseLike) => unknown,
+  handler: (req: import("./node-http.js").IncomingMessageLike & { rawBody?: Uint8Array; idempotency: IdempotencyContext }, res: import("./node-http.js").ServerResponseLike) => unknown,
 ): (req: any, res: any) => void;
 export declare function getCore(): Core;
 /** A fresh component instance of its own. */
 export declare function newCore(): Core;
 
-/** `fn` at most once per (principal, key): an async function with the same arguments returning its (stored, replayed) result. */
+/**
+ * `fn` at most once per (principal, key): an async function with the caller's arguments returning its (stored, replayed) result.
+ * `fn` gets one more argument after the caller's: the IdempotencyContext (its transaction when `transactional`, the lease's signal, the ticket).
+ */
+export declare function idempotentFunction<A extends unknown[], R>(
+  fn: (...args: [...A, IdempotencyContext]) => R | Promise<R>,
+  options: IdempotentFunctionOptions<A, Database | PgPoolLike | LedgerDb>,
+): (...args: A) => Promise<R>;
 export declare function idempotentFunction<A extends unknown[], R>(
   fn: (...args: A) => R | Promise<R>,
   options: IdempotentFunctionOptions<A, Database | PgPoolLike | LedgerDb>,

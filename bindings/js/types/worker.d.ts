@@ -1,5 +1,5 @@
 // Cloudflare Workers entry (D1).
-import type { IdempotentFunctionOptions, AdapterOptions, PgPoolLike, ExecutionContextLike, IdempotencyLedger, IdempotencyOptions, LedgerDb, RunMutation, Statement, StatementResult, Core } from "./common.js";
+import type { IdempotentFunctionOptions, AdapterOptions, PgPoolLike, ExecutionContextLike, IdempotencyContext, IdempotencyLedger, IdempotencyOptions, LedgerDb, RunMutation, Statement, StatementResult, Core } from "./common.js";
 export * from "./common.js";
 
 /** The parts of Cloudflare's D1Database this package uses. */
@@ -32,7 +32,14 @@ export declare function toD1Value(value: Statement["params"][number]): unknown;
 export declare function fromD1Value(value: unknown): Statement["params"][number];
 export declare function fromD1Results(results: unknown, expected: number): StatementResult[];
 
-/** `fn` at most once per (principal, key): an async function with the same arguments returning its (stored, replayed) result. */
+/**
+ * `fn` at most once per (principal, key): an async function with the caller's arguments returning its (stored, replayed) result.
+ * `fn` gets one more argument after the caller's: the IdempotencyContext (its transaction when `transactional`, the lease's signal, the ticket).
+ */
+export declare function idempotentFunction<A extends unknown[], R>(
+  fn: (...args: [...A, IdempotencyContext]) => R | Promise<R>,
+  options: IdempotentFunctionOptions<A, D1DatabaseLike | PgPoolLike | LedgerDb>,
+): (...args: A) => Promise<R>;
 export declare function idempotentFunction<A extends unknown[], R>(
   fn: (...args: A) => R | Promise<R>,
   options: IdempotentFunctionOptions<A, D1DatabaseLike | PgPoolLike | LedgerDb>,

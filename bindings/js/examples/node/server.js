@@ -11,6 +11,15 @@
 // ?delay_ms=N sleeps first, counts one execution, answers 201
 // {"id","request"} with Location /orders/<id>. GET /orders/count: 200
 // {"count"}. Logs go to stderr. SIGTERM / SIGINT: close and exit 0.
+//
+// Orders in the ledger's database (the exactly-once mode):
+//   ORDERS_IN_DATABASE=1          each execution inserts a row into `orders` (created at
+//                                 start) in DATABASE_URL's database; the count is its rows
+//   IDEMPOTENCY_TRANSACTIONAL=1   the insert runs in the handler's transaction and commits
+//                                 with the stored answer (the route is `transactional: true`)
+//   X-Exit-After-Write: 1         the process exits with status 3 right after the insert,
+//                                 before anything commits
+//   IDEMPOTENCY_LEASE_RENEWAL=on|off  whether a running handler's owner renews its lease
 import { randomUUID } from "node:crypto";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -32,9 +41,9 @@ function intFrom(name) {
 function boolFrom(name) {
   const raw = env[name];
   if (raw === undefined || raw === "") return undefined;
-  if (/^(1|true|yes)$/i.test(raw)) return true;
-  if (/^(0|false|no)$/i.test(raw)) return false;
-  throw new Error(`${name} must be true or false, got ${JSON.stringify(raw)}`);
+  if (/^(1|true|yes|on)$/i.test(raw)) return true;
+  if (/^(0|false|no|off)$/i.test(raw)) return false;
+  throw new Error(`${name} must be true or false (1/0, on/off), got ${JSON.stringify(raw)}`);
 }
 
 /** The ledger settings the environment asks for; unset ones keep the core's defaults. */
@@ -51,21 +60,56 @@ function settingsFromEnv() {
   const wait = intFrom("IDEMPOTENCY_WAIT_MS");
   if (wait !== undefined) settings.waitMs = wait;
   if (env.IDEMPOTENCY_ON_SERVER_ERROR) settings.onServerError = env.IDEMPOTENCY_ON_SERVER_ERROR;
+  const renewal = boolFrom("IDEMPOTENCY_LEASE_RENEWAL");
+  if (renewal !== undefined) settings.leaseRenewal = renewal;
   return settings;
 }
 
-async function openDatabase(url) {
+const CREATE_ORDERS = "CREATE TABLE IF NOT EXISTS orders (id TEXT PRIMARY KEY, principal TEXT NOT NULL, request TEXT NOT NULL, created_at BIGINT NOT NULL)";
+
+/**
+ * The ledger's database; with `orders`, also the `orders` table in it:
+ * `insert(order, transaction)` (in the handler's transaction when given,
+ * else committed on its own) and `count()` (committed rows only).
+ */
+async function openDatabase(url, orders) {
   if (/^postgres(ql)?:\/\//.test(url)) {
     const pool = await createPgPool(url, { max: 10, logger: { warn: log } });
     await migrate(pool);
-    return { db: pool, describe: `PostgreSQL ${url.replace(/\/\/[^@/]*@/, "//***@")}`, close: () => pool.end() };
+    if (orders) await pool.query(CREATE_ORDERS);
+    const sql = "INSERT INTO orders (id, principal, request, created_at) VALUES ($1, $2, $3, $4)";
+    return {
+      db: pool,
+      describe: `PostgreSQL ${url.replace(/\/\/[^@/]*@/, "//***@")}`,
+      // The handler's transaction: the client checked out for the request.
+      insert: (o, tx) => (tx ? tx.client : pool).query(sql, [o.id, o.principal, o.request, o.createdAt]),
+      count: async () => Number((await pool.query("SELECT COUNT(*) AS n FROM orders")).rows[0].n),
+      close: () => pool.end(),
+    };
   }
   const { default: Database } = await import("better-sqlite3");
   const db = new Database(url, { timeout: 5000 });
   db.pragma("journal_mode = WAL");
   db.pragma("synchronous = NORMAL");
   await migrate(db);
-  return { db, describe: `SQLite ${url}`, close: () => db.close() };
+  let reader = null;
+  if (orders) {
+    db.exec(CREATE_ORDERS);
+    // Another connection: it sees committed rows only, never the open transaction of a running handler.
+    reader = new Database(url, { readonly: true, timeout: 5000 });
+  }
+  const sql = "INSERT INTO orders (id, principal, request, created_at) VALUES (?, ?, ?, ?)";
+  return {
+    db,
+    describe: `SQLite ${url}`,
+    // The handler's transaction is open on the ledger's Database itself (tx.db is `db`).
+    insert: async (o, tx) => (tx ? tx.db : db).prepare(sql).run(o.id, o.principal, o.request, o.createdAt),
+    count: async () => reader.prepare("SELECT COUNT(*) AS n FROM orders").get().n,
+    close: () => {
+      reader?.close();
+      db.close();
+    },
+  };
 }
 
 // JSON nested deeper than this is refused (400 invalid_json) by the three
@@ -96,6 +140,9 @@ async function main() {
   const port = intFrom("PORT") ?? 8080;
   const databaseUrl = env.DATABASE_URL || join(tmpdir(), "idempotency-ledger-serve-node.sqlite");
   const settings = settingsFromEnv();
+  const ordersInDatabase = boolFrom("ORDERS_IN_DATABASE") === true;
+  const transactional = boolFrom("IDEMPOTENCY_TRANSACTIONAL") === true;
+  if (transactional && !ordersInDatabase) throw new Error("IDEMPOTENCY_TRANSACTIONAL=1 needs ORDERS_IN_DATABASE=1 (the orders must live in the ledger's database)");
   const { defaultOptions } = await import("@idempotency/ledger/node");
   // The 201 echoes the request JSON, so the stored response must hold a
   // request at the request cap (the environment's, else the core's default
@@ -104,9 +151,9 @@ async function main() {
   // default, a valid 20 KB order ran and was answered, and replayed, as 500.)
   const requestCap = defaultOptions(settings).requestBodyCapBytes;
   settings.bodyCapBytes = Math.min(Math.max(16_384, requestCap + 1024), 16 * 1024 * 1024);
-  const database = await openDatabase(databaseUrl);
+  const database = await openDatabase(databaseUrl, ordersInDatabase);
   const logger = { error: log, warn: log, info: log };
-  const options = { db: database.db, principal: (c) => c.get("principal"), logger, ...settings };
+  const options = { db: database.db, principal: (c) => c.get("principal"), logger, transactional, ...settings };
   const middleware = idempotency(options); // validates the settings once (the core refuses bad ones)
 
   let executions = 0;
@@ -141,15 +188,21 @@ async function main() {
     }
     executions += 1;
     const id = `ord_${randomUUID()}`;
+    if (ordersInDatabase) {
+      const order = { id, principal: c.get("principal"), request: JSON.stringify(request), createdAt: Date.now() };
+      // Transactional: the handler's transaction (`transaction.db` on SQLite, `transaction.client` on PostgreSQL).
+      await database.insert(order, c.get("idempotency").transaction);
+      if (c.req.header("x-exit-after-write") === "1") process.exit(3);
+    }
     return c.json({ id, request }, 201, { location: `/orders/${id}` });
   });
-  app.get("/orders/count", (c) => c.json({ count: executions }));
+  app.get("/orders/count", async (c) => c.json({ count: ordersInDatabase ? await database.count() : executions }));
   app.onError((error, c) => (error instanceof NothingChangedError ? c.json(error.cause, 400) : c.text("Internal Server Error", 500)));
 
   // Resolve what is in force (the core's defaults for what the environment left unset).
   const inForce = defaultOptions(settings);
   const server = serve({ fetch: app.fetch, hostname: "127.0.0.1", port }, (info) => {
-    log(`serve-node: listening on http://127.0.0.1:${info.port}; database ${database.describe}; settings ${JSON.stringify(inForce)}`);
+    log(`serve-node: listening on http://127.0.0.1:${info.port}; database ${database.describe}; settings ${JSON.stringify({ ...inForce, ordersInDatabase, transactional })}`);
   });
 
   let stopping = false;

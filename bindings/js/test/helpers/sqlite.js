@@ -4,8 +4,8 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import Database from "better-sqlite3";
 import { migrate } from "../../src/node.js";
-
-import { COLUMNS } from "./vector-json.js";
+import { sqliteLedger } from "../../src/sqlite.js";
+import { COLUMNS, HANDLER_WRITE, HANDLER_WRITES, HANDLER_WRITES_SELECT } from "./vector-json.js";
 
 export { COLUMNS };
 
@@ -24,6 +24,48 @@ export function freshDb() {
   return db;
 }
 
+/**
+ * A vector runner's database (conformance/README.md): a fresh file with the
+ * ledger's table holding `rows` and the empty `handler_writes`; the
+ * runner's batches and handler transactions go through the package's
+ * better-sqlite3 ledger on one connection, the `rows` replacements through
+ * another (committed).
+ */
+export function vectorDb(rows = []) {
+  const file = freshDb();
+  file.exec(HANDLER_WRITES);
+  insertRows(file, rows);
+  const other = new Database(file.name, { timeout: 1000 });
+  const ledger = sqliteLedger(file);
+  const replaceRowsSync = (r) => {
+    other.transaction(() => {
+      other.prepare("DELETE FROM idempotency_keys").run();
+      insertRows(other, r);
+    })();
+  };
+  const write = file.prepare(HANDLER_WRITE.sqlite);
+  return {
+    file,
+    batch: ledger.batch,
+    batchSync: ledger.batchSync,
+    begin: ledger.begin,
+    renewalBatch: ledger.renewalBatch,
+    replaceRowsSync,
+    replaceRows: async (r) => replaceRowsSync(r),
+    /** One handler write, through the transaction's handle (the Database, inside the transaction). */
+    write: async (handle, w) => {
+      if (handle.db !== file || !file.inTransaction) throw new Error("a handler write outside the handler's transaction");
+      write.run(w.principal, w.key, BigInt(w.generation));
+    },
+    rows: () => rows_(file),
+    writes: () => file.prepare(HANDLER_WRITES_SELECT).all().map((r) => ({ principal: r.principal, key: r.key, generation: Number(r.generation) })),
+    close() {
+      other.close();
+      file.close();
+    },
+  };
+}
+
 function toSql(value) {
   if (value === null) return null;
   if (typeof value === "string") return value;
@@ -40,6 +82,8 @@ export function insertRows(db, rows) {
     insert.run(...COLUMNS.map((c) => toSql(row[c])));
   }
 }
+
+const rows_ = (db) => rows(db);
 
 /** The whole table as JSON objects ordered by principal, key. */
 export function rows(db) {

@@ -10,13 +10,24 @@ export const COLUMNS = [
 
 /** The fields each kind's vectors carry (required, then optional); a runner fails on any other. */
 export const FIELDS = {
-  exchange: [["id", "spec", "config", "database", "rows", "request", "steps", "rows_after"], ["stepped_only"]],
+  exchange: [["id", "spec", "config", "database", "rows", "request", "steps", "rows_after"], ["stepped_only", "interactive_only", "writes_after"]],
   sweep: [["id", "spec", "config", "rows", "now", "expect", "rows_after"], ["feed"]],
+  renewal: [["id", "spec", "config", "rows", "ticket", "now", "expect", "rows_after"], ["feed"]],
   config: [["id", "spec", "profile", "overrides", "expect"], []],
 };
 export const KINDS = Object.keys(FIELDS);
-const REQUEST_FIELDS = ["method", "path_and_query", "headers", "principal", "now"];
-const STEP_FIELDS = ["expect", "now", "feed", "rows"];
+const REQUEST_FIELDS = ["method", "path_and_query", "headers", "principal", "now", "transactional"];
+const STEP_FIELDS = ["expect", "now", "feed", "rows", "handler_writes"];
+
+/** The side table a transactional handler writes to (conformance/README.md), the same statement in both dialects. */
+export const HANDLER_WRITES = "CREATE TABLE handler_writes (principal TEXT NOT NULL, key TEXT NOT NULL, generation BIGINT NOT NULL)";
+/** A handler's write, inside its transaction. */
+export const HANDLER_WRITE = { sqlite: "INSERT INTO handler_writes (principal, key, generation) VALUES (?, ?, ?)", postgres: "INSERT INTO handler_writes (principal, key, generation) VALUES ($1, $2, $3)" };
+/** The side table as the vectors compare it. */
+export const HANDLER_WRITES_SELECT = "SELECT principal, key, generation FROM handler_writes ORDER BY principal, key, generation";
+
+/** The number of handler transactions a database vector opens (its run-handler steps with `transaction` true). */
+export const transactionsOf = (v) => (v.database ? v.steps.filter((s) => s.expect["run-handler"]?.transaction === true).length : 0);
 
 function exactly(what, object, required, optional = []) {
   if (object === null || typeof object !== "object" || Array.isArray(object)) throw new Error(`${what}: not an object`);
@@ -31,8 +42,13 @@ export function checkFields(kind, v) {
   const fields = FIELDS[kind];
   if (!fields) throw new Error(`unknown vector kind ${kind}`);
   exactly(v.id, v, ...fields);
+  for (const flag of ["stepped_only", "interactive_only"]) {
+    if (v[flag] !== undefined && v[flag] !== true) throw new Error(`${v.id}: ${flag} is true when present`);
+  }
   if (kind === "exchange") {
     exactly(`${v.id} request`, v.request, REQUEST_FIELDS);
+    if (typeof v.request.transactional !== "boolean") throw new Error(`${v.id}: request.transactional is a bool`);
+    if ((v.writes_after !== undefined) !== (v.database && v.request.transactional)) throw new Error(`${v.id}: writes_after exactly in the transactional database vectors`);
     v.steps.forEach((s, i) => {
       exactly(`${v.id} step ${i}`, s, ["expect"], STEP_FIELDS);
       exactly(`${v.id} step ${i} expect`, s.expect, [Object.keys(s.expect)[0]]);
@@ -43,8 +59,8 @@ export function checkFields(kind, v) {
   }
 }
 
-const ACTIONS = ["read-body", "run-batch", "sleep", "run-handler", "pass-through", "respond", "propagate"];
-const EVENTS = ["body", "body-hashed", "body-too-large", "body-unreadable", "batch-done", "batch-failed", "slept", "handler-done"];
+const ACTIONS = ["read-body", "run-batch", "sleep", "run-handler", "complete-in-transaction", "commit", "rollback", "pass-through", "respond", "propagate"];
+const EVENTS = ["body", "body-hashed", "body-too-large", "body-unreadable", "batch-done", "batch-failed", "slept", "committed", "commit-failed", "rolled-back", "handler-done"];
 
 const CONFIG_FIELDS = {
   profile: "profile",
@@ -62,6 +78,7 @@ const CONFIG_FIELDS = {
   "in-progress-retry-ms": "inProgressRetryMs",
   "wait-ms": "waitMs",
   "on-server-error": "onServerError",
+  "lease-renewal": "leaseRenewal",
 };
 
 /**
@@ -96,7 +113,7 @@ export function configJson(c) {
   }
   out.dialect = c.dialect;
   const ordered = {};
-  for (const k of ["protected-methods", "fingerprint-headers", "replay-headers", "pending-ttl-ms", "retention-ms", "body-cap-bytes", "request-body-cap-bytes", "sweep-batch", "sweep-every", "dialect", "profile", "key-required", "replay-header", "in-progress-retry-ms", "wait-ms", "on-server-error"]) ordered[k] = out[k];
+  for (const k of ["protected-methods", "fingerprint-headers", "replay-headers", "pending-ttl-ms", "retention-ms", "body-cap-bytes", "request-body-cap-bytes", "sweep-batch", "sweep-every", "dialect", "profile", "key-required", "replay-header", "in-progress-retry-ms", "wait-ms", "on-server-error", "lease-renewal"]) ordered[k] = out[k];
   return ordered;
 }
 
@@ -138,8 +155,8 @@ export function valueJson(v) {
 }
 
 export const responseJson = (r) => ({ status: r.status, headers: r.headers.map((h) => [h.name, h.value]), body: r.body ?? null });
-const ticketJson = (t) => ({ principal: t.principal, key: t.key, fingerprint: t.fingerprint, generation: Number(t.generation), created_at: Number(t.createdAt) });
-const logJson = (l) => ({ level: l.level, message: l.message });
+export const ticketJson = (t) => ({ principal: t.principal, key: t.key, fingerprint: t.fingerprint, generation: Number(t.generation), created_at: Number(t.createdAt) });
+export const logJson = (l) => ({ level: l.level, message: l.message });
 const statementJson = (s) => ({ query: s.query, params: s.params.map(valueJson) });
 
 /** A WIT `action` -> the vectors' spelling. */
@@ -152,7 +169,12 @@ export function actionJson(a) {
     case "sleep":
       return { sleep: a.val };
     case "run-handler":
-      return { "run-handler": ticketJson(a.val) };
+      return { "run-handler": { ticket: ticketJson(a.val.ticket), "renew-every-ms": a.val.renewEveryMs ?? null, transaction: a.val.transaction } };
+    case "complete-in-transaction":
+      return { "complete-in-transaction": a.val.map(statementJson) };
+    case "commit":
+    case "rollback":
+      return { [a.tag]: null };
     case "pass-through":
       return { "pass-through": null };
     case "respond": {
@@ -199,7 +221,12 @@ export function eventOf(e) {
       return { tag: kind, val: v };
     case "body-too-large":
     case "slept":
+    case "committed":
+    case "rolled-back":
+      if (v !== null) throw new Error(`${kind} takes null`);
       return { tag: kind };
+    case "commit-failed":
+      return { tag: kind, val: batchErrorOf(v) };
     case "batch-done":
       return { tag: kind, val: resultsOf(v) };
     case "batch-failed":
@@ -213,24 +240,89 @@ export function eventOf(e) {
 
 export const headOf = (request) => ({ method: request.method, pathAndQuery: request.path_and_query, headers: headersOf(request.headers) });
 
+const withSql = (session, statements) => statements.map((s) => ({ query: s.query, sql: session.sql[s.query], params: s.params }));
+const FINAL = ["respond", "pass-through", "propagate"];
+
+/**
+ * The host's side of the transactional actions of a database vector
+ * (conformance/README.md, "The handler's transaction"), on the package's own
+ * transactions (`db.begin()`: better-sqlite3, pg, D1). Returns the event to
+ * feed for `action`, or undefined when the action is not one it performs.
+ */
+function transactions(v, session, db, counters) {
+  let tx = null;
+  return {
+    async event(step, action) {
+      if (db === null) return undefined;
+      if (action.tag === "run-handler" && action.val.transaction) {
+        // SPEC 10.2: the transaction opens (deferred on SQLite: no lock yet),
+        // another request may change the table, then the handler writes inside it.
+        tx = await db.begin();
+        counters.transactions++;
+        if (step.rows !== undefined) await db.replaceRows(step.rows);
+        for (const w of step.handler_writes ?? []) await db.write(tx.handle, w);
+        return undefined; // the step's feed follows
+      }
+      if (step.feed !== undefined) return undefined; // scripted: the transaction is left as it is
+      switch (action.tag) {
+        case "complete-in-transaction":
+          if (tx === null) throw new Error(`${v.id}: complete-in-transaction without a transaction`);
+          try {
+            return { tag: "batch-done", val: await tx.execute(withSql(session, action.val)) };
+          } catch (error) {
+            if (!error?.batchError) throw error;
+            return { tag: "batch-failed", val: error.batchError };
+          }
+        case "commit":
+          if (tx === null) throw new Error(`${v.id}: commit without a transaction`);
+          try {
+            await tx.commit();
+          } catch (error) {
+            if (!error?.batchError) throw error;
+            return { tag: "commit-failed", val: error.batchError }; // still open, for the rollback
+          }
+          tx = null;
+          return { tag: "committed" };
+        case "rollback":
+          if (tx === null) throw new Error(`${v.id}: rollback without a transaction`);
+          await tx.rollback();
+          tx = null;
+          return { tag: "rolled-back" };
+        default:
+          return undefined;
+      }
+    },
+    /** The exchange ended: a transaction still open is rolled back (the host drops it with its connection). */
+    async end() {
+      if (tx !== null) await tx.rollback();
+      tx = null;
+    },
+  };
+}
+
 /**
  * Runs one exchange vector, stepped, through `session` (a Session of this
  * package). `db` (database vectors): { batch(statements with sql) ->
- * Promise<results> (throws a BatchFailure), replaceRows(rows) -> Promise }.
- * `hash(prefix, bytes)` (optional, may be async): feed `body-hashed` with it
- * where the vector feeds `body` (`body-too-large` for a body over the cap). Returns the actions got, one per step,
- * in the vectors' spelling (the caller compares them with the steps'
+ * Promise<results> (throws a BatchFailure), replaceRows(rows) -> Promise
+ * (on another connection), begin() -> the package's transaction on the
+ * runner's connection, write(handle, write) -> Promise (one handler_writes
+ * insert through the transaction's handle) }. `hash(prefix, bytes)`
+ * (optional, may be async): feed `body-hashed` with it where the vector
+ * feeds `body` (`body-too-large` for a body over the cap). `counters.transactions`
+ * counts the handler transactions opened. Returns the actions got, one per
+ * step, in the vectors' spelling (the caller compares them with the steps'
  * `expect`).
  */
-export async function runExchange(v, session, { db = null, hash = null } = {}) {
+export async function runExchange(v, session, { db = null, hash = null, counters = { transactions: 0 } } = {}) {
   const got = [];
-  let { action, exchange } = session.start(headOf(v.request), v.request.principal ?? undefined, v.request.now, "stepped");
+  const host = transactions(v, session, db, counters);
+  let { action, exchange } = session.start(headOf(v.request), v.request.principal ?? undefined, v.request.now, "stepped", v.request.transactional);
   try {
     for (let i = 0; i < v.steps.length; i++) {
       const step = v.steps[i];
       got.push(actionJson(action));
       if (i === v.steps.length - 1) {
-        if (!["respond", "pass-through", "propagate"].includes(action.tag)) got.push({ "left-open": action.tag });
+        if (!FINAL.includes(action.tag)) got.push({ "left-open": action.tag });
         break;
       }
       // A final action may still be fed (an event after the end): the same exchange answers it.
@@ -238,8 +330,10 @@ export async function runExchange(v, session, { db = null, hash = null } = {}) {
         got.push({ "no-exchange-to-feed": step.feed ?? null });
         break;
       }
-      let event;
-      if (step.feed !== undefined) {
+      let event = await host.event(step, action);
+      if (event !== undefined) {
+        // performed on the database
+      } else if (step.feed !== undefined) {
         event = eventOf(step.feed);
         // What a host that hashes natively feeds: the hash, or body-too-large
         // for a body over the cap (it stops reading there, so never hashes one).
@@ -249,7 +343,7 @@ export async function runExchange(v, session, { db = null, hash = null } = {}) {
       } else if (action.tag === "run-batch" && db !== null) {
         if (step.rows !== undefined) await db.replaceRows(step.rows);
         try {
-          event = { tag: "batch-done", val: await db.batch(action.val.map((s) => ({ query: s.query, sql: session.sql[s.query], params: s.params }))) };
+          event = { tag: "batch-done", val: await db.batch(withSql(session, action.val)) };
         } catch (error) {
           if (!error?.batchError) throw error;
           event = { tag: "batch-failed", val: error.batchError };
@@ -259,6 +353,7 @@ export async function runExchange(v, session, { db = null, hash = null } = {}) {
     }
   } finally {
     exchange?.drop();
+    await host.end();
   }
   return got;
 }
@@ -267,10 +362,11 @@ export async function runExchange(v, session, { db = null, hash = null } = {}) {
  * Runs one exchange vector driven (not the `stepped_only` ones, which feed a
  * batch an event only a stepped host can): the component runs the batches through
  * the ledger import, which checks each `run-batch` step's statements and
- * runs them on `db.batchSync` (or returns the step's scripted result).
+ * runs them on `db.batchSync` (or returns the step's scripted result); the
+ * transactional actions are the host's, performed as runExchange does.
  * Returns the actions got, one per step, as runExchange does.
  */
-export function runExchangeDriven(v, session, db) {
+export async function runExchangeDriven(v, session, db, { counters = { transactions: 0 } } = {}) {
   const got = [];
   let i = 0;
   const executor = (statements) => {
@@ -284,22 +380,71 @@ export function runExchangeDriven(v, session, db) {
     }
     if (db === null) throw { batchError: { tag: "host", val: "no database and nothing scripted" } };
     if (step.rows !== undefined) db.replaceRowsSync(step.rows);
-    return db.batchSync(statements.map((s) => ({ query: s.query, sql: session.sql[s.query], params: s.params })));
+    return db.batchSync(withSql(session, statements));
   };
-  let { action, exchange } = session.start(headOf(v.request), v.request.principal ?? undefined, v.request.now, "driven");
+  const host = transactions(v, session, db, counters);
+  let { action, exchange } = session.start(headOf(v.request), v.request.principal ?? undefined, v.request.now, "driven", v.request.transactional);
   try {
     for (;;) {
       const step = v.steps[i++];
       got.push(actionJson(action));
       if (i >= v.steps.length || exchange === undefined) break;
-      if (step.feed === undefined) throw new Error(`${v.id} step ${i - 1}: nothing to feed after ${action.tag}`);
-      const event = eventOf(step.feed);
+      let event = await host.event(step, action);
+      if (event === undefined) {
+        if (step.feed === undefined) throw new Error(`${v.id} step ${i - 1}: nothing to feed after ${action.tag}`);
+        event = eventOf(step.feed);
+      }
       action = session.drive(executor, () => exchange.step(step.now, event));
     }
   } finally {
     exchange?.drop();
+    await host.end();
   }
   return got;
+}
+
+/** A ticket as the vectors spell it -> WIT `ticket`. */
+export const ticketOf = (t) => ({ principal: t.principal, key: t.key, fingerprint: t.fingerprint, generation: BigInt(t.generation), createdAt: BigInt(t.created_at) });
+
+/** A lease (WIT) in the vectors' spelling. */
+const leaseJson = (lease) => ({ state: lease.state, log: lease.log ? logJson(lease.log) : null });
+
+/**
+ * Runs one renewal vector stepped: `session.renewal(ticket, now)` as one
+ * batch on `db` (its `renewalBatch` when it has one; or the scripted
+ * `feed`), then `session.renewed`: the lease in the vectors' spelling.
+ */
+export async function runRenewal(v, session, db) {
+  const ticket = ticketOf(v.ticket);
+  const statements = session.renewal(ticket, v.now);
+  let result;
+  if (v.feed !== undefined) {
+    const event = eventOf(v.feed);
+    result = event.tag === "batch-failed" ? { tag: "err", val: event.val } : { tag: "ok", val: event.val };
+  } else {
+    try {
+      // On the LedgerDb's renewal connection where it has one (what the package runs renewals on).
+      result = { tag: "ok", val: await (db.renewalBatch ?? db.batch)(withSql(session, statements)) };
+    } catch (error) {
+      if (!error?.batchError) throw error;
+      result = { tag: "err", val: error.batchError };
+    }
+  }
+  return leaseJson(session.renewed(ticket, result));
+}
+
+/** Runs one renewal vector driven: `session.renew(ticket, now)`, its batch through `db.batchSync` (or the scripted `feed`). */
+export function runRenewalDriven(v, session, db) {
+  const ticket = ticketOf(v.ticket);
+  const executor = (statements) => {
+    if (v.feed !== undefined) {
+      const event = eventOf(v.feed);
+      if (event.tag === "batch-failed") throw { batchError: event.val };
+      return event.val;
+    }
+    return db.batchSync(withSql(session, statements));
+  };
+  return leaseJson(session.renew(executor, ticket, v.now));
 }
 
 /** Runs one sweep vector: { deleted, more, log } in the vectors' spelling. */

@@ -92,3 +92,40 @@ export async function kit(): Promise<number> {
   const deleted: number = await ledger.sweep();
   return results.length + deleted + ledger.count("executed") + ledger.rows().length;
 }
+
+// Exactly once (README "Exactly once"): transactional routes per database, the lease's signal.
+import { LeaseLostError, type IdempotencyContext, type SqliteTransaction, type PgTransaction, type D1Transaction } from "@idempotency/ledger/node";
+
+export async function exactlyOnce(db: Awaited<ReturnType<typeof openLedgerDatabase>>): Promise<void> {
+  const txOptions: IdempotencyOptions = { transactional: true, leaseRenewal: true };
+  void txOptions;
+  // Workers + D1: the handler registers its statements; they run after the completion in one batch.
+  const worker = async (request: Request, env: Env, ctx: { waitUntil(p: Promise<unknown>): void }) =>
+    handleIdempotentMutation(request, env, ctx, "acct", async (_body, _request, { transaction, signal }) => {
+      const tx = transaction as D1Transaction;
+      tx.add(tx.prepare("INSERT INTO orders (id) VALUES (?)").bind("o-1"));
+      if (signal.aborted && signal.reason instanceof LeaseLostError) throw signal.reason;
+      return { status: 201, body: "{}" };
+    }, { transactional: true });
+  void worker;
+  // node:http on better-sqlite3: req.idempotency.
+  const listener = idempotentHandler({ db, principal: () => "acct", transactional: true }, async (req, res) => {
+    const tx = req.idempotency.transaction as SqliteTransaction;
+    tx.db.prepare("INSERT INTO orders (id) VALUES (?)").run("o-2");
+    res.end();
+  });
+  void listener;
+  // Hono on PostgreSQL: c.get("idempotency").
+  const honoTx = async (c: { get(key: "idempotency"): IdempotencyContext }) => {
+    const tx = c.get("idempotency").transaction as PgTransaction;
+    await tx.client.query("INSERT INTO orders (id) VALUES ($1)", ["o-3"]);
+  };
+  void honoTx;
+  // An idempotent function gets the context after its own arguments.
+  const charge = idempotentFunction(async (order: { id: string }, { transaction }: IdempotencyContext) => {
+    (transaction as SqliteTransaction).db.prepare("INSERT INTO charges (id) VALUES (?)").run(order.id);
+    return { charged: order.id };
+  }, { db, principal: "billing", key: (order) => order.id, transactional: true });
+  const { charged }: { charged: string } = await charge({ id: "o-4" });
+  void charged;
+}
