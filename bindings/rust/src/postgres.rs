@@ -4,8 +4,14 @@
 //! its own (it never calls `block_on`: a blocking caller waits on a channel).
 //!
 //! Each batch is one transaction at READ COMMITTED, sent in one network round
-//! trip: `BEGIN`, the statements (prepared once per connection and cached) and
-//! `COMMIT` are pipelined, then all answers are read. The protocol is safe at
+//! trip: `BEGIN`, the statements and `COMMIT` are pipelined, then all answers
+//! are read. Each statement is parsed as the unnamed statement inside that
+//! flight (Parse, Bind, Execute with its parameters typed by the server, as
+//! node-postgres does): nothing is prepared by name or set for the session,
+//! so nothing has to outlive the transaction on its server connection, and
+//! the same code runs behind a transaction pooler (PgBouncer in
+//! `pool_mode = transaction`, which hands each transaction whichever server
+//! connection is free). The protocol is safe at
 //! READ COMMITTED because the takeover and the completion are conditional
 //! UPDATEs: PostgreSQL locks the row and re-checks the WHERE clause against
 //! the newest committed version, so of two racing takeovers one matches and
@@ -14,16 +20,20 @@
 //! Failures are reported as the driver saw them (the core classifies): a
 //! database error (the transaction rolled back), an exhausted pool, a server
 //! that could not be reached before anything was sent, or a connection lost
-//! after the batch was sent, whose commit is then unknown.
+//! after the batch was sent, whose commit is then unknown. A connection whose
+//! server refuses writes (SQLSTATE 25006: a primary that failed over and is
+//! now a standby or read-only) or reports itself shutting down is dropped
+//! from the pool, so the next batch connects again (to the new primary,
+//! behind an endpoint that moved) instead of failing on it forever.
 
 use std::error::Error as StdError;
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod, Runtime as PoolRuntime, TimeoutType};
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod, Runtime as PoolRuntime, TimeoutType};
 use futures_util::future::{join, join_all};
 use futures_util::{pin_mut, TryStreamExt};
-use tokio_postgres::types::{to_sql_checked, IsNull, ToSql, Type};
+use tokio_postgres::types::{to_sql_checked, Format, IsNull, ToSql, Type};
 use tokio_postgres::Row;
 
 use crate::nonblocking::{AsyncBackend, BoxFuture};
@@ -51,22 +61,18 @@ impl Default for PoolSettings {
     }
 }
 
-/// What a pool's batches and new connections run first.
+/// What a pool's batches run first.
 #[derive(Clone)]
 struct Preamble {
-    /// `BEGIN ... ; SET LOCAL lock_timeout`: opens every batch's transaction.
+    /// `BEGIN ... ; SET LOCAL lock_timeout`: opens every batch's transaction
+    /// (a SET LOCAL ends with it: nothing is left on the server connection).
     begin: Arc<str>,
-    /// `SET lock_timeout`: a new connection's prepares (outside a batch) are bounded too.
-    session: Arc<str>,
 }
 
 impl Preamble {
     fn new(lock_timeout: Duration) -> Preamble {
         let ms = lock_timeout.as_millis().max(1);
-        Preamble {
-            begin: format!("BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = '{ms}ms'").into(),
-            session: format!("SET lock_timeout = '{ms}ms'").into(),
-        }
+        Preamble { begin: format!("BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = '{ms}ms'").into() }
     }
 }
 
@@ -92,20 +98,13 @@ pub fn url_with_options(url: &str, options: &str) -> String {
 /// (the default), `require`, `verify-ca`, `verify-full`; `sslrootcert=FILE`
 /// or `system` for the roots): at most `max_size` connections, a request
 /// waits up to 5 s for one. Builds no connection yet.
-fn build_pool(url: &str, settings: &PoolSettings, preamble: &Preamble) -> Result<Pool, Error> {
+fn build_pool(url: &str, settings: &PoolSettings) -> Result<Pool, Error> {
     let (config, tls) = crate::tls::connect_settings(url)?;
+    // Fast recycling: a pooled connection is checked for being closed (see
+    // `open_client`), not with a round trip; one the server answered with a
+    // connection-level refusal is dropped where it failed (`discards`).
     let manager = Manager::from_config(config, tls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
     Pool::builder(manager)
-        // The batch's own `SET LOCAL lock_timeout` comes after the statements
-        // are prepared: a new connection's prepares must not wait forever
-        // behind a lock either (one SET per new connection).
-        .post_create({
-            let session = preamble.session.clone();
-            Hook::async_fn(move |client, _| {
-                let session = session.clone();
-                Box::pin(async move { client.batch_execute(&session).await.map_err(HookError::Backend) })
-            })
-        })
         .max_size(settings.max_size.max(1))
         .wait_timeout(Some(settings.wait_timeout))
         .create_timeout(Some(Duration::from_secs(10)))
@@ -132,7 +131,7 @@ impl AsyncPostgres {
     /// [`AsyncPostgres::connect`] with other timeouts.
     pub fn connect_with(url: &str, settings: &PoolSettings) -> Result<AsyncPostgres, Error> {
         let preamble = Preamble::new(settings.lock_timeout);
-        Ok(AsyncPostgres { pool: build_pool(url, settings, &preamble)?, preamble })
+        Ok(AsyncPostgres { pool: build_pool(url, settings)?, preamble })
     }
 
     /// Wraps a pool you built (your own TLS connector, say). Build it with
@@ -162,7 +161,7 @@ impl AsyncBackend for AsyncPostgres {
         Box::pin(async move {
             let client = open_client(&self.pool).await?;
             client.batch_execute(&self.preamble.begin).await.map_err(|e| failure(&e, false))?;
-            Ok(Box::new(PgTransaction { client: Some(client) }) as Box<dyn AsyncTransaction>)
+            Ok(Box::new(PgTransaction { client: Some(client), discard: false }) as Box<dyn AsyncTransaction>)
         })
     }
 }
@@ -170,13 +169,20 @@ impl AsyncBackend for AsyncPostgres {
 /// A transactional handler's transaction on one pooled connection.
 struct PgTransaction {
     client: Option<Object>,
+    /// A statement met a server that refuses this connection's work (see
+    /// `discards`): after the rollback it leaves the pool.
+    discard: bool,
 }
 
 impl AsyncTransaction for PgTransaction {
     fn execute(&mut self, statements: Vec<SqlStatement>) -> BoxFuture<'_, Result<Vec<StatementResult>, BatchError>> {
         Box::pin(async move {
             let client = self.client.as_ref().ok_or_else(|| BatchError::Host("the transaction has ended".into()))?;
-            run_in_transaction(client, &statements).await
+            let results = run_in_transaction(client, &statements).await;
+            if results.as_ref().is_err_and(discards) {
+                self.discard = true;
+            }
+            results
         })
     }
 
@@ -190,11 +196,11 @@ impl AsyncTransaction for PgTransaction {
     }
 
     fn rollback(mut self: Box<Self>) -> BoxFuture<'static, ()> {
-        let client = self.client.take();
+        let (client, discard) = (self.client.take(), self.discard);
         Box::pin(async move {
             if let Some(client) = client {
                 // A rollback that fails leaves a broken connection: the server rolls back.
-                if client.batch_execute("ROLLBACK").await.is_err() {
+                if client.batch_execute("ROLLBACK").await.is_err() || discard {
                     let _ = Object::take(client);
                 }
             }
@@ -216,20 +222,7 @@ impl Drop for PgTransaction {
 /// Statements inside an open transaction, pipelined (no BEGIN, no COMMIT);
 /// the first error ends the batch.
 async fn run_in_transaction(client: &Object, statements: &[SqlStatement]) -> Result<Vec<StatementResult>, BatchError> {
-    let mut prepared = Vec::with_capacity(statements.len());
-    for statement in statements {
-        prepared.push(client.prepare_cached(&statement.sql).await.map_err(|e| failure(&e, false))?);
-    }
-    let ran = join_all(statements.iter().zip(&prepared).map(|(s, p)| async {
-        let stream = client.query_raw(p, s.params.iter()).await?;
-        pin_mut!(stream);
-        let mut rows = Vec::new();
-        while let Some(row) = stream.try_next().await? {
-            rows.push(row);
-        }
-        Ok::<_, tokio_postgres::Error>((rows, stream.rows_affected().unwrap_or(0)))
-    }))
-    .await;
+    let ran = join_all(statements.iter().map(|s| run_statement(client, s))).await;
     let mut results = Vec::with_capacity(statements.len());
     for (statement, outcome) in statements.iter().zip(ran) {
         // Nothing commits before COMMIT: a lost connection here lost the transaction.
@@ -285,7 +278,7 @@ impl PostgresPool {
         let preamble = Preamble::new(settings.lock_timeout);
         let pool = {
             let _entered = runtime.enter();
-            build_pool(url, settings, &preamble)?
+            build_pool(url, settings)?
         };
         Ok(PostgresPool { inner: Arc::new(PoolInner { pool, preamble, runtime: Some(runtime), pid: std::process::id() }) })
     }
@@ -300,7 +293,7 @@ impl PostgresPool {
     /// A backend for one [`crate::Ledger`]; it borrows a pooled connection
     /// for each batch only.
     pub fn backend(&self) -> PostgresBackend {
-        PostgresBackend { pool: self.clone(), open: None }
+        PostgresBackend { pool: self.clone(), open: None, discard: false }
     }
 
     /// The underlying deadpool pool (status, resizing, closing).
@@ -324,6 +317,9 @@ pub struct PostgresBackend {
     /// The pooled connection a transactional handler's transaction is open
     /// on (docs/SPEC.md 10.2), kept from `begin` to `commit` or `rollback`.
     open: Option<Object>,
+    /// The open transaction's connection leaves the pool after its rollback
+    /// (a statement met a server that refuses it: `discards`).
+    discard: bool,
 }
 
 impl PostgresBackend {
@@ -421,6 +417,7 @@ AsyncPostgres there (or call it from a thread outside the runtime)"
             || Err(BatchError::Unreachable("the PostgreSQL task stopped".into())),
         );
         self.open = Some(opened?);
+        self.discard = false;
         Ok(())
     }
 
@@ -440,6 +437,9 @@ AsyncPostgres there (or call it from a thread outside the runtime)"
             || (None, Err(BatchError::Unreachable("the PostgreSQL task stopped".into()))),
         );
         self.open = client;
+        if results.as_ref().is_err_and(discards) {
+            self.discard = true;
+        }
         results
     }
 
@@ -458,12 +458,13 @@ AsyncPostgres there (or call it from a thread outside the runtime)"
 
     fn rollback(&mut self) {
         let Some(client) = self.open.take() else { return };
+        let discard = std::mem::take(&mut self.discard);
         match self.runtime() {
             Ok(runtime) => wait_on(
                 runtime,
                 async move {
                     // A rollback that fails leaves a broken connection: the server rolls back.
-                    if client.batch_execute("ROLLBACK").await.is_err() {
+                    if client.batch_execute("ROLLBACK").await.is_err() || discard {
                         drop(Object::take(client));
                     }
                 },
@@ -497,28 +498,37 @@ async fn open_client(pool: &Pool) -> Result<Object, BatchError> {
     Err(BatchError::Unreachable("postgres: every pooled connection was closed".into()))
 }
 
+/// One statement as the unnamed statement: Parse (its parameters' types
+/// left to the server, as a prepare without types does), Bind, Describe,
+/// Execute and Sync in one message, written when the future is first polled.
+/// Nothing is named, so nothing depends on the next transaction finding this
+/// server connection (tokio-postgres's `query_typed_raw`).
+async fn run_statement(client: &Object, statement: &SqlStatement) -> Result<(Vec<Row>, u64), tokio_postgres::Error> {
+    let params = statement.params.iter().map(|v| (Inferred(v), Type::UNKNOWN));
+    let stream = client.query_typed_raw(&statement.sql, params).await?;
+    pin_mut!(stream);
+    let mut rows = Vec::new();
+    while let Some(row) = stream.try_next().await? {
+        rows.push(row);
+    }
+    Ok((rows, stream.rows_affected().unwrap_or(0)))
+}
+
 async fn run_batch(pool: &Pool, preamble: &Preamble, statements: &[SqlStatement]) -> Result<Vec<StatementResult>, BatchError> {
     let client = open_client(pool).await?;
-    // Prepared once per connection (cached: no round trip afterwards), one
-    // after another so a lock timeout stops at the first; before anything of
-    // the batch is sent, so a connection lost here sent nothing.
-    let mut prepared = Vec::with_capacity(statements.len());
-    for statement in statements {
-        prepared.push(client.prepare_cached(&statement.sql).await.map_err(|e| failure(&e, false))?);
+    let outcome = run_flight(&client, preamble, statements).await;
+    if outcome.as_ref().is_err_and(discards) {
+        let _ = Object::take(client);
     }
-    // BEGIN, every statement and COMMIT leave in one flight: tokio-postgres
-    // writes each request when its future is first polled, and `join` polls
-    // them in order before awaiting any answer.
+    outcome
+}
+
+async fn run_flight(client: &Object, preamble: &Preamble, statements: &[SqlStatement]) -> Result<Vec<StatementResult>, BatchError> {
+    // BEGIN, every statement (parsed in the flight) and COMMIT leave in one
+    // flight: tokio-postgres writes each request when its future is first
+    // polled, and `join` polls them in order before awaiting any answer.
     let begin = client.batch_execute(&preamble.begin);
-    let run = join_all(statements.iter().zip(&prepared).map(|(s, p)| async {
-        let stream = client.query_raw(p, s.params.iter()).await?;
-        pin_mut!(stream);
-        let mut rows = Vec::new();
-        while let Some(row) = stream.try_next().await? {
-            rows.push(row);
-        }
-        Ok::<_, tokio_postgres::Error>((rows, stream.rows_affected().unwrap_or(0)))
-    }));
+    let run = join_all(statements.iter().map(|s| run_statement(client, s)));
     let commit = client.batch_execute("COMMIT");
     let ((began, ran), committed) = join(join(begin, run), commit).await;
     // An error the server answered rolled the transaction back (COMMIT of an
@@ -612,6 +622,57 @@ impl ToSql for Value {
     to_sql_checked!();
 }
 
+/// A parameter whose type PostgreSQL infers from the statement (declared
+/// `unknown`, as node-postgres sends them): sent as text, which every type
+/// reads with its input function (an integer for an `int4` or an `int8`
+/// column alike), and a blob as binary, which a `bytea` reads as it is.
+#[derive(Debug)]
+struct Inferred<'a>(&'a Value);
+
+impl ToSql for Inferred<'_> {
+    fn to_sql(&self, _: &Type, out: &mut tokio_postgres::types::private::BytesMut) -> Result<IsNull, Box<dyn StdError + Sync + Send>> {
+        use std::fmt::Write as _;
+        match self.0 {
+            Value::Null => return Ok(IsNull::Yes),
+            Value::Integer(i) => write!(out, "{i}")?,
+            Value::Real(r) if r.is_nan() => out.extend_from_slice(b"NaN"),
+            Value::Real(r) if r.is_infinite() => out.extend_from_slice(if *r > 0.0 { b"Infinity" } else { b"-Infinity" }),
+            // Debug prints the shortest text that reads back as the same f64.
+            Value::Real(r) => write!(out, "{r:?}")?,
+            Value::Text(t) => out.extend_from_slice(t.as_bytes()),
+            Value::Blob(b) => out.extend_from_slice(b),
+        }
+        Ok(IsNull::No)
+    }
+
+    fn accepts(_: &Type) -> bool {
+        true
+    }
+
+    fn encode_format(&self, _: &Type) -> Format {
+        if matches!(self.0, Value::Blob(_)) {
+            Format::Binary
+        } else {
+            Format::Text
+        }
+    }
+
+    to_sql_checked!();
+}
+
+/// Whether a failed batch's connection must leave the pool: the server
+/// refuses writes on it (25006: it is a standby, or read-only, as a primary
+/// that failed over becomes), or it is shutting down or gone (57P01-57P03,
+/// class 08). Reconnecting reaches whatever the URL names now.
+fn discards(e: &BatchError) -> bool {
+    match e {
+        BatchError::Database(DatabaseError { code: Some(code), .. }) => {
+            code == "25006" || code.starts_with("08") || matches!(code.as_str(), "57P01" | "57P02" | "57P03")
+        }
+        _ => false,
+    }
+}
+
 fn pool_error(e: PoolError) -> BatchError {
     match e {
         PoolError::Timeout(TimeoutType::Wait) => BatchError::PoolExhausted("postgres pool: no connection became free in time".into()),
@@ -625,7 +686,18 @@ fn pool_error(e: PoolError) -> BatchError {
 /// had left when it happened.
 fn failure(e: &tokio_postgres::Error, sent: bool) -> BatchError {
     if let Some(db) = e.as_db_error() {
-        return BatchError::Database(DatabaseError { code: Some(db.code().code().to_string()), message: db.message().to_string() });
+        let code = db.code().code();
+        let mut message = db.message().to_string();
+        if code == "26000" {
+            // This crate prepares nothing by name: something else did, on a
+            // connection a transaction pooler has since swapped.
+            message.push_str(
+                " (a prepared statement this connection made is gone: behind a transaction pooler (PgBouncer \
+pool_mode=transaction) a named prepared statement lives on one server connection only; this crate prepares \
+none, so the statement came from a pool or code of your own)",
+            );
+        }
+        return BatchError::Database(DatabaseError { code: Some(code.to_string()), message });
     }
     let lost = e.is_closed() || e.source().is_some_and(|s| s.is::<std::io::Error>());
     match (lost, sent) {
