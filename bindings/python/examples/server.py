@@ -13,10 +13,20 @@ Contract:
   counts one execution; 201 {"id": ..., "request": <the JSON>} with
   Location: /orders/<id>;
 - GET /orders/count (not protected): {"count": executions since start};
+- ORDERS_IN_DATABASE=1: each execution inserts a row into a table `orders`
+  (id, principal, request, created_at; created at start) in the ledger's
+  database, through SQLAlchemy (what FastAPI apps use), and GET
+  /orders/count answers the committed rows; with
+  IDEMPOTENCY_TRANSACTIONAL=1 the insert runs in the handler's transaction
+  (the request's SQLAlchemy session) and commits with the stored answer
+  (exactly once); without it the insert commits on its own;
+- a POST carrying `X-Exit-After-Write: 1` ends the process with status 3
+  right after its insert (before the transaction commits);
 - settings from the environment when set, else the core's defaults:
   IDEMPOTENCY_PENDING_TTL_MS, IDEMPOTENCY_MAX_BODY_BYTES (the request body
   cap), IDEMPOTENCY_PROFILE, IDEMPOTENCY_KEY_REQUIRED,
-  IDEMPOTENCY_REPLAY_HEADER, IDEMPOTENCY_WAIT_MS, IDEMPOTENCY_ON_SERVER_ERROR;
+  IDEMPOTENCY_REPLAY_HEADER, IDEMPOTENCY_WAIT_MS, IDEMPOTENCY_ON_SERVER_ERROR,
+  IDEMPOTENCY_LEASE_RENEWAL (on|off);
 - logs on stderr, the first line naming the address, database and settings;
 - SIGTERM / SIGINT: uvicorn stops serving and the process exits 0.
 """
@@ -33,17 +43,29 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from typing import Any, Iterator, Optional
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
 
 from idempotency_ledger import Ledger, default_config
 from idempotency_ledger.asgi import IdempotencyMiddleware, mark_nothing_changed
 
 log = logging.getLogger("example")
+
+
+def flag(name: str) -> bool:
+    """An on/off environment flag (1/0, true/false, on/off; unset is off)."""
+    value = os.environ.get(name, "").strip().lower()
+    if value in ("", "0", "false", "off"):
+        return False
+    if value in ("1", "true", "on"):
+        return True
+    raise SystemExit(f"{name}: {value!r} is not 1/0, true/false or on/off")
 
 
 def settings_from_env() -> dict[str, Any]:
@@ -61,6 +83,8 @@ def settings_from_env() -> dict[str, Any]:
         settings["wait_ms"] = int(env("IDEMPOTENCY_WAIT_MS", ""))
     if env("IDEMPOTENCY_ON_SERVER_ERROR"):
         settings["on_server_error"] = env("IDEMPOTENCY_ON_SERVER_ERROR")
+    if env("IDEMPOTENCY_LEASE_RENEWAL") is not None:
+        settings["lease_renewal"] = flag("IDEMPOTENCY_LEASE_RENEWAL")
     request_cap = int(env("IDEMPOTENCY_MAX_BODY_BYTES") or default_config(settings.get("profile", "recipe")).request_body_cap_bytes)
     if env("IDEMPOTENCY_MAX_BODY_BYTES"):
         settings["request_body_cap_bytes"] = request_cap
@@ -136,15 +160,49 @@ def principal(scope: Any) -> Optional[str]:
     return value if isinstance(value, str) else None
 
 
-def build(database: str, settings: dict[str, Any]) -> tuple[FastAPI, Ledger]:
+CREATE_ORDERS = "CREATE TABLE IF NOT EXISTS orders (id TEXT PRIMARY KEY, principal TEXT NOT NULL, request TEXT NOT NULL, created_at BIGINT NOT NULL)"
+INSERT_ORDER = "INSERT INTO orders (id, principal, request, created_at) VALUES (:id, :principal, :request, :created_at)"
+
+
+def orders_engine(database: str) -> Any:
+    """The SQLAlchemy engine on the ledger's database, its orders table created."""
+    from sqlalchemy import create_engine, text
+
+    if database.startswith(("postgres://", "postgresql://")):
+        url = "postgresql+psycopg://" + database.split("://", 1)[1]
+    else:
+        url = "sqlite:///" + os.path.abspath(database)
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text(CREATE_ORDERS))
+    return engine
+
+
+def build(database: str, settings: dict[str, Any], *, in_database: bool = False, transactional: bool = False) -> tuple[FastAPI, Ledger]:
+    if transactional and not in_database:
+        raise SystemExit("IDEMPOTENCY_TRANSACTIONAL=1 needs ORDERS_IN_DATABASE=1 (the orders must live in the ledger's database)")
     if database.startswith(("postgres://", "postgresql://")):
         ledger = Ledger.postgres(database, **settings)
     else:
         ledger = Ledger(database, **settings)
     ledger.migrate()
+    engine = orders_engine(database) if in_database else None
     app = FastAPI()
     executions = {"count": 0}
     lock = threading.Lock()
+
+    def insert(request: Request, order: dict[str, Any]) -> None:
+        """The order's row: in the request's transaction (exactly once), or committed on its own."""
+        from sqlalchemy import text
+
+        if transactional:
+            from idempotency_ledger.sqlalchemy import session_of
+
+            session_of(request).execute(text(INSERT_ORDER), order)
+        else:
+            assert engine is not None
+            with engine.begin() as conn:
+                conn.execute(text(INSERT_ORDER), order)
 
     def refused(request: Request, error: str, message: str) -> JSONResponse:
         # Nothing was created: the middleware releases the key, so a corrected
@@ -170,14 +228,35 @@ def build(database: str, settings: dict[str, Any]) -> tuple[FastAPI, Ledger]:
         with lock:
             executions["count"] += 1
         order_id = uuid.uuid4().hex
+        if engine is not None:
+            order = {"id": order_id, "principal": principal(request.scope) or "", "request": json.dumps(payload), "created_at": int(time.time() * 1000)}
+            await run_in_threadpool(insert, request, order)
+            if request.headers.get("x-exit-after-write") == "1":
+                os._exit(3)  # right after the write: nothing more answered or committed
         return JSONResponse({"id": order_id, "request": payload}, status_code=201, headers={"Location": f"/orders/{order_id}"})
 
     @app.get("/orders/count")
     async def count() -> Any:
+        if engine is not None:
+            from sqlalchemy import text
+
+            def counted() -> int:
+                with engine.connect() as conn:
+                    return int(conn.execute(text("SELECT COUNT(*) FROM orders")).scalar_one())
+
+            return {"count": await run_in_threadpool(counted)}
         with lock:
             return {"count": executions["count"]}
 
-    app.add_middleware(IdempotencyMiddleware, ledger=ledger, principal=principal, include=["/orders"])
+    if transactional:
+        from idempotency_ledger.sqlalchemy import SessionTransactions
+
+        assert engine is not None
+        app.add_middleware(
+            IdempotencyMiddleware, ledger=ledger, principal=principal, include=["/orders"], transactional=["/orders"], transactions=SessionTransactions(engine)
+        )
+    else:
+        app.add_middleware(IdempotencyMiddleware, ledger=ledger, principal=principal, include=["/orders"])
     app.add_middleware(BearerAuth)  # added last: the outermost, so auth answers first
     return app, ledger
 
@@ -187,9 +266,13 @@ def main() -> None:
     port = int(os.environ.get("PORT") or 8080)
     database = os.environ.get("DATABASE_URL") or os.path.join(tempfile.gettempdir(), "idempotency-example.sqlite")
     settings = settings_from_env()
-    app, ledger = build(database, settings)
+    in_database, transactional = flag("ORDERS_IN_DATABASE"), flag("IDEMPOTENCY_TRANSACTIONAL")
+    app, ledger = build(database, settings, in_database=in_database, transactional=transactional)
     shown = database.split("@")[-1] if database.startswith(("postgres://", "postgresql://")) else database
-    log.info("listening on http://127.0.0.1:%d database=%s settings=%s", port, shown, json.dumps(ledger.config.as_dict(), sort_keys=True))
+    log.info(
+        "listening on http://127.0.0.1:%d database=%s orders_in_database=%s transactional=%s settings=%s",
+        port, shown, in_database, transactional, json.dumps(ledger.config.as_dict(), sort_keys=True),
+    )
     server = GracefulServer(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="info", access_log=False))
     server.run()
     ledger.close()

@@ -116,3 +116,98 @@ def test_the_example_server_over_http(server: Server) -> None:
     assert set(statuses) <= {201, 409} and 201 in statuses, statuses
     assert httpx.get(server.base + "/orders/count").json() == {"count": 4}  # the 30 duplicates executed once
     assert server.stop() == 0
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def database(request: Any, tmp_path: Path) -> Iterator[str]:
+    """A fresh database for the example server: a SQLite path, or a PostgreSQL schema."""
+    if request.param == "sqlite":
+        yield str(tmp_path / "orders.sqlite")
+        return
+    import psycopg
+
+    schema = f"ex_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(PG_URL, autocommit=True) as admin:
+        admin.execute(f'CREATE SCHEMA "{schema}"')
+        try:
+            yield pg_schema_url(PG_URL, schema)
+        finally:
+            admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def crash_after_write(server: Server) -> int:
+    """POSTs with X-Exit-After-Write: 1; the server dies without an answer. Its exit status."""
+    with pytest.raises(httpx.TransportError):
+        httpx.post(server.base + "/orders", json={"sku": "A-1"}, timeout=30,
+                   headers={"Authorization": "Bearer tok-1", "Idempotency-Key": "crash", "X-Exit-After-Write": "1"})
+    code = server.proc.wait(30)
+    assert server.proc.stderr is not None
+    server.proc.stderr.close()
+    return code
+
+
+@pytest.mark.parametrize("transactional", [True, False])
+def test_the_example_server_writes_each_order_exactly_once_across_a_crash(database: str, transactional: bool) -> None:
+    """Orders in the ledger's database, TTL 500 ms. Killed right after its
+    insert: in the exactly-once mode the insert died with its transaction
+    (count 0 after the restart) and the retry after the TTL writes the order
+    once; with the insert committed on its own, the order survives the crash
+    and the retry writes it again (what the exactly-once mode prevents)."""
+    env = {"ORDERS_IN_DATABASE": "1", "IDEMPOTENCY_TRANSACTIONAL": "1" if transactional else "0", "IDEMPOTENCY_PENDING_TTL_MS": "500"}
+    first = Server(database, **env)
+    assert f"orders_in_database=True transactional={transactional}" in first.first_line, first.first_line
+    try:
+        assert crash_after_write(first) == 3, "X-Exit-After-Write ends the process right after the write"
+    finally:
+        if first.proc.poll() is None:
+            first.proc.kill()
+    again = Server(database, **env)
+    try:
+        assert httpx.get(again.base + "/orders/count").json() == {"count": 0 if transactional else 1}
+        time.sleep(0.6)  # past the TTL: the retry takes the reservation over
+        auth = {"Authorization": "Bearer tok-1", "Idempotency-Key": "crash"}
+        retry = httpx.post(again.base + "/orders", json={"sku": "A-1"}, headers=auth, timeout=30)
+        replay = httpx.post(again.base + "/orders", json={"sku": "A-1"}, headers=auth, timeout=30)
+        assert retry.status_code == replay.status_code == 201 and retry.content == replay.content
+        assert httpx.get(again.base + "/orders/count").json() == {"count": 1 if transactional else 2}
+        assert again.stop() == 0
+    finally:
+        if again.proc.poll() is None:
+            again.proc.kill()
+            again.proc.wait()
+
+
+@pytest.mark.parametrize("renewal", ["on", "off"])
+def test_the_example_server_renews_a_slow_owners_lease(tmp_path: Path, renewal: str) -> None:
+    """TTL 500 ms, a handler of 1.5 s, a duplicate at 0.9 s (exactly-once
+    mode): with IDEMPOTENCY_LEASE_RENEWAL=on it finds the key in progress
+    (409) and the order is written by the first; off, it takes the key over
+    and runs again, and the first owner is fenced out: its write rolled
+    back, its caller answered with what the new owner's row says (still in
+    progress: 409). One order either way; renewal saves the second run."""
+    srv = Server(str(tmp_path / "renewal.sqlite"), ORDERS_IN_DATABASE="1", IDEMPOTENCY_TRANSACTIONAL="1",
+                 IDEMPOTENCY_PENDING_TTL_MS="500", IDEMPOTENCY_LEASE_RENEWAL=renewal)
+    assert f'"lease_renewal": {"true" if renewal == "on" else "false"}' in srv.first_line, srv.first_line
+    try:
+        auth = {"Authorization": "Bearer tok-1", "Idempotency-Key": "slow"}
+
+        async def race() -> list[httpx.Response]:
+            async with httpx.AsyncClient(base_url=srv.base, timeout=30) as c:
+                slow = asyncio.create_task(c.post("/orders?delay_ms=1500", json={}, headers=auth))
+                await asyncio.sleep(0.9)
+                duplicate = await c.post("/orders?delay_ms=1500", json={}, headers=auth)
+                return [await slow, duplicate]
+
+        slow, duplicate = asyncio.run(race())
+        count = httpx.get(srv.base + "/orders/count").json()["count"]
+        if renewal == "on":
+            assert (slow.status_code, duplicate.status_code, count) == (201, 409, 1), duplicate.text
+        else:
+            # The first owner ends while the new one still runs: fenced out, it
+            # answers the new owner's in-progress 409; one order is written.
+            assert (slow.status_code, duplicate.status_code, count) == (409, 201, 1), slow.text
+        assert srv.stop() == 0
+    finally:
+        if srv.proc.poll() is None:
+            srv.proc.kill()
+            srv.proc.wait()

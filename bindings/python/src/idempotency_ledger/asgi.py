@@ -13,6 +13,15 @@ the event loop never blocks on them.
 FastAPI's request validation errors (`RequestValidationError`, its 422) are
 the framework refusing the request before the endpoint ran: the middleware
 tells the core so (`declined`), which releases the key.
+
+Exactly once (docs/SPEC.md 10), per route: on the routes in
+`transactional`, the handler runs inside a transaction on the ledger's
+database whose writes commit with the stored answer or not at all; it finds
+it in `scope["idempotency.transaction"]` (a `HandlerTransaction`; with
+`transactions=SessionTransactions(engine)`, a SQLAlchemy session:
+`idempotency_ledger.sqlalchemy.session_of(request)`). Every protected
+handler finds its lease in `scope["idempotency.lease"]` (a `Lease`: `.lost`,
+`await lease.until_lost()`).
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from typing import Any, Awaitable, Callable, MutableMapping, Optional, Sequence,
 from ._http import _REQUIRED, DECLINED, Include, RouteSpec, Routes, describe, handler_result, mark_declined, mark_nothing_changed
 from ._ledger import Ledger
 from ._native import Exchange, PassThrough, Propagate, ReadBody, Respond, Response, RunHandler
+from ._transaction import HandlerTransaction, Lease
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -31,17 +41,35 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 PrincipalFn = Callable[[Scope], Union[Optional[str], Awaitable[Optional[str]]]]
 
-__all__ = ["IdempotencyMiddleware", "asgi_path_and_query", "mark_declined", "mark_nothing_changed", "send_response"]
+__all__ = ["IdempotencyMiddleware", "asgi_path_and_query", "handler_transaction", "lease", "mark_declined", "mark_nothing_changed", "send_response"]
+
+#: Where a protected handler finds its transaction and its lease.
+TRANSACTION_KEY = "idempotency.transaction"
+LEASE_KEY = "idempotency.lease"
 
 
-async def _to_thread(fn: Callable[..., Any], *args: Any) -> Any:
+def handler_transaction(scope: Scope) -> HandlerTransaction:
+    """The transaction this request's handler writes in (a transactional route)."""
+    found = scope.get(TRANSACTION_KEY)
+    if not isinstance(found, HandlerTransaction):
+        raise LookupError("no transaction is open for this request: is its route in transactional=...?")
+    return found
+
+
+def lease(scope: Scope) -> Optional[Lease]:
+    """This request's lease while its handler runs under one (None otherwise)."""
+    found = scope.get(LEASE_KEY)
+    return found if isinstance(found, Lease) else None
+
+
+async def _to_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     try:
         import anyio.to_thread
     except ImportError:  # plain asyncio
         import asyncio
 
-        return await asyncio.get_running_loop().run_in_executor(None, functools.partial(fn, *args))
-    return await anyio.to_thread.run_sync(functools.partial(fn, *args))
+        return await asyncio.get_running_loop().run_in_executor(None, functools.partial(fn, *args, **kwargs))
+    return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
 
 
 def asgi_path_and_query(scope: Scope) -> str:
@@ -190,6 +218,10 @@ class IdempotencyMiddleware:
     out of `include`.
     inline: run the ledger calls on the event loop instead of a worker
     thread (only sensible for a SQLite ledger without `wait_ms`).
+    transactional: the routes (as `include`, or "*") whose handler runs in a
+    transaction on the ledger's database (exactly once); transactions:
+    `transactions(scope)` makes the request's transaction object (e.g.
+    `SessionTransactions(engine)`), else the ledger's own connection is used.
     """
 
     def __init__(
@@ -201,6 +233,8 @@ class IdempotencyMiddleware:
         include: Include = _REQUIRED,  # type: ignore[assignment]
         exclude: Optional[Sequence[RouteSpec]] = None,
         inline: bool = False,
+        transactional: Optional[Include] = None,
+        transactions: Optional[Callable[[Scope], Any]] = None,
     ) -> None:
         if not callable(principal):
             raise TypeError("principal must be a callable taking the ASGI scope")
@@ -208,13 +242,15 @@ class IdempotencyMiddleware:
         self.ledger = ledger
         self.principal = principal
         self.routes = Routes(include, exclude, "IdempotencyMiddleware")
+        self.transactional = None if transactional is None else Routes(transactional, None, "IdempotencyMiddleware(transactional=...)")
+        self.transactions = transactions
         self.inline = inline
         self._declines = _Declines(app)
 
-    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+    async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if self.inline:
-            return fn(*args)
-        return await _to_thread(fn, *args)
+            return fn(*args, **kwargs)
+        return await _to_thread(fn, *args, **kwargs)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (
@@ -231,7 +267,9 @@ class IdempotencyMiddleware:
         if inspect.isawaitable(principal):
             principal = await principal
         headers = [(bytes(n).decode("latin-1"), bytes(v).decode("latin-1")) for n, v in scope.get("headers", [])]
-        exchange = await self._call(self.ledger.start, principal, scope["method"], asgi_path_and_query(scope), headers)
+        transactional = self.transactional is not None and self.transactional(scope.get("path", ""))
+        given = self.transactions(scope) if transactional and self.transactions is not None else None
+        exchange = await self._call(self.ledger.start, principal, scope["method"], asgi_path_and_query(scope), headers, transactional=transactional, transaction=given)
         try:
             await self._run(exchange, scope, receive, send)
         finally:
@@ -253,6 +291,9 @@ class IdempotencyMiddleware:
                     action = await self._call(exchange.body, body)
             elif isinstance(action, RunHandler):
                 scope.pop(DECLINED, None)
+                scope[LEASE_KEY] = Lease(exchange, action.renew_every_ms)
+                if action.transaction:
+                    scope[TRANSACTION_KEY] = HandlerTransaction(exchange, action.renew_every_ms)
                 try:
                     await self.app(scope, _replay_receive(body, receive), captured.send)
                     if captured.start is None:

@@ -13,9 +13,24 @@
         "SETTINGS": {"pending_ttl_ms": 60_000, "profile": "ietf"},   # the core's settings, snake_case
         "PRINCIPAL": "myapp.auth.principal",   # dotted path or callable: request -> str | None
         "MIGRATE": True,                       # create the table at start (default True for SQLite)
+        "USING": "default",                    # without "DATABASE": the ledger on DATABASES["default"]
+        "TRANSACTIONAL": ["/api/orders"],      # exactly once: these views run in transaction.atomic(using=USING)
     }
 
-or, per view, without the middleware: `@idempotent` (`INCLUDE` not needed).
+or, per view, without the middleware: `@idempotent` (`INCLUDE` not needed),
+`@idempotent(transactional=True)` for exactly once.
+
+Exactly once (docs/SPEC.md 10.2): for a transactional view the middleware
+opens `transaction.atomic(using=USING)` once the core won the key for the
+request, the view writes through Django's connection (the ORM, or
+`connection.cursor()`) inside it, and the core's fenced completion runs in
+that same atomic block through Django's connection; the block commits when
+the exchange says commit, and rolls back otherwise (a takeover superseded
+this owner, the view raised, `nothing_changed(request)`, a failed
+completion or commit). The ledger must live in that database: with
+"USING" and no "DATABASE", it is built on DATABASES[USING] (the SQLite file,
+or the PostgreSQL server). The view finds its transaction and lease as
+`request.idempotency_transaction` and `request.idempotency_lease`.
 
 A loop over the core's exchange in Django's middleware hooks: `process_view`
 (the URL resolved, so an unknown route stays Django's 404) starts it and
@@ -43,14 +58,15 @@ from typing import Any, Callable, Optional
 
 from ._http import _REQUIRED, DECLINED, NOTHING_CHANGED, Routes, describe, handler_result
 from ._ledger import Ledger
-from ._native import Exchange, PassThrough, Propagate, ReadBody, Respond, Response, RunHandler
+from ._native import BatchFailure, Exchange, PassThrough, Propagate, ReadBody, Respond, Response, RunHandler
+from ._transaction import HandlerTransaction, Lease, database_failure, format_placeholders
 
 try:
     from django.utils.deprecation import MiddlewareMixin  # type: ignore[import-untyped,unused-ignore]
 except ImportError:  # pragma: no cover - the module is only imported with Django installed
     MiddlewareMixin = object
 
-__all__ = ["IdempotencyMiddleware", "idempotent", "ledger_from_settings", "mark_declined", "nothing_changed"]
+__all__ = ["AtomicTransaction", "IdempotencyMiddleware", "idempotent", "ledger_from_settings", "mark_declined", "nothing_changed"]
 
 _LEDGERS: dict[str, Ledger] = {}
 #: The request attribute holding its exchange while the view runs.
@@ -82,19 +98,43 @@ def _default_principal(request: Any) -> Optional[str]:
     return str(user.get_username())
 
 
+def _database_of(alias: str) -> str:
+    """Where DATABASES[alias] lives, as the ledger opens it: the SQLite
+    file, or a libpq connection string for PostgreSQL (psycopg's conninfo)."""
+    from django.conf import settings  # type: ignore[import-untyped,unused-ignore]
+
+    db = settings.DATABASES[alias]
+    engine = str(db.get("ENGINE", ""))
+    if engine.endswith("sqlite3"):
+        name = str(db.get("NAME") or "")
+        if not name or name == ":memory:" or name.startswith("file:"):
+            raise ValueError(f"DATABASES[{alias!r}] is not a SQLite file the ledger can share")
+        return name
+    if "postgresql" in engine:
+        from psycopg.conninfo import make_conninfo
+
+        keys = {"dbname": db.get("NAME"), "user": db.get("USER"), "password": db.get("PASSWORD"), "host": db.get("HOST"), "port": db.get("PORT")}
+        options = {k: v for k, v in (db.get("OPTIONS") or {}).items() if isinstance(v, (str, int)) and not isinstance(v, bool)}
+        return str(make_conninfo("", **{k: v for k, v in keys.items() if v not in (None, "")}, **options))
+    raise TypeError(f"the ledger speaks SQLite and PostgreSQL; DATABASES[{alias!r}] is {engine}")
+
+
 def ledger_from_settings(config: dict[str, Any]) -> Ledger:
     """The ledger `settings.IDEMPOTENCY` names (one per database and
-    settings in a process: the middleware and every decorated view share it)."""
+    settings in a process: the middleware and every decorated view share
+    it): "DATABASE", or without it the database of DATABASES[USING]."""
     database = config.get("DATABASE")
     if isinstance(database, Ledger):
         return database
+    if database is None and config.get("USING"):
+        database = _database_of(str(config["USING"]))
     if database is None:
-        raise TypeError('settings.IDEMPOTENCY needs "DATABASE": a SQLite path, a postgresql:// URL or a Ledger')
+        raise TypeError('settings.IDEMPOTENCY needs "DATABASE" (a SQLite path, a postgresql:// URL or a Ledger) or "USING" (an alias of DATABASES)')
     settings = dict(config.get("SETTINGS") or {})
     cache_key = json.dumps([str(database), settings, config.get("MAX_CONNECTIONS")], sort_keys=True, default=str)
     if cache_key in _LEDGERS:
         return _LEDGERS[cache_key]
-    if isinstance(database, str) and database.startswith(("postgres://", "postgresql://")):
+    if isinstance(database, str) and (database.startswith(("postgres://", "postgresql://")) or "dbname=" in database):
         ledger = Ledger.postgres(database, max_size=int(config.get("MAX_CONNECTIONS", 10)), **settings)
         if config.get("MIGRATE", False):
             ledger.migrate()
@@ -130,10 +170,83 @@ def _declined_exceptions() -> tuple[type[BaseException], ...]:
     return (RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent, MultiPartParserError)
 
 
+class AtomicTransaction:
+    """A transactional view's transaction: `transaction.atomic(using=...)`,
+    with the core's completion run through Django's connection inside it
+    (a transaction object: `begin`, `execute`, `commit`, `rollback`)."""
+
+    def __init__(self, using: str = "default") -> None:
+        self.using = using
+        self.connection: Any = None
+        self._atomic: Any = None
+
+    def begin(self) -> None:
+        from django.db import DatabaseError, connections, transaction  # type: ignore[import-untyped,unused-ignore]
+
+        atomic = transaction.atomic(using=self.using)
+        try:
+            atomic.__enter__()
+        except DatabaseError as error:
+            raise database_failure(error) from error
+        self._atomic = atomic
+        self.connection = connections[self.using]
+
+    def execute(self, statements: Any) -> list[tuple[list[Any], int]]:
+        from django.db import DatabaseError  # type: ignore[import-untyped,unused-ignore]
+
+        connection = self.connection
+        if connection is None or self._atomic is None:
+            raise BatchFailure("host", None, "no transaction is open")
+        dialect = "sqlite" if connection.vendor == "sqlite" else "postgres"
+        results: list[tuple[list[Any], int]] = []
+        try:
+            with connection.cursor() as cursor:
+                for sql, params in statements:
+                    text, ordered = format_placeholders(sql, params, dialect)
+                    cursor.execute(text, ordered)
+                    rows = [tuple(row) for row in cursor.fetchall()] if cursor.description is not None else []
+                    verb = sql.lstrip()[:6].upper()
+                    results.append((rows, 0 if verb == "SELECT" else max(int(cursor.rowcount), 0)))
+        except DatabaseError as error:
+            raise database_failure(error) from error
+        return results
+
+    def commit(self) -> None:
+        from django.db import DatabaseError  # type: ignore[import-untyped,unused-ignore]
+
+        atomic, self._atomic = self._atomic, None
+        if atomic is None:
+            raise BatchFailure("host", None, "no transaction is open")
+        try:
+            atomic.__exit__(None, None, None)  # Django commits (and rolls back itself if the commit fails)
+        except DatabaseError as error:
+            raise database_failure(error, broken="outcome-unknown") from error
+
+    def rollback(self) -> None:
+        from django.db import transaction  # type: ignore[import-untyped,unused-ignore]
+
+        atomic, self._atomic = self._atomic, None
+        if atomic is None:
+            return
+        try:
+            transaction.set_rollback(True, using=self.using)
+            atomic.__exit__(None, None, None)
+        except Exception:
+            pass  # the server rolls back when the connection goes
+
+
 class IdempotencyMiddleware(MiddlewareMixin):  # type: ignore[misc]
     """Idempotency-Key protection for Django views (settings.IDEMPOTENCY)."""
 
-    def __init__(self, get_response: Callable[[Any], Any], *, ledger: Optional[Ledger] = None, principal: Any = None, include: Any = None) -> None:
+    def __init__(
+        self,
+        get_response: Callable[[Any], Any],
+        *,
+        ledger: Optional[Ledger] = None,
+        principal: Any = None,
+        include: Any = None,
+        transactional: Any = None,
+    ) -> None:
         super().__init__(get_response)
         from django.conf import settings  # type: ignore[import-untyped,unused-ignore]
 
@@ -149,6 +262,14 @@ class IdempotencyMiddleware(MiddlewareMixin):  # type: ignore[misc]
                 "or decorate views with idempotency_ledger.django.idempotent instead of installing the middleware"
             )
         self.routes = Routes(choice, config.get("EXCLUDE"), "IdempotencyMiddleware")
+        chosen_tx = transactional if transactional is not None else config.get("TRANSACTIONAL")
+        self.transactional = None if chosen_tx in (None, False) else Routes("*" if chosen_tx is True else chosen_tx, None, "IdempotencyMiddleware")
+        self.using = str(config.get("USING") or "default")
+        if self.transactional is not None and config.get("DATABASE") is not None and not config.get("USING"):
+            raise TypeError(
+                'settings.IDEMPOTENCY: transactional views need "USING" (the alias of DATABASES their atomic block opens on, '
+                'which must be the ledger\'s database: leave "DATABASE" out to build the ledger on it)'
+            )
         self.declines = _declined_exceptions()
 
     def process_view(self, request: Any, view_func: Any, view_args: Any, view_kwargs: Any) -> Any:
@@ -157,12 +278,16 @@ class IdempotencyMiddleware(MiddlewareMixin):  # type: ignore[misc]
         meta = request.META
         path = meta.get("RAW_URI") or meta.get("REQUEST_URI") or request.get_full_path()
         headers = [(name.lower(), str(value)) for name, value in request.headers.items()]
-        exchange = self.ledger.start(self.principal(request), request.method, path, headers)
+        transactional = self.transactional is not None and self.transactional(request.path)
+        given = AtomicTransaction(self.using) if transactional else None
+        exchange = self.ledger.start(self.principal(request), request.method, path, headers, transactional=transactional, transaction=given)
         action: Any = exchange.action
         while isinstance(action, ReadBody):
             action = self._read(exchange, request, action.cap)
         if isinstance(action, RunHandler):
             setattr(request, _EXCHANGE, exchange)
+            request.idempotency_lease = Lease(exchange, action.renew_every_ms)
+            request.idempotency_transaction = HandlerTransaction(exchange, action.renew_every_ms) if action.transaction else None
             return None
         if isinstance(action, Respond) and action.response is not None:
             return _django_response(action.response, request, action.close)
@@ -229,10 +354,13 @@ class IdempotencyMiddleware(MiddlewareMixin):  # type: ignore[misc]
         return _django_response(action.response, request, False)
 
 
-def idempotent(view: Any) -> Any:
+def idempotent(view: Any = None, *, transactional: bool = False) -> Any:
     """Protects one view, whatever `INCLUDE` says (settings.IDEMPOTENCY's
-    DATABASE, SETTINGS and PRINCIPAL apply); the middleware need not be
-    installed."""
+    DATABASE or USING, SETTINGS and PRINCIPAL apply); the middleware need
+    not be installed. `@idempotent(transactional=True)`: the view runs in
+    `transaction.atomic(using=USING)` and its writes commit with the stored
+    answer (exactly once)."""
     from django.utils.decorators import decorator_from_middleware_with_args  # type: ignore[import-untyped,unused-ignore]
 
-    return decorator_from_middleware_with_args(IdempotencyMiddleware)(include="*")(view)
+    decorate = decorator_from_middleware_with_args(IdempotencyMiddleware)(include="*", transactional=True if transactional else None)
+    return decorate if view is None else decorate(view)

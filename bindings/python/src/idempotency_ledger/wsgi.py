@@ -17,6 +17,13 @@ core's 400. The path and query are taken verbatim from `RAW_URI` /
 `REQUEST_URI` when the server provides them (gunicorn, uWSGI); otherwise
 they are rebuilt from `SCRIPT_NAME` + `PATH_INFO` (re-quoted) and
 `QUERY_STRING`.
+
+Exactly once (docs/SPEC.md 10), per route: on the routes in
+`transactional`, the app runs inside a transaction on the ledger's database
+(`environ["idempotency.transaction"]`, a `HandlerTransaction`; with
+`transactions=SessionTransactions(engine)`, a SQLAlchemy session:
+`idempotency_ledger.sqlalchemy.session_of(environ)`); every protected app
+call finds its lease in `environ["idempotency.lease"]` (`.lost`).
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from urllib.parse import quote
 from ._http import _REQUIRED, DECLINED, Include, RouteSpec, Routes, describe, handler_result, mark_declined, mark_nothing_changed, status_line
 from ._ledger import Ledger
 from ._native import Exchange, PassThrough, Propagate, ReadBody, Respond, Response, RunHandler
+from ._transaction import HandlerTransaction, Lease
 
 Environ = dict[str, Any]
 StartResponse = Callable[..., Any]
@@ -157,6 +165,9 @@ class IdempotencyWSGIMiddleware:
     a client header); None gets the core's 401.
     include: the routes to protect (path prefixes, compiled regexes or
     callables), or "*" for every route; exclude: routes left out.
+    transactional: the routes whose app call runs in a transaction on the
+    ledger's database (exactly once); transactions: `transactions(environ)`
+    makes the request's transaction object, else the ledger's own is used.
     """
 
     def __init__(
@@ -167,6 +178,8 @@ class IdempotencyWSGIMiddleware:
         principal: PrincipalFn,
         include: Include = _REQUIRED,  # type: ignore[assignment]
         exclude: Optional[Sequence[RouteSpec]] = None,
+        transactional: Optional[Include] = None,
+        transactions: Optional[Callable[[Environ], Any]] = None,
     ) -> None:
         if not callable(principal):
             raise TypeError("principal must be a callable taking the WSGI environ")
@@ -174,12 +187,17 @@ class IdempotencyWSGIMiddleware:
         self.ledger = ledger
         self.principal = principal
         self.routes = Routes(include, exclude, "IdempotencyWSGIMiddleware")
+        self.transactional = None if transactional is None else Routes(transactional, None, "IdempotencyWSGIMiddleware(transactional=...)")
+        self.transactions = transactions
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         method = environ.get("REQUEST_METHOD", "GET")
-        if not self.ledger.protects(method) or not self.routes(environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")):
+        path = environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")
+        if not self.ledger.protects(method) or not self.routes(path):
             return self.app(environ, start_response)  # type: ignore[no-any-return]
-        exchange = self.ledger.start(self.principal(environ), method, wsgi_path_and_query(environ), wsgi_headers(environ))
+        transactional = self.transactional is not None and self.transactional(path)
+        given = self.transactions(environ) if transactional and self.transactions is not None else None
+        exchange = self.ledger.start(self.principal(environ), method, wsgi_path_and_query(environ), wsgi_headers(environ), transactional=transactional, transaction=given)
         with exchange:
             return self._run(exchange, environ, start_response)
 
@@ -200,6 +218,9 @@ class IdempotencyWSGIMiddleware:
                     action = exchange.body(body)
             elif isinstance(action, RunHandler):
                 environ.pop(DECLINED, None)
+                environ["idempotency.lease"] = Lease(exchange, action.renew_every_ms)
+                if action.transaction:
+                    environ["idempotency.transaction"] = HandlerTransaction(exchange, action.renew_every_ms)
                 try:
                     captured.run(self.app, environ)
                 except BaseException as error:
