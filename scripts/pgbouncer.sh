@@ -119,7 +119,12 @@ write_config() {
         echo "pool_mode = $PGB_MODE"
         echo "default_pool_size = $PGB_POOL_SIZE"
         echo "max_client_conn = 2000"
-        echo "max_db_connections = 0"
+        # The suites give each test schema a role (a pool of its own): cap the
+        # server connections per database below the throwaway server's 200,
+        # and close idle ones soon (PgBouncer evicts an idle connection of
+        # another pool when the cap is reached).
+        echo "max_db_connections = ${PGB_MAX_DB_CONNECTIONS:-80}"
+        echo "server_idle_timeout = 10"
         echo "server_round_robin = 1"
         echo "auth_type = $PGB_AUTH"
         echo "auth_file = $PGB_DIR/userlist.txt"

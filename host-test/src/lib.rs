@@ -70,8 +70,53 @@ pub fn postgres_url() -> String {
 }
 
 /// `url` with `search_path` set to `schema` on every connection.
+///
+/// Behind a transaction pooler (`IDEMPOTENCY_PG_POOLER`, which
+/// scripts/pgbouncer.sh run sets) no per-connection setting survives:
+/// PgBouncer 1.18 refuses the `options` startup parameter, and a `SET` would
+/// stay on one server connection. The URL then logs in as a role named after
+/// the schema whose default search_path is that schema (made once on the
+/// server): PgBouncer pools per database and role, so every server connection
+/// it opens for the role starts in the schema.
 pub fn url_with_schema(url: &str, schema: &str) -> String {
+    if std::env::var_os("IDEMPOTENCY_PG_POOLER").is_some() {
+        schema_role(schema);
+        return url_as_user(url, schema);
+    }
     idempotency_ledger::url_with_options(url, &format!("-c search_path={schema}"))
+}
+
+/// `url` (postgresql://user@host...) logging in as `user`.
+fn url_as_user(url: &str, user: &str) -> String {
+    let (scheme, rest) = url.split_once("://").expect("a postgresql:// URL");
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let hosts = authority.rsplit_once('@').map_or(authority, |(_, hosts)| hosts);
+    format!("{scheme}://{user}@{hosts}{tail}")
+}
+
+/// Creates the login role `schema` with search_path `schema`, once per
+/// process, on the server itself (IDEMPOTENCY_PG_DIRECT_URL). A role another
+/// process is creating at the same moment is waited for, then left as it is.
+fn schema_role(schema: &str) {
+    static MADE: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let mut made = MADE.lock().unwrap_or_else(|e| e.into_inner());
+    if made.iter().any(|s| s == schema) {
+        return;
+    }
+    let direct = std::env::var("IDEMPOTENCY_PG_DIRECT_URL").unwrap_or_else(|_| postgres_url());
+    let statement = format!(
+        "DO $$ BEGIN CREATE ROLE \"{schema}\" LOGIN SUPERUSER; ALTER ROLE \"{schema}\" SET search_path = \"{schema}\"; \
+EXCEPTION WHEN duplicate_object THEN NULL; END $$"
+    );
+    // On a thread of its own: the blocking pool refuses a tokio runtime thread.
+    std::thread::spawn(move || {
+        let pool = PostgresPool::connect(&direct, 1).expect("postgres pool");
+        pool.backend().execute_batch(&[sql(&statement, vec![])]).expect("create the schema's role");
+    })
+    .join()
+    .expect("role thread");
+    made.push(schema.to_string());
 }
 
 static SCHEMAS: AtomicUsize = AtomicUsize::new(0);
