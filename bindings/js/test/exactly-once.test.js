@@ -16,7 +16,8 @@ import { idempotency as expressIdempotency } from "../src/express.js";
 import { idempotentFunction, idempotentHandler, LeaseLostError, ledgerFor, migrate, NothingChangedError } from "../src/node.js";
 import { testClock } from "../src/testing.js";
 import { honoServer, listen } from "./helpers/servers.js";
-import { freshDb } from "./helpers/sqlite.js";
+import { freshDb, rows } from "./helpers/sqlite.js";
+import { sqliteLedger } from "../src/sqlite.js";
 import { SKIP_PG, freshSchema } from "./helpers/pg.js";
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
@@ -194,6 +195,41 @@ describe("exactly once on better-sqlite3", () => {
     assert.deepEqual(rec.outcomes.sort(), ["executed", "executed", "executed", "ledger-busy"]);
     assert.equal((await post(base, { key: "l2" })).status, 201, "the busy request's key was never claimed");
     db.close();
+  });
+
+  test("a transaction that cannot begin: the handler never runs, every adapter sends the core's answer, the key is released", async () => {
+    const file = freshDb();
+    // A LedgerDb without begin(): its transactional routes cannot open a transaction.
+    const db = { dialect: "sqlite", batch: sqliteLedger(file).batch };
+    let runs = 0;
+    const rec = recorder();
+    const settings = { db, principal: () => "acct", transactional: true, logger: rec.logger, onOutcome: rec.onOutcome };
+    const hono = new Hono();
+    hono.post("/orders", honoIdempotency(settings), (c) => (runs++, c.text("ran", 201)));
+    const app = express();
+    const idem = expressIdempotency(settings);
+    app.post("/orders", idem, (req, res) => (runs++, res.status(201).send("ran")));
+    app.use(idem.errors);
+    const node = createServer(idempotentHandler(settings, (req, res) => (runs++, res.writeHead(201).end("ran"))));
+    const answers = [];
+    for (const base of [await honoServer(hono), await listen(createServer(app)), await listen(node)]) {
+      answers.push(await post(base, { key: "no-tx" }));
+      assert.equal((await post(base, { key: "no-tx" })).status, 500, "released: the retry is decided afresh (and fails the same way)");
+    }
+    const { response } = await ledgerFor(db, settings).handle(new Request("http://api.test/orders", { method: "POST", headers: { "idempotency-key": "no-tx" }, body: "{}" }), "acct", () => {
+      runs++;
+      return { status: 201 };
+    });
+    answers.push({ status: response.status, text: await response.text() });
+    assert.equal(runs, 0, "the handler never ran");
+    for (const a of answers) {
+      assert.equal(a.status, 500);
+      assert.equal(JSON.parse(a.text).error, "idempotency_handler_failed", "the core's answer to the failure");
+    }
+    assert.deepEqual([...new Set(rec.outcomes)], ["released"]);
+    assert.ok(rec.lines.some(([, line]) => line.includes("the handler's transaction could not begin")), "the core's line names why");
+    assert.deepEqual(rows(file), [], "nothing left reserved");
+    file.close();
   });
 
   test("a request the ledger passes through (no key where keys are optional) still runs in a transaction of its own on a transactional route", async () => {

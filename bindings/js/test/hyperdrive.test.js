@@ -89,4 +89,21 @@ describe("Workers + Hyperdrive (miniflare's local binding) + pg", { skip: SKIP_P
     assert.equal(new Set(created.map((a) => a.text)).size, 1, "every 201 is the same answer");
     assert.equal((await orders()) - before, 1, "exactly one execution");
   });
+
+  test("transactional: the insert on the request's client commits with the answer; a handler that throws after it leaves nothing", async () => {
+    const before = await orders();
+    const send = (key, headers = {}) => mf.dispatchFetch("http://api.test/tx/orders", { method: "POST", headers: { "idempotency-key": key, "x-user": "acct-1", ...headers }, body: "{}" });
+    const first = await send("tx-1");
+    const text = await first.text();
+    assert.equal(first.status, 201, text);
+    const replay = await send("tx-1");
+    assert.equal(await replay.text(), text);
+    assert.equal((await orders()) - before, 1, "one order, committed with the answer");
+    const failed = await send("tx-2", { "x-fail": "1" });
+    await failed.arrayBuffer();
+    assert.equal(failed.status, 500);
+    assert.equal((await orders()) - before, 1, "the failed handler's insert was rolled back");
+    const rows = (await store.admin.query(`SELECT key FROM "${store.schema}".idempotency_keys WHERE key LIKE 'tx-%'`)).rows;
+    assert.deepEqual(rows, [{ key: "tx-1" }], "the failed one's key was released");
+  });
 });

@@ -139,3 +139,28 @@ test("two deliveries at once: one runs, the other is retried when the pending ro
   );
   assert.equal(s.charges.filter((c) => c.order_id === "c-1").length, 1);
 });
+
+test("transactional: the charge commits with the stored result; a handler that throws after registering it charges nothing and is retried at once", async () => {
+  const m = message({ orderId: "t-1", amount: 3 });
+  const first = await worker.queue("txjobs", [m]);
+  assert.deepEqual(first.explicitAcks, [m.id]);
+  const again = await worker.queue("txjobs", [{ ...m, attempts: 2 }]);
+  assert.deepEqual(again.explicitAcks, [m.id]);
+  const failing = message({ orderId: "t-2", failUntil: 2 });
+  const failed = await worker.queue("txjobs", [failing]);
+  assert.deepEqual(failed.explicitAcks, []);
+  assert.deepEqual(failed.retryMessages.map((r) => [r.msgId, r.delaySeconds]), [[failing.id, undefined]], "released: retried at once");
+  const retried = await worker.queue("txjobs", [{ ...failing, attempts: 2 }]);
+  assert.deepEqual(retried.explicitAcks, [failing.id]);
+  const s = await state();
+  assert.deepEqual(
+    s.deliveries.filter((d) => d.queue === "txjobs").map((d) => [d.orderId, d.outcome, d.ack]),
+    [
+      ["t-1", "executed", true],
+      ["t-1", "replayed", true],
+      ["t-2", "released", false],
+      ["t-2", "executed", true],
+    ],
+  );
+  assert.deepEqual(s.charges.filter((c) => c.order_id.startsWith("t-")).map((c) => [c.order_id, c.attempt]), [["t-1", 1], ["t-2", 2]], "the failed attempt's charge never committed");
+});

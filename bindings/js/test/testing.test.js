@@ -65,3 +65,27 @@ test("createTestLedger: outcomes and the core's log lines recorded (not printed)
     await server.close();
   }
 });
+
+test("createTestLedger with transactional: the handler's transaction is on the kit's Database; a rolled-back write is gone", async () => {
+  const kit = createTestLedger({ principal: () => "acct-1", transactional: true });
+  kit.db.exec("CREATE TABLE orders (id TEXT PRIMARY KEY)");
+  const server = await listen(
+    idempotentHandler(kit.options, (req, res) => {
+      assert.equal(req.idempotency.transaction.db, kit.db);
+      req.idempotency.transaction.db.prepare("INSERT INTO orders (id) VALUES (?)").run(req.headers["idempotency-key"]);
+      if (req.headers["x-fail"]) throw new Error("refused");
+      res.writeHead(201).end("ok");
+    }),
+  );
+  try {
+    const send = (key, headers = {}) => fetch(`${server.url}/orders`, { method: "POST", headers: { "idempotency-key": key, ...headers }, body: "{}" });
+    assert.equal((await send("a")).status, 201);
+    assert.equal((await send("a")).status, 201);
+    assert.equal((await send("b", { "x-fail": "1" })).status, 500);
+    assert.deepEqual(kit.db.prepare("SELECT id FROM orders").all(), [{ id: "a" }]);
+    assert.deepEqual(kit.outcomes, ["executed", "replayed", "released"]);
+  } finally {
+    await server.close();
+    kit.close();
+  }
+});

@@ -46,9 +46,14 @@ async function checkWaiting(makeBase) {
   const impatient = await makeBase({ waitMs: 20 }, mutation);
   const rejected = await duplicates(impatient, "impatient");
   assert.equal(runs, 2);
-  assert.equal(rejected.filter((a) => a.status === 201).length, 1);
+  // The duplicates that came while the first ran waited 20 ms and got the 409; on a
+  // loaded machine some arrive after it answered and get its stored answer (a replay).
+  const created = rejected.filter((a) => a.status === 201);
+  assert.ok(created.length >= 1 && created.every((a) => a.text === created[0].text), `one answer, replayed: ${JSON.stringify(rejected)}`);
+  const refused = rejected.filter((a) => a.status !== 201);
+  assert.ok(refused.length >= 1, `some duplicates came while the first ran: ${JSON.stringify(rejected)}`);
   assert.ok(
-    rejected.filter((a) => a.status !== 201).every((a) => a.status === 409 && JSON.parse(a.text).error === "idempotency_key_in_progress"),
+    refused.every((a) => a.status === 409 && JSON.parse(a.text).error === "idempotency_key_in_progress"),
     JSON.stringify(rejected),
   );
 }
