@@ -237,3 +237,22 @@ pub fn action_to_core(a: wit::Action) -> core::Action {
 pub fn sweep_report_to_core(r: wit::SweepReport) -> core::SweepReport {
     core::SweepReport { deleted: r.deleted, more: r.more, log: r.log.map(log_line_to_core) }
 }
+
+pub fn ticket_to_wit(t: &core::Ticket) -> wit::Ticket {
+    wit::Ticket {
+        principal: t.principal.clone(),
+        key: t.key.clone(),
+        fingerprint: t.fingerprint.clone(),
+        generation: t.generation,
+        created_at: t.created_at,
+    }
+}
+
+pub fn lease_to_core(l: wit::Lease) -> core::Lease {
+    let state = match l.state {
+        wit::LeaseState::Held => core::LeaseState::Held,
+        wit::LeaseState::Lost => core::LeaseState::Lost,
+        wit::LeaseState::Unknown => core::LeaseState::Unknown,
+    };
+    core::Lease { state, log: l.log.map(log_line_to_core) }
+}

@@ -2,26 +2,49 @@
 //! simulated requests as `stepped` exchanges against a real database (a
 //! SQLite file, or PostgreSQL with `--postgres`) and interleaves them at every
 //! event: each step feeds one request's exchange one event (its body, a
-//! batch's results, `slept`, its handler's end) or moves the world (the clock,
-//! a sweep, a stall). It injects crashes (an exchange dropped between its
-//! claim and its handler, inside the handler, and after the handler before
-//! its completion batch), ledger failures (before a batch runs, and a batch
-//! that committed but whose answer was lost), batches delayed past the pool's
-//! wait, stalls past the TTL, clock jumps (forwards, backwards, equal), sweeps
-//! and waits.
+//! batch's results, `slept`, its handler's end, its transaction's commit or
+//! rollback) or moves the world (the clock, a sweep, a stall with or without
+//! the running owners renewing their leases). It injects crashes (an exchange
+//! dropped between its claim and its handler, inside the handler, after the
+//! handler before its completion, and inside its transaction: before the
+//! completion's statements, before the commit, before the rollback; a
+//! dropped transaction is rolled back), ledger failures (before a batch
+//! runs, a batch that committed but whose answer was lost, a connection lost
+//! inside a transaction, a commit refused, a commit whose answer was lost),
+//! batches delayed past the pool's wait, stalls past the TTL, clock jumps
+//! (forwards, backwards, equal), sweeps and waits.
+//!
+//! Exactly once (docs/SPEC.md 10): half of the requests are transactional.
+//! Their handlers write rows to a `handler_writes` table inside a real
+//! transaction on the ledger's database (a connection of its own: a deferred
+//! `BEGIN` on SQLite, a kept connection on PostgreSQL), then the exchange's
+//! fenced completion runs in it, and it commits or rolls back as the
+//! exchange says. While handlers run, their owners renew their leases
+//! (`session.renewal`, `renewed`) on the hosts' connection; some owners are
+//! frozen and do not. The model knows the databases' locks: on SQLite a
+//! transaction that wrote holds the single writer lock until it ends, so
+//! every other batch (and write) is refused busy at once (the busy timeout is
+//! 0 here); on PostgreSQL a completion that matched holds its row, so a
+//! claim of that key waits for it and is refused by the lock timeout (55P03),
+//! and a sweep skips it.
 //!
 //! The model is the protocol as docs/SPEC.md states it, written here again:
-//! it predicts what each batch does to the table (the claim, the fenced
-//! takeover of a stale row, the fenced completion and release, the bounded
-//! sweep), checks the database's results against the prediction, and checks
-//! the action the exchange answers against what the SPEC says follows (the
-//! ticket, the replay, the 409/422, the wait, the outcome, the stored shape).
-//! After every step the whole table must equal the model. Invariants: one
-//! stored answer per reservation, replays identical to what was stored, a
-//! takeover only of a stale row with the same fingerprint, every fenced-out
-//! completion explained by a takeover, a sweep or a release, a handler run
-//! only after its own decision batch won, at most one handler per exchange
-//! and per generation.
+//! it predicts what each batch and each statement of a transaction does to
+//! the tables (the claim, the fenced takeover of a stale row, the fenced
+//! completion and release, the fence, the renewal, the bounded sweep, the
+//! handler's rows), checks the database's results (and refusals) against the
+//! prediction, and checks the action the exchange answers against what the
+//! SPEC says follows (the ticket, the replay, the 409/422, the wait, the
+//! commit or the rollback, the lease, the outcome, the stored shape). After
+//! every step both tables must equal the model. Invariants: one stored
+//! answer per reservation, replays identical to what was stored, a takeover
+//! only of a stale row with the same fingerprint and never of an owner that
+//! renewed within the TTL, every fenced-out completion explained by a
+//! takeover, a sweep or a release, a handler run only after its own decision
+//! batch won, at most one handler per exchange and per generation; every
+//! reservation's handler rows exist at most once (one owner's), exactly once
+//! for every transactional request answered 201, and never for an owner
+//! whose transaction was rolled back (fenced out, failed, crashed).
 //!
 //! Two engines: the native core (`Session::start` / `Exchange::step`) and the
 //! component under wasmtime (raw WIT calls on a `Ledger`'s instance whose
@@ -33,17 +56,20 @@
 //! (`--postgres`, with `IDEMPOTENCY_PG_URL`) for the `postgres` dialect on a
 //! PostgreSQL server.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use idempotency_ledger::wit;
 use idempotency_ledger::{
-    Dialect, Ledger, ManualClock, OnServerError, PostgresPool, Profile, Queries, Settings, SqlBackend, SqlStatement,
-    SqliteBackend,
+    AsyncBackend, AsyncPostgres, AsyncTransaction, Dialect, Ledger, ManualClock, OnServerError, PoolSettings, PostgresPool,
+    Profile, Queries, Settings, SqlBackend, SqlStatement, SqliteBackend,
 };
 use idempotency_ledger_core::{
-    self as core, Action, Answer, BatchError, Event, HandlerResult, Header, Outcome, Query, Statement, StatementResult, Value,
+    self as core, Action, Answer, BatchError, Event, HandlerResult, Header, LeaseState, Outcome, Query, Statement, StatementResult,
+    Value,
 };
 use wasmtime::component::ResourceAny;
 
@@ -66,14 +92,23 @@ const SWEEP_EVERY: u32 = 3;
 const MAX_DELAY: i64 = TTL;
 /// The clock never steps back further than this below the latest time seen.
 const MAX_BACKWARDS: i64 = TTL / 2;
+/// SPEC 10.1: a running owner renews every third of the TTL.
+const RENEW_EVERY: i64 = TTL / 3;
+/// PostgreSQL: how long a statement waits for a row another transaction
+/// holds before its batch is refused (55P03, busy). The scheduler is one
+/// thread, so a lock the model knows of is never released while it waits.
+const PG_LOCK_TIMEOUT: Duration = Duration::from_millis(30);
 
 const PRINCIPALS: [&str; 2] = ["alice", "bob"];
 const KEYS: [&str; 3] = ["k0", "k1", "k2"];
 /// SPEC 4: method, path, then the fingerprint headers (content-type, x-api-version).
 const PREFIX: &str = "POST\n/orders\ncontent-type:application/json\nx-api-version:\n";
 const REPLAY_HEADERS: [&str; 2] = ["content-type", "location"];
+/// The table transactional handlers write to, one row per write.
+const HANDLER_WRITES: &str = "CREATE TABLE IF NOT EXISTS handler_writes (principal TEXT NOT NULL, key TEXT NOT NULL, \
+created_at BIGINT NOT NULL, generation BIGINT NOT NULL, flight BIGINT NOT NULL, seq BIGINT NOT NULL)";
 
-/// The settings a seed runs with: the constants above, and four choices
+/// The settings a seed runs with: the constants above, and five choices
 /// taken from the seed's bits.
 #[derive(Clone, Debug)]
 pub struct Params {
@@ -86,6 +121,8 @@ pub struct Params {
     pub release: bool,
     /// Seeds with bit 3: no in-progress hint (the 409 suggests the time to takeover).
     pub retry_hint: Option<u64>,
+    /// Seeds without bit 4: `lease-renewal` on (running owners renew).
+    pub renewal: bool,
 }
 
 impl Params {
@@ -95,6 +132,7 @@ impl Params {
             wait_ms: if seed & 2 != 0 { WAIT_MS } else { 0 },
             release: seed & 4 != 0,
             retry_hint: if seed & 8 != 0 { None } else { Some(400) },
+            renewal: seed & 16 == 0,
         }
     }
 
@@ -117,6 +155,7 @@ impl Params {
             in_progress_retry_ms: Some(self.retry_hint),
             wait_ms: Some(self.wait_ms),
             on_server_error: Some(if self.release { OnServerError::Release } else { OnServerError::Store }),
+            lease_renewal: Some(self.renewal),
             ..Settings::default()
         }
     }
@@ -136,6 +175,7 @@ impl Params {
             in_progress_retry_ms: self.retry_hint,
             wait_ms: self.wait_ms,
             on_server_error: if self.release { core::OnServerError::Release } else { core::OnServerError::Store },
+            lease_renewal: self.renewal,
             dialect,
             ..core::Config::for_profile(profile)
         }
@@ -152,12 +192,17 @@ pub type ExchangeId = u64;
 pub trait Engine {
     /// `session.start` in `stepped` mode: the first action, and the exchange
     /// unless that action is final.
-    fn start(&mut self, head: &core::RequestHead, principal: Option<&str>, now: i64) -> Result<(Action, Option<ExchangeId>), String>;
+    fn start(&mut self, head: &core::RequestHead, principal: Option<&str>, now: i64, transactional: bool)
+        -> Result<(Action, Option<ExchangeId>), String>;
     fn step(&mut self, exchange: ExchangeId, now: i64, event: &Event) -> Result<Action, String>;
     /// Drops an exchange (after its final action, or mid-way: a crash).
     fn drop_exchange(&mut self, exchange: ExchangeId) -> Result<(), String>;
     fn sweep(&mut self, now: i64) -> Result<Vec<Statement>, String>;
     fn swept(&mut self, result: Result<&[StatementResult], &BatchError>) -> Result<core::SweepReport, String>;
+    /// `session.renewal`: a running owner's lease renewal at `now`.
+    fn renewal(&mut self, ticket: &core::Ticket, now: i64) -> Result<Vec<Statement>, String>;
+    /// `session.renewed`: what that renewal found.
+    fn renewed(&mut self, ticket: &core::Ticket, result: Result<&[StatementResult], &BatchError>) -> Result<core::Lease, String>;
     /// The SQL this engine states for `query` in its dialect.
     fn sql(&self, query: Query) -> Arc<str>;
 }
@@ -176,8 +221,14 @@ impl Native {
 }
 
 impl Engine for Native {
-    fn start(&mut self, head: &core::RequestHead, principal: Option<&str>, _now: i64) -> Result<(Action, Option<ExchangeId>), String> {
-        let (action, exchange) = self.session.start(head, principal, false);
+    fn start(
+        &mut self,
+        head: &core::RequestHead,
+        principal: Option<&str>,
+        _now: i64,
+        transactional: bool,
+    ) -> Result<(Action, Option<ExchangeId>), String> {
+        let (action, exchange) = self.session.start(head, principal, transactional);
         Ok((
             action,
             exchange.map(|x| {
@@ -203,6 +254,14 @@ impl Engine for Native {
 
     fn swept(&mut self, result: Result<&[StatementResult], &BatchError>) -> Result<core::SweepReport, String> {
         Ok(self.session.swept(result))
+    }
+
+    fn renewal(&mut self, ticket: &core::Ticket, now: i64) -> Result<Vec<Statement>, String> {
+        self.session.plan_renewal(ticket, now).map_err(|e| format!("renewal: {e}"))
+    }
+
+    fn renewed(&mut self, ticket: &core::Ticket, result: Result<&[StatementResult], &BatchError>) -> Result<core::Lease, String> {
+        Ok(self.session.renewed(ticket, result))
     }
 
     fn sql(&self, query: Query) -> Arc<str> {
@@ -253,8 +312,20 @@ impl Component {
 }
 
 impl Engine for Component {
-    fn start(&mut self, head: &core::RequestHead, principal: Option<&str>, now: i64) -> Result<(Action, Option<ExchangeId>), String> {
-        let start = wit::RequestStart { head: head_to_wit(head), principal: principal.map(str::to_string), now, mode: wit::IoMode::Stepped, transactional: false };
+    fn start(
+        &mut self,
+        head: &core::RequestHead,
+        principal: Option<&str>,
+        now: i64,
+        transactional: bool,
+    ) -> Result<(Action, Option<ExchangeId>), String> {
+        let start = wit::RequestStart {
+            head: head_to_wit(head),
+            principal: principal.map(str::to_string),
+            now,
+            mode: wit::IoMode::Stepped,
+            transactional,
+        };
         let started = self.call(|core, store, session| core.idempotency_ledger_session().session().call_start(store, session, &start))?;
         let exchange = started.exchange.map(|x| {
             self.next += 1;
@@ -296,6 +367,29 @@ impl Engine for Component {
         Ok(sweep_report_to_core(report))
     }
 
+    fn renewal(&mut self, ticket: &core::Ticket, now: i64) -> Result<Vec<Statement>, String> {
+        let ticket = ticket_to_wit(ticket);
+        let statements =
+            self.call(|core, store, session| core.idempotency_ledger_session().session().call_renewal(store, session, &ticket, now))?;
+        Ok(statements_to_core(statements))
+    }
+
+    fn renewed(&mut self, ticket: &core::Ticket, result: Result<&[StatementResult], &BatchError>) -> Result<core::Lease, String> {
+        let ticket = ticket_to_wit(ticket);
+        let result = match result {
+            Ok(results) => Ok(results_to_wit(results)),
+            Err(error) => Err(batch_error_to_wit(error)),
+        };
+        let lease = self.call(|core, store, session| {
+            let result = match &result {
+                Ok(results) => Ok(results.as_slice()),
+                Err(error) => Err(error),
+            };
+            core.idempotency_ledger_session().session().call_renewed(store, session, &ticket, result)
+        })?;
+        Ok(lease_to_core(lease))
+    }
+
     fn sql(&self, query: Query) -> Arc<str> {
         self.queries.sql(query_to_wit(query)).clone()
     }
@@ -322,6 +416,148 @@ impl Rng {
     }
     pub fn chance(&mut self, percent: u64) -> bool {
         self.below(100) < percent
+    }
+}
+
+// ---- the database ----
+
+/// The simulation's database: the hosts' batches on one backend (a SQLite
+/// connection whose busy timeout is 0, or a PostgreSQL pool with a short
+/// lock timeout), each handler's transaction on a connection of its own (the
+/// Rust host's: `SqliteBackend::begin`, `AsyncPostgres::begin`), and a reader
+/// for the checks that never waits for a lock.
+pub struct Store {
+    backend: Box<dyn SqlBackend>,
+    kind: StoreKind,
+}
+
+enum StoreKind {
+    Sqlite { path: PathBuf, reader: rusqlite::Connection, idle: Vec<SqliteBackend> },
+    Postgres { rt: tokio::runtime::Runtime, transactions: AsyncPostgres },
+}
+
+/// A handler's open transaction.
+pub enum Tx {
+    Sqlite(SqliteBackend),
+    Postgres(Box<dyn AsyncTransaction>),
+}
+
+fn sqlite_value(v: rusqlite::types::ValueRef<'_>) -> wit::Value {
+    match v {
+        rusqlite::types::ValueRef::Null => wit::Value::Null,
+        rusqlite::types::ValueRef::Integer(i) => wit::Value::Integer(i),
+        rusqlite::types::ValueRef::Real(r) => wit::Value::Real(r),
+        rusqlite::types::ValueRef::Text(t) => wit::Value::Text(String::from_utf8_lossy(t).into_owned()),
+        rusqlite::types::ValueRef::Blob(b) => wit::Value::Blob(b.to_vec()),
+    }
+}
+
+impl Store {
+    /// The SQLite file at `path` (created if missing).
+    pub fn sqlite(path: &Path) -> Result<Store, String> {
+        let backend = SqliteBackend::open_with(path, Duration::ZERO).map_err(|e| format!("{}: {e}", path.display()))?;
+        let reader = rusqlite::Connection::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(Store { backend: Box::new(backend), kind: StoreKind::Sqlite { path: path.to_path_buf(), reader, idle: Vec::new() } })
+    }
+
+    /// The PostgreSQL server and schema at `url` (its `search_path`).
+    pub fn postgres(url: &str) -> Result<Store, String> {
+        let settings = PoolSettings { max_size: 8, wait_timeout: Duration::from_secs(5), lock_timeout: PG_LOCK_TIMEOUT };
+        let pool = PostgresPool::connect_with(url, &settings).map_err(|e| e.to_string())?;
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+        let transactions = {
+            let _in_runtime = rt.enter();
+            AsyncPostgres::connect_with(url, &settings).map_err(|e| e.to_string())?
+        };
+        Ok(Store { backend: Box::new(pool.backend()), kind: StoreKind::Postgres { rt, transactions } })
+    }
+
+    pub fn dialect(&self) -> Dialect {
+        self.backend.dialect()
+    }
+
+    fn is_postgres(&self) -> bool {
+        matches!(self.kind, StoreKind::Postgres { .. })
+    }
+
+    /// One atomic batch on the hosts' connection.
+    fn batch(&mut self, statements: &[SqlStatement]) -> Result<Vec<wit::StatementResult>, wit::BatchError> {
+        self.backend.execute_batch(statements)
+    }
+
+    /// A handler's transaction, on a connection of its own (nothing locked yet).
+    fn begin(&mut self) -> Result<Tx, String> {
+        match &mut self.kind {
+            StoreKind::Sqlite { path, idle, .. } => {
+                let mut backend = match idle.pop() {
+                    Some(backend) => backend,
+                    None => SqliteBackend::open_with(&*path, Duration::ZERO).map_err(|e| format!("a transaction's connection: {e}"))?,
+                };
+                backend.begin().map_err(|e| format!("BEGIN: {e:?}"))?;
+                Ok(Tx::Sqlite(backend))
+            }
+            StoreKind::Postgres { rt, transactions } => Ok(Tx::Postgres(rt.block_on(transactions.begin()).map_err(|e| format!("BEGIN: {e:?}"))?)),
+        }
+    }
+
+    /// Statements inside the transaction (no commit).
+    fn in_transaction(&mut self, tx: &mut Tx, statements: &[SqlStatement]) -> Result<Vec<wit::StatementResult>, wit::BatchError> {
+        match (tx, &mut self.kind) {
+            (Tx::Sqlite(backend), _) => backend.execute_in_transaction(statements),
+            (Tx::Postgres(tx), StoreKind::Postgres { rt, .. }) => rt.block_on(tx.execute(statements.to_vec())),
+            (Tx::Postgres(_), _) => Err(wit::BatchError::Host("a PostgreSQL transaction on a SQLite store".into())),
+        }
+    }
+
+    fn commit(&mut self, tx: Tx) -> Result<(), wit::BatchError> {
+        match (tx, &mut self.kind) {
+            (Tx::Sqlite(mut backend), StoreKind::Sqlite { idle, .. }) => {
+                let committed = backend.commit();
+                backend.rollback(); // nothing when the commit ended the transaction
+                idle.push(backend);
+                committed
+            }
+            (Tx::Postgres(tx), StoreKind::Postgres { rt, .. }) => rt.block_on(tx.commit()),
+            _ => Err(wit::BatchError::Host("a transaction of another store".into())),
+        }
+    }
+
+    /// Rolls back (a crashed host's transaction ends the same way: its
+    /// connection goes and the server rolls back).
+    fn rollback(&mut self, tx: Tx) {
+        match (tx, &mut self.kind) {
+            (Tx::Sqlite(mut backend), StoreKind::Sqlite { idle, .. }) => {
+                backend.rollback();
+                idle.push(backend);
+            }
+            (Tx::Postgres(tx), StoreKind::Postgres { rt, .. }) => rt.block_on(tx.rollback()),
+            _ => {}
+        }
+    }
+
+    /// Queries that never wait for a lock (SQLite: a reader in WAL mode;
+    /// PostgreSQL: plain SELECTs, in one round trip): the committed state.
+    fn read(&mut self, queries: &[&str]) -> Result<Vec<Vec<Vec<wit::Value>>>, String> {
+        match &mut self.kind {
+            StoreKind::Sqlite { reader, .. } => queries
+                .iter()
+                .map(|sql| {
+                    let mut statement = reader.prepare_cached(sql).map_err(|e| format!("{sql}: {e}"))?;
+                    let columns = statement.column_count();
+                    let mut rows = statement.query([]).map_err(|e| format!("{sql}: {e}"))?;
+                    let mut out = Vec::new();
+                    while let Some(row) = rows.next().map_err(|e| format!("{sql}: {e}"))? {
+                        out.push((0..columns).map(|i| row.get_ref(i).map(sqlite_value)).collect::<Result<_, _>>().map_err(|e| e.to_string())?);
+                    }
+                    Ok(out)
+                })
+                .collect(),
+            StoreKind::Postgres { .. } => {
+                let selects: Vec<SqlStatement> = queries.iter().map(|sql| SqlStatement { sql: (*sql).into(), params: vec![] }).collect();
+                let results = self.backend.execute_batch(&selects).map_err(|e| format!("{queries:?}: {e:?}"))?;
+                Ok(results.into_iter().map(|r| r.rows).collect())
+            }
+        }
     }
 }
 
@@ -370,9 +606,11 @@ enum BatchKind {
     Decision,
     Completion,
     Release,
+    /// A fenced-out transactional owner's look at the current owner's answer.
+    Lookup,
 }
 
-/// What a flight expects of its completion or release batch.
+/// What a flight expects of its completion, release or lookup.
 #[derive(Clone, Debug)]
 struct Completing {
     kind: BatchKind,
@@ -385,6 +623,39 @@ struct Completing {
     raised: bool,
     /// The core logs why the response could not be stored.
     unstorable: bool,
+    /// A transactional owner whose write, completion or commit failed: its
+    /// release answers the rolled-back 503.
+    rolled_back: bool,
+    /// A transactional exchange at `rollback`: the batch that follows it
+    /// (the release, or the lookup of a fenced-out owner).
+    after_rollback: Option<BatchKind>,
+}
+
+impl Completing {
+    fn release(answer: Answer, raised: bool, rolled_back: bool) -> Completing {
+        Completing { kind: BatchKind::Release, stored: None, answer, raised, unstorable: false, rolled_back, after_rollback: None }
+    }
+}
+
+/// One row of `handler_writes`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Write {
+    principal: String,
+    key: String,
+    created_at: i64,
+    generation: i64,
+    flight: u64,
+    seq: i64,
+}
+
+/// A transactional handler's open transaction, as the model sees it.
+struct OpenTx {
+    tx: Tx,
+    /// Its rows, not committed yet.
+    writes: Vec<Write>,
+    /// Its completion matched (incarnation, the answer stored, the time it
+    /// stores): applied at the commit.
+    completed: Option<(usize, Stored, i64)>,
 }
 
 /// One simulated request in flight: its exchange and the action it performs next.
@@ -405,6 +676,21 @@ struct Flight {
     owns: Option<(usize, core::Ticket)>,
     handler_runs: u32,
     completing: Option<Completing>,
+    /// `request-start.transactional`.
+    transactional: bool,
+    /// Its handler's transaction, while open.
+    tx: Option<OpenTx>,
+    /// Its host renews the lease while the handler runs (a frozen one does not).
+    renews: bool,
+    /// When its handler started, and the latest time the row was this
+    /// owner's for sure (its claim or takeover, or a held renewal).
+    handler_since: i64,
+    contact: i64,
+    /// The next renewal is due at this time.
+    renew_at: i64,
+    renewals_held: u32,
+    /// A renewal found the lease lost.
+    lease_lost: bool,
 }
 
 #[derive(Debug, Default)]
@@ -435,6 +721,25 @@ pub struct Report {
     pub sweeps_asked: u64,
     pub rejected_at_start: u64,
     pub events_after_end: u64,
+    pub transactional: u64,
+    pub commits: u64,
+    pub rollbacks: u64,
+    pub fences: u64,
+    pub rolled_back_answers: u64,
+    pub writes_committed: u64,
+    pub writes_rolled_back: u64,
+    pub acknowledged: u64,
+    pub crashes_in_transaction: u64,
+    pub commits_refused: u64,
+    pub commits_unknown: u64,
+    pub lock_conflicts: u64,
+    pub renewals_held: u64,
+    pub renewals_lost: u64,
+    pub renewals_unknown: u64,
+    pub kept_past_ttl: u64,
+    pub silent_owners_taken_over: u64,
+    pub stalls_renewing: u64,
+    pub stalls_frozen: u64,
 }
 
 impl Report {
@@ -466,6 +771,25 @@ impl Report {
             sweeps_asked,
             rejected_at_start,
             events_after_end,
+            transactional,
+            commits,
+            rollbacks,
+            fences,
+            rolled_back_answers,
+            writes_committed,
+            writes_rolled_back,
+            acknowledged,
+            crashes_in_transaction,
+            commits_refused,
+            commits_unknown,
+            lock_conflicts,
+            renewals_held,
+            renewals_lost,
+            renewals_unknown,
+            kept_past_ttl,
+            silent_owners_taken_over,
+            stalls_renewing,
+            stalls_frozen,
         } = r;
         self.steps += steps;
         self.checks += checks;
@@ -493,6 +817,25 @@ impl Report {
         self.sweeps_asked += sweeps_asked;
         self.rejected_at_start += rejected_at_start;
         self.events_after_end += events_after_end;
+        self.transactional += transactional;
+        self.commits += commits;
+        self.rollbacks += rollbacks;
+        self.fences += fences;
+        self.rolled_back_answers += rolled_back_answers;
+        self.writes_committed += writes_committed;
+        self.writes_rolled_back += writes_rolled_back;
+        self.acknowledged += acknowledged;
+        self.crashes_in_transaction += crashes_in_transaction;
+        self.commits_refused += commits_refused;
+        self.commits_unknown += commits_unknown;
+        self.lock_conflicts += lock_conflicts;
+        self.renewals_held += renewals_held;
+        self.renewals_lost += renewals_lost;
+        self.renewals_unknown += renewals_unknown;
+        self.kept_past_ttl += kept_past_ttl;
+        self.silent_owners_taken_over += silent_owners_taken_over;
+        self.stalls_renewing += stalls_renewing;
+        self.stalls_frozen += stalls_frozen;
     }
 
     /// The paths a run must reach; the names of those it did not.
@@ -521,6 +864,25 @@ impl Report {
             ("sweeps the core asked for", self.sweeps_asked),
             ("requests answered at start", self.rejected_at_start),
             ("events after the end", self.events_after_end),
+            ("transactional executions", self.transactional),
+            ("commits", self.commits),
+            ("rollbacks", self.rollbacks),
+            ("fences fired", self.fences),
+            ("rolled-back answers", self.rolled_back_answers),
+            ("handler rows committed", self.writes_committed),
+            ("handler rows rolled back", self.writes_rolled_back),
+            ("transactional 201s checked", self.acknowledged),
+            ("crashes inside a transaction", self.crashes_in_transaction),
+            ("commits refused", self.commits_refused),
+            ("commits whose outcome was lost", self.commits_unknown),
+            ("lock conflicts", self.lock_conflicts),
+            ("renewals held", self.renewals_held),
+            ("renewals lost", self.renewals_lost),
+            ("renewals failed", self.renewals_unknown),
+            ("live owners kept past the TTL", self.kept_past_ttl),
+            ("owners taken over after they stopped renewing", self.silent_owners_taken_over),
+            ("stalls with renewal", self.stalls_renewing),
+            ("stalls without renewal", self.stalls_frozen),
         ];
         paths.iter().filter(|(_, n)| *n == 0).map(|(name, _)| *name).collect()
     }
@@ -530,15 +892,20 @@ impl std::fmt::Display for Report {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} steps, {} row checks, {} requests: {} executions ({} takeovers), {} stored, {} fenced out, {} released, {} abandoned, \
-             {} unstorable; {} replays ({} after a wait), {} sleeps, {} in progress, {} key reused, {} answered at start; \
+            "{} steps, {} row checks, {} requests: {} executions ({} takeovers, {} transactional), {} stored, {} fenced out, {} released, \
+             {} abandoned, {} unstorable; {} replays ({} after a wait), {} sleeps, {} in progress, {} key reused, {} answered at start; \
              {} ledger errors, {} outcomes unknown, {} delayed batches, {} failed completions; crashes: {} after the decision, \
-             {} in the handler, {} before the completion; {} rows swept ({} sweeps asked by the core); {} events after the end",
+             {} in the handler, {} before the completion, {} inside a transaction; {} rows swept ({} sweeps asked by the core); \
+             {} events after the end; transactions: {} commits, {} rollbacks, {} fences fired, {} rolled-back answers, {} commits refused, \
+             {} commits unknown, {} lock conflicts; handler rows: {} committed, {} rolled back, {} transactional 201s checked; \
+             renewals: {} held, {} lost, {} failed; {} live owners kept past the TTL, {} owners taken over after they stopped renewing; \
+             stalls: {} renewing, {} frozen",
             self.steps,
             self.checks,
             self.requests,
             self.executions,
             self.takeovers,
+            self.transactional,
             self.stored,
             self.fenced_out,
             self.released,
@@ -557,9 +924,27 @@ impl std::fmt::Display for Report {
             self.crashes_after_decision,
             self.crashes_in_handler,
             self.crashes_before_completion,
+            self.crashes_in_transaction,
             self.sweeps_deleted,
             self.sweeps_asked,
-            self.events_after_end
+            self.events_after_end,
+            self.commits,
+            self.rollbacks,
+            self.fences,
+            self.rolled_back_answers,
+            self.commits_refused,
+            self.commits_unknown,
+            self.lock_conflicts,
+            self.writes_committed,
+            self.writes_rolled_back,
+            self.acknowledged,
+            self.renewals_held,
+            self.renewals_lost,
+            self.renewals_unknown,
+            self.kept_past_ttl,
+            self.silent_owners_taken_over,
+            self.stalls_renewing,
+            self.stalls_frozen
         )
     }
 }
@@ -571,7 +956,7 @@ struct Sim<'a> {
     /// The latest time the clock showed.
     high_water: i64,
     engine: &'a mut dyn Engine,
-    backend: Box<dyn SqlBackend>,
+    store: Store,
     postgres: bool,
     workers: Vec<Option<Flight>>,
     incarnations: Vec<Incarnation>,
@@ -580,18 +965,34 @@ struct Sim<'a> {
     next_flight: u64,
     report: Report,
     trace: String,
+    /// SQLite: the flight whose transaction wrote, holding the writer lock.
+    writer: Option<u64>,
+    /// PostgreSQL: the rows whose completion matched inside a transaction
+    /// not yet ended, and that transaction's flight.
+    row_locks: HashMap<(String, String), u64>,
+    /// The committed `handler_writes` rows.
+    writes: Vec<Write>,
+    /// Flights whose transaction committed, and those whose rows were rolled back.
+    committed: HashSet<u64>,
+    rolled_back: HashSet<u64>,
+    /// Transactional flights answered 201 after their commit, with the rows they wrote.
+    acknowledged: BTreeMap<u64, usize>,
 }
 
 /// Runs one seed; `Err` carries the violated invariant and the trace.
-pub fn run_seed(seed: u64, steps: u64, engine: &mut dyn Engine, mut backend: Box<dyn SqlBackend>, params: &Params) -> Result<Report, String> {
+pub fn run_seed(seed: u64, steps: u64, engine: &mut dyn Engine, mut store: Store, params: &Params) -> Result<Report, String> {
     let migration = [
         SqlStatement { sql: engine.sql(Query::CreateTable), params: vec![] },
         SqlStatement { sql: engine.sql(Query::CreateIndex), params: vec![] },
+        SqlStatement { sql: HANDLER_WRITES.into(), params: vec![] },
     ];
-    backend.execute_batch(&migration).map_err(|e| format!("migration: {e:?}"))?;
-    let empty = SqlStatement { sql: "DELETE FROM idempotency_keys".into(), params: vec![] };
-    backend.execute_batch(&[empty]).map_err(|e| format!("emptying the table: {e:?}"))?;
-    let postgres = backend.dialect() == Dialect::Postgres;
+    store.batch(&migration).map_err(|e| format!("migration: {e:?}"))?;
+    let empty = [
+        SqlStatement { sql: "DELETE FROM idempotency_keys".into(), params: vec![] },
+        SqlStatement { sql: "DELETE FROM handler_writes".into(), params: vec![] },
+    ];
+    store.batch(&empty).map_err(|e| format!("emptying the tables: {e:?}"))?;
+    let postgres = store.is_postgres();
     let now = 1_767_225_600_000;
     let mut sim = Sim {
         params: params.clone(),
@@ -599,7 +1000,7 @@ pub fn run_seed(seed: u64, steps: u64, engine: &mut dyn Engine, mut backend: Box
         now,
         high_water: now,
         engine,
-        backend,
+        store,
         postgres,
         workers: (0..4).map(|_| None).collect(),
         incarnations: Vec::new(),
@@ -607,6 +1008,12 @@ pub fn run_seed(seed: u64, steps: u64, engine: &mut dyn Engine, mut backend: Box
         next_flight: 0,
         report: Report::default(),
         trace: String::new(),
+        writer: None,
+        row_locks: HashMap::new(),
+        writes: Vec::new(),
+        committed: HashSet::new(),
+        rolled_back: HashSet::new(),
+        acknowledged: BTreeMap::new(),
     };
     for _ in 0..steps {
         sim.step().map_err(|violation| {
@@ -618,13 +1025,13 @@ pub fn run_seed(seed: u64, steps: u64, engine: &mut dyn Engine, mut backend: Box
         })?;
         sim.report.steps += 1;
     }
-    // Every request still in flight is dropped: the model must still agree.
+    // Every request still in flight is dropped (its transaction rolled back): the model must still agree.
     for w in 0..sim.workers.len() {
         if let Some(flight) = sim.workers[w].take() {
             sim.crash(w, flight, "at the end of the run")?;
         }
     }
-    sim.check_database().map_err(|v| format!("seed {seed}: final check: {v}"))?;
+    sim.check_database().map_err(|v| format!("seed {seed}: final check: {v}\ntrace (last steps):\n{}", tail(&sim.trace, 60)))?;
     Ok(sim.report)
 }
 
@@ -677,6 +1084,10 @@ fn header<'r>(response: &'r core::Response, name: &str) -> Option<&'r str> {
     response.headers.iter().find(|h| h.name.eq_ignore_ascii_case(name)).map(|h| h.value.as_str())
 }
 
+fn to_sql(engine: &dyn Engine, statements: &[Statement]) -> Vec<SqlStatement> {
+    statements.iter().map(|s| SqlStatement { sql: engine.sql(s.query), params: s.params.iter().map(value_to_wit).collect() }).collect()
+}
+
 impl Sim<'_> {
     fn log(&mut self, line: String) {
         let _ = writeln!(self.trace, "t={} {line}", self.now);
@@ -689,7 +1100,14 @@ impl Sim<'_> {
     fn step(&mut self) -> Result<(), String> {
         match self.rng.below(100) {
             0..=79 => {
-                let w = self.rng.below(self.workers.len() as u64) as usize;
+                // A transaction holding a lock usually ends soon (its host is busy
+                // with it), but not always before others run into the lock.
+                let holder = self.writer.or_else(|| self.row_locks.values().min().copied());
+                let holding = holder.and_then(|id| self.workers.iter().position(|f| f.as_ref().is_some_and(|f| f.id == id)));
+                let w = match holding {
+                    Some(w) if self.rng.chance(60) => w,
+                    _ => self.rng.below(self.workers.len() as u64) as usize,
+                };
                 match self.workers[w].take() {
                     None => self.start_flight(w)?,
                     Some(flight) => self.advance(w, flight)?,
@@ -697,15 +1115,40 @@ impl Sim<'_> {
             }
             80..=91 => self.tick(),
             92..=96 => self.sweep("scheduled")?,
+            97 => self.stall_renewing()?,
             _ => {
-                // A stall: time passes for everyone, so whoever is inside a
-                // handler or a batch now is late.
+                // A stall of the whole world: time passes for everyone and
+                // nobody renews, so whoever is inside a handler or a batch now is late.
                 let jump = TTL + 1 + self.rng.below(TTL as u64) as i64;
                 self.set_clock(self.now + jump);
-                self.log(format!("stall: clock +{jump}"));
+                self.report.stalls_frozen += 1;
+                self.log(format!("stall: clock +{jump}, nobody renews"));
             }
         }
         self.check_database()
+    }
+
+    /// A slow stretch past the TTL during which the owners that are alive
+    /// keep renewing on time (SPEC 10.1): none of them may be taken over.
+    fn stall_renewing(&mut self) -> Result<(), String> {
+        let total = TTL + 1 + self.rng.below(TTL as u64) as i64;
+        self.report.stalls_renewing += 1;
+        self.log(format!("stall: clock +{total}, live owners renew"));
+        let mut left = total;
+        while left > 0 {
+            let step = left.min(RENEW_EVERY);
+            left -= step;
+            self.set_clock(self.now + step);
+            for w in 0..self.workers.len() {
+                let Some(f) = self.workers[w].take() else { continue };
+                if matches!(f.action, Action::RunHandler(_)) && self.renewal_due(&f) {
+                    self.renew(w, f)?;
+                } else {
+                    self.workers[w] = Some(f);
+                }
+            }
+        }
+        Ok(())
     }
 
     fn set_clock(&mut self, now: i64) {
@@ -747,10 +1190,18 @@ impl Sim<'_> {
         self.report.requests += 1;
         self.next_flight += 1;
         let id = self.next_flight;
-        let principal = PRINCIPALS[self.rng.below(2) as usize];
-        let key = KEYS[self.rng.below(3) as usize];
+        let mut principal = PRINCIPALS[self.rng.below(2) as usize];
+        let mut key = KEYS[self.rng.below(3) as usize];
+        // Often a client's retry of a request still running (the same key).
+        let running: Vec<(&'static str, &'static str)> =
+            self.workers.iter().flatten().filter(|f| matches!(f.action, Action::RunHandler(_))).map(|f| (f.principal, f.key)).collect();
+        if !running.is_empty() && self.rng.chance(40) {
+            (principal, key) = running[self.rng.below(running.len() as u64) as usize];
+        }
         let variant = if self.rng.chance(85) { 1 } else { 2 };
         let kind = self.rng.below(100);
+        let transactional = self.rng.chance(50);
+        let renews = self.rng.chance(85);
         let body = if kind < 3 {
             vec![b'x'; REQUEST_CAP as usize + 1 + self.rng.below(10) as usize] // over the request body cap
         } else {
@@ -765,7 +1216,7 @@ impl Sim<'_> {
         if (5..7).contains(&kind) {
             head.method = "GET".into();
         }
-        let (action, exchange) = self.engine.start(&head, principal_sent, self.now)?;
+        let (action, exchange) = self.engine.start(&head, principal_sent, self.now, transactional)?;
         let what = format!("f{id} start");
         if head.method == "GET" {
             // SPEC 1.1: no ledger access, no exchange.
@@ -792,7 +1243,12 @@ impl Sim<'_> {
             return Err(format!("{what}: expected {expected:?} with an exchange, got {action:?}"));
         };
         let fingerprint = idempotency_ledger::sha256_hex(PREFIX.as_bytes(), &body);
-        self.log(format!("w{w} f{id} {principal}/{key} qty {variant} starts (fp {})", &fingerprint[..8]));
+        self.log(format!(
+            "w{w} f{id} {principal}/{key} qty {variant} starts (fp {}){}{}",
+            &fingerprint[..8],
+            if transactional { ", transactional" } else { "" },
+            if renews { "" } else { ", frozen host" }
+        ));
         self.workers[w] = Some(Flight {
             id,
             principal,
@@ -807,6 +1263,14 @@ impl Sim<'_> {
             owns: None,
             handler_runs: 0,
             completing: None,
+            transactional,
+            tx: None,
+            renews,
+            handler_since: 0,
+            contact: 0,
+            renew_at: 0,
+            renewals_held: 0,
+            lease_lost: false,
         });
         Ok(())
     }
@@ -859,6 +1323,9 @@ impl Sim<'_> {
                 self.keep(w, f, action)
             }
             Action::RunHandler(run) => self.in_handler(w, f, run.ticket),
+            Action::CompleteInTransaction(statements) => self.complete_in_transaction(w, f, statements),
+            Action::Commit => self.commit(w, f),
+            Action::Rollback => self.rollback(w, f),
             final_action => Err(format!("f{}: a final action left pending: {final_action:?}", f.id)),
         }
     }
@@ -874,6 +1341,9 @@ impl Sim<'_> {
     /// The flight got its final action: the exchange is dropped (sometimes
     /// after an event it was not waiting for, which it answers with its 500).
     fn end(&mut self, w: usize, f: Flight) -> Result<(), String> {
+        if f.tx.is_some() {
+            return Err(format!("f{}: the exchange ended with its handler's transaction still open", f.id));
+        }
         if self.rng.chance(2) {
             let action = self.engine.step(f.exchange, self.now, &Event::Slept)?;
             let reply = expect_respond(&action, "an event after the end")?;
@@ -888,8 +1358,13 @@ impl Sim<'_> {
         Ok(())
     }
 
-    /// The exchange is dropped mid-way (the process died, the client went away).
-    fn crash(&mut self, w: usize, f: Flight, when: &str) -> Result<(), String> {
+    /// The exchange is dropped mid-way (the process died, the client went
+    /// away); an open transaction goes with its connection: rolled back.
+    fn crash(&mut self, w: usize, mut f: Flight, when: &str) -> Result<(), String> {
+        if let Some(tx) = f.tx.take() {
+            self.report.crashes_in_transaction += 1;
+            self.discard(f.id, tx);
+        }
         if let Some((i, ticket)) = &f.owns {
             let inc = &mut self.incarnations[*i];
             if inc.owner == Some(f.id) && inc.generation == ticket.generation {
@@ -899,6 +1374,49 @@ impl Sim<'_> {
         self.engine.drop_exchange(f.exchange)?;
         self.log(format!("w{w} f{} crashes {when}", f.id));
         Ok(())
+    }
+
+    /// A transaction rolled back: its rows and its completion never happen,
+    /// and the locks it held are gone.
+    fn discard(&mut self, id: u64, tx: OpenTx) {
+        self.store.rollback(tx.tx);
+        let rows = tx.writes.len() as u64;
+        self.report.writes_rolled_back += rows;
+        if rows > 0 {
+            self.rolled_back.insert(id);
+        }
+        self.release_locks(id);
+        self.log(format!("f{id} transaction rolled back ({rows} rows)"));
+    }
+
+    fn release_locks(&mut self, id: u64) {
+        if self.writer == Some(id) {
+            self.writer = None;
+        }
+        self.row_locks.retain(|_, holder| *holder != id);
+    }
+
+    /// SQLite: a batch on the hosts' connection is refused while any
+    /// transaction holds the writer lock. PostgreSQL: a claim waits for a
+    /// row whose completion another transaction holds, until the lock timeout.
+    fn blocked(&self, f: &Flight, kind: BatchKind) -> bool {
+        if self.postgres {
+            kind == BatchKind::Decision && self.row_locks.contains_key(&(f.principal.to_string(), f.key.to_string()))
+        } else {
+            self.writer.is_some()
+        }
+    }
+
+    /// The database refused a statement because of a lock (SQLite at once:
+    /// `SQLITE_BUSY`; PostgreSQL after its lock timeout: 55P03).
+    fn refused_busy(&self, what: &str, result: Result<Vec<wit::StatementResult>, wit::BatchError>) -> Result<BatchError, String> {
+        let code = if self.postgres { "55P03" } else { "5" };
+        match result {
+            Err(wit::BatchError::Database(e)) if e.code.as_deref() == Some(code) => {
+                Ok(BatchError::Database(core::DatabaseError { code: e.code, message: e.message }))
+            }
+            other => Err(format!("{what}: the model says a lock refuses it (code {code}), the database answered {other:?}")),
+        }
     }
 
     fn decision_batch(&self, f: &Flight, now: i64) -> Vec<Statement> {
@@ -934,12 +1452,18 @@ impl Sim<'_> {
         }
     }
 
-    fn execute(&mut self, statements: &[Statement]) -> Result<Vec<StatementResult>, String> {
-        let batch: Vec<SqlStatement> = statements
-            .iter()
-            .map(|s| SqlStatement { sql: self.engine.sql(s.query), params: s.params.iter().map(value_to_wit).collect() })
-            .collect();
-        self.backend.execute_batch(&batch).map(results_to_core).map_err(|e| format!("the database failed: {e:?}"))
+    fn execute(&mut self, statements: &[Statement]) -> Result<Vec<wit::StatementResult>, wit::BatchError> {
+        let batch = to_sql(&*self.engine, statements);
+        self.store.batch(&batch)
+    }
+
+    fn execute_ok(&mut self, statements: &[Statement]) -> Result<Vec<StatementResult>, String> {
+        self.execute(statements).map(results_to_core).map_err(|e| format!("the database failed: {e:?}"))
+    }
+
+    /// The flight in a worker slot with this id, if it still runs.
+    fn flight(&self, id: u64) -> Option<&Flight> {
+        self.workers.iter().flatten().find(|f| f.id == id)
     }
 
     fn run_batch(&mut self, w: usize, f: Flight, statements: Vec<Statement>) -> Result<(), String> {
@@ -948,11 +1472,15 @@ impl Sim<'_> {
             [Query::Claim, Query::Takeover, Query::Lookup] => BatchKind::Decision,
             [Query::Complete] => BatchKind::Completion,
             [Query::Release] => BatchKind::Release,
+            [Query::Lookup] => BatchKind::Lookup,
             other => return Err(format!("f{}: a batch of {other:?}", f.id)),
         };
         let expected_kind = f.completing.as_ref().map_or(BatchKind::Decision, |c| c.kind);
         if kind != expected_kind {
             return Err(format!("f{}: a {kind:?} batch where the flight expects a {expected_kind:?} batch", f.id));
+        }
+        if f.tx.is_some() {
+            return Err(format!("f{}: a {kind:?} batch while its handler's transaction is open", f.id));
         }
         if self.high_water - f.cause > MAX_DELAY {
             // Planned too long ago: the host's pool wait ran out before it was sent.
@@ -970,15 +1498,31 @@ impl Sim<'_> {
             self.log(format!("w{w} f{} {kind:?} batch fails before it is sent: {error:?}", f.id));
             return self.batch_failed(w, f, kind, error, outcome, None);
         }
+        if self.blocked(&f, kind) {
+            // SPEC 10.3: a handler's transaction holds the lock this batch needs.
+            let result = self.execute(&statements);
+            let error = self.refused_busy(&format!("f{} {kind:?} batch", f.id), result)?;
+            self.report.lock_conflicts += 1;
+            self.log(format!("w{w} f{} {kind:?} batch refused: a transaction holds the lock", f.id));
+            return self.batch_failed(w, f, kind, error, Outcome::LedgerBusy, None);
+        }
         // The batch runs; the model predicts what it does and checks the database did that.
-        let results = self.execute(&statements)?;
+        let results = self.execute_ok(&statements)?;
         let outcome = match kind {
             BatchKind::Decision => Committed::Decision(self.decision_ran(&f, &results)?),
             BatchKind::Completion | BatchKind::Release => Committed::Completion(self.completion_ran(&f, kind, &statements, &results)?),
+            BatchKind::Lookup => {
+                self.lookup_ran(&f, &results)?;
+                Committed::Lookup
+            }
         };
         match self.rng.below(100) {
             0..=2 => {
-                let when = if kind == BatchKind::Decision { "after its decision batch committed" } else { "after its completion batch committed" };
+                let when = match kind {
+                    BatchKind::Decision => "after its decision batch committed",
+                    BatchKind::Lookup => "after its lookup",
+                    _ => "after its completion batch committed",
+                };
                 if kind == BatchKind::Decision {
                     self.report.crashes_after_decision += 1;
                 }
@@ -988,7 +1532,7 @@ impl Sim<'_> {
                 }
                 self.crash(w, f, when)
             }
-            3..=5 => {
+            3..=5 if kind != BatchKind::Lookup => {
                 self.report.outcome_unknown += 1;
                 self.log(format!("w{w} f{} {kind:?} batch committed, its answer lost", f.id));
                 let error = BatchError::OutcomeUnknown("the connection broke after the batch was sent (injected)".into());
@@ -998,6 +1542,7 @@ impl Sim<'_> {
             _ => match outcome {
                 Committed::Decision(decided) => self.decision_done(w, f, decided, results),
                 Committed::Completion(matched) => self.completion_done(w, f, matched, results),
+                Committed::Lookup => self.lookup_done(w, f, results),
             },
         }
     }
@@ -1051,6 +1596,19 @@ impl Sim<'_> {
                 let inc = &self.incarnations[i];
                 // SPEC 6.1: only a pending row with this fingerprint, untouched for longer than the TTL.
                 if inc.fingerprint == f.fingerprint && inc.stored.is_none() && inc.updated_at < now - TTL {
+                    // SPEC 10.1: never the row of an owner that renewed within the TTL.
+                    if let Some(owner) = inc.owner.and_then(|id| self.flight(id)) {
+                        let running = owner.owns.as_ref().is_some_and(|(j, t)| *j == i && t.generation == inc.generation);
+                        if running && owner.contact >= now - TTL {
+                            return Err(format!(
+                                "f{}: would take over f{}, whose lease was renewed at {} (within the TTL of {now})",
+                                f.id, owner.id, owner.contact
+                            ));
+                        }
+                        if running && owner.renewals_held > 0 {
+                            self.report.silent_owners_taken_over += 1;
+                        }
+                    }
                     let inc = &mut self.incarnations[i];
                     inc.generation += 1;
                     inc.updated_at = now;
@@ -1106,10 +1664,14 @@ impl Sim<'_> {
         let what = format!("f{} decision", f.id);
         let i = match decided {
             Decided::Claimed(i) | Decided::TakenOver(i) => {
-                // SPEC 3, 6: the won claim or takeover runs the handler, under exactly this ticket.
+                // SPEC 3, 6: the won claim or takeover runs the handler, under exactly this
+                // ticket, in a transaction when the request is transactional, renewing every
+                // third of the TTL when renewal is on (SPEC 10).
                 let owned = self.owned(&f, &decided).expect("won");
-                if !matches!(&action, Action::RunHandler(run) if run.ticket == owned.1 && !run.transaction) {
-                    return Err(format!("{what}: the batch won {decided:?}; expected run-handler {:?}, got {action:?}", owned.1));
+                let renew_every = self.params.renewal.then_some(RENEW_EVERY as u32);
+                let expected = Action::RunHandler(core::HandlerRun { ticket: owned.1.clone(), renew_every_ms: renew_every, transaction: f.transactional });
+                if action != expected {
+                    return Err(format!("{what}: the batch won {decided:?}; expected {expected:?}, got {action:?}"));
                 }
                 f.handler_runs += 1;
                 if f.handler_runs > 1 {
@@ -1121,7 +1683,23 @@ impl Sim<'_> {
                 }
                 inc.executed.push(owned.1.generation);
                 self.report.executions += 1;
-                self.log(format!("w{w} f{} {}/{} EXECUTES gen {} (created {})", f.id, f.principal, f.key, owned.1.generation, owned.1.created_at));
+                if f.transactional {
+                    // The host opens the handler's transaction at run-handler (SPEC 10.2).
+                    f.tx = Some(OpenTx { tx: self.store.begin()?, writes: Vec::new(), completed: None });
+                    self.report.transactional += 1;
+                }
+                f.handler_since = self.now;
+                f.contact = f.cause;
+                f.renew_at = self.now + RENEW_EVERY;
+                self.log(format!(
+                    "w{w} f{} {}/{} EXECUTES gen {} (created {}){}",
+                    f.id,
+                    f.principal,
+                    f.key,
+                    owned.1.generation,
+                    owned.1.created_at,
+                    if f.transactional { " in a transaction" } else { "" }
+                ));
                 f.owns = Some(owned);
                 return self.keep(w, f, action);
             }
@@ -1145,13 +1723,8 @@ impl Sim<'_> {
         }
         if let Some(stored) = &inc.stored {
             // SPEC 5.1, 7.5: the stored response exactly, plus the marker.
-            let mut headers: Vec<Header> = stored.headers.iter().map(|(n, v)| Header::new(n.clone(), v.clone())).collect();
-            if let Some(marker) = self.params.marker() {
-                headers.push(Header::new(marker.to_ascii_lowercase(), "true"));
-            }
-            let response = core::Response { status: stored.status as u16, headers, body: stored.body.clone() };
             let outcome = if f.slept { Outcome::ReplayedAfterWait } else { Outcome::Replayed };
-            let expected = Action::Respond(core::Reply { send: Answer::Core(response), close: false, log: vec![], sweep: false, outcome });
+            let expected = Action::Respond(core::Reply { send: Answer::Core(self.replay(stored)), close: false, log: vec![], sweep: false, outcome });
             if action != expected {
                 return Err(format!("{what}: expected the replay {expected:?}, got {action:?}"));
             }
@@ -1176,20 +1749,36 @@ impl Sim<'_> {
             return self.keep(w, f, action);
         }
         let reply = expect_respond(&action, &what)?;
-        let response = core_response(&reply, &what)?;
-        let retry_after_ms = self.params.retry_hint.map_or(fresh_for, |hint| hint.min(fresh_for));
-        let seconds = retry_after_ms.div_ceil(1000).to_string();
-        let body = response.body.as_deref().unwrap_or_default();
-        if reply.outcome != Outcome::InProgress
-            || response.status != 409
-            || header(response, "retry-after") != Some(seconds.as_str())
-            || !body.contains(&format!("\"retry_after_ms\":{retry_after_ms}"))
-        {
-            return Err(format!("{what}: expected in-progress with retry_after_ms {retry_after_ms} (Retry-After {seconds}), got {reply:?}"));
+        let retry_after_ms = self.check_in_progress(&what, core_response(&reply, &what)?, fresh_for)?;
+        if reply.outcome != Outcome::InProgress {
+            return Err(format!("{what}: expected in-progress, got {reply:?}"));
         }
         self.report.in_progress += 1;
         self.log(format!("w{w} f{} in progress ({retry_after_ms} ms)", f.id));
         self.end(w, f)
+    }
+
+    /// SPEC 7.5: a replay of `stored`, plus the marker.
+    fn replay(&self, stored: &Stored) -> core::Response {
+        let mut headers: Vec<Header> = stored.headers.iter().map(|(n, v)| Header::new(n.clone(), v.clone())).collect();
+        if let Some(marker) = self.params.marker() {
+            headers.push(Header::new(marker.to_ascii_lowercase(), "true"));
+        }
+        core::Response { status: stored.status as u16, headers, body: stored.body.clone() }
+    }
+
+    /// SPEC 5.3: the in-progress 409 tells the time to the takeover (capped by the hint).
+    fn check_in_progress(&self, what: &str, response: &core::Response, fresh_for: u64) -> Result<u64, String> {
+        let retry_after_ms = self.params.retry_hint.map_or(fresh_for, |hint| hint.min(fresh_for));
+        let seconds = retry_after_ms.div_ceil(1000).to_string();
+        let body = response.body.as_deref().unwrap_or_default();
+        if response.status != 409
+            || header(response, "retry-after") != Some(seconds.as_str())
+            || !body.contains(&format!("\"retry_after_ms\":{retry_after_ms}"))
+        {
+            return Err(format!("{what}: expected the in-progress 409 with retry_after_ms {retry_after_ms} (Retry-After {seconds}), got {response:?}"));
+        }
+        Ok(retry_after_ms)
     }
 
     /// The exchange is fed a failure of its batch. `committed`: the batch
@@ -1226,6 +1815,19 @@ impl Sim<'_> {
             self.report.ledger_errors += 1;
             return self.end(w, f);
         }
+        if kind == BatchKind::Lookup {
+            // SPEC 10.2: a fenced-out owner whose lookup failed: the ledger's answer, both lines logged.
+            let reply = expect_respond(&action, &what)?;
+            let status = core_response(&reply, &what)?.status;
+            let expected_status = if outcome == Outcome::LedgerBusy { 503 } else { 500 };
+            if reply.outcome != Outcome::FencedOut || status != expected_status || reply.log.len() != 2 || !reply.log[0].message.contains("fenced out") {
+                return Err(format!("{what}: expected a fenced-out {expected_status} with both lines logged, got {reply:?}"));
+            }
+            self.report.fenced_out += 1;
+            self.report.ledger_errors += 1;
+            f.owns = None;
+            return self.end(w, f);
+        }
         let completing = f.completing.clone().ok_or(format!("{what}: no completion expected"))?;
         if committed.is_none() {
             // SPEC 9.4: the row stays pending until the TTL.
@@ -1236,24 +1838,232 @@ impl Sim<'_> {
                 }
             }
         }
-        // SPEC 9.4: the caller still gets its answer; the failure is logged.
-        self.check_final(&what, &action, &completing, Outcome::CompletionFailed, false)?;
-        self.report.completion_failed += 1;
+        if completing.rolled_back {
+            // SPEC 10.2: rolled back, and the release failed too: the key may stay reserved for the TTL.
+            self.check_rolled_back(&what, &action, false, true)?;
+        } else {
+            // SPEC 9.4: the caller still gets its answer; the failure is logged.
+            self.check_final(&what, &action, &completing, Outcome::CompletionFailed, false)?;
+            self.report.completion_failed += 1;
+        }
         f.owns = None;
         self.end(w, f)
     }
 
+    /// SPEC 10.2: the lookup of a fenced-out owner returns the row as it stands.
+    fn lookup_ran(&mut self, f: &Flight, results: &[StatementResult]) -> Result<(), String> {
+        let expected = match self.current.get(&(f.principal.to_string(), f.key.to_string())) {
+            Some(&i) => self.lookup_row(i),
+            None => StatementResult::default(),
+        };
+        if results != [expected.clone()] {
+            return Err(format!("f{} lookup: the database returned {results:?}; the model predicts {expected:?}", f.id));
+        }
+        Ok(())
+    }
+
+    /// SPEC 10.2: a fenced-out owner's caller gets the current owner's
+    /// stored answer, or the 409 of a key in progress (or gone), or the
+    /// key-reused answer; never a response for writes that were undone.
+    fn lookup_done(&mut self, w: usize, mut f: Flight, results: Vec<StatementResult>) -> Result<(), String> {
+        let action = self.engine.step(f.exchange, self.now, &Event::BatchDone(results))?;
+        let what = format!("f{} fenced out, looked up", f.id);
+        let reply = expect_respond(&action, &what)?;
+        if reply.outcome != Outcome::FencedOut || reply.log.len() != 1 || !reply.log[0].message.contains("fenced out") || reply.sweep {
+            return Err(format!("{what}: expected fenced-out with its line logged, got {reply:?}"));
+        }
+        let response = core_response(&reply, &what)?;
+        match self.current.get(&(f.principal.to_string(), f.key.to_string())).map(|&i| self.incarnations[i].clone()) {
+            None => {
+                if response.status != 409 || !response.body.as_deref().unwrap_or_default().contains("idempotency_key_retry") {
+                    return Err(format!("{what}: the row is gone: expected the retry 409, got {response:?}"));
+                }
+            }
+            Some(inc) if inc.fingerprint != f.fingerprint => {
+                if response.status != if self.params.ietf { 422 } else { 409 } {
+                    return Err(format!("{what}: another payload holds the key: expected key-reused, got {response:?}"));
+                }
+            }
+            Some(Incarnation { stored: Some(stored), .. }) => {
+                if *response != self.replay(&stored) {
+                    return Err(format!("{what}: expected the current owner's stored answer {:?}, got {response:?}", self.replay(&stored)));
+                }
+            }
+            Some(inc) => {
+                let fresh_for = (inc.updated_at + TTL - self.now).clamp(0, TTL) as u64;
+                self.check_in_progress(&what, response, fresh_for)?;
+            }
+        }
+        self.report.fenced_out += 1;
+        f.owns = None;
+        self.log(format!("w{w} f{} fenced out: answered {}", f.id, response.status));
+        self.end(w, f)
+    }
+
+    // ---- the handler, its lease and its transaction ----
+
+    /// SPEC 10.1: a running owner renews every third of the TTL, when renewal
+    /// is on and its host is alive.
+    fn renewal_due(&self, f: &Flight) -> bool {
+        self.params.renewal && f.renews && self.now >= f.renew_at
+    }
+
     fn in_handler(&mut self, w: usize, mut f: Flight, ticket: core::Ticket) -> Result<(), String> {
+        if self.renewal_due(&f) {
+            return self.renew(w, f);
+        }
         match self.rng.below(100) {
             0..=7 => {
                 self.report.crashes_in_handler += 1;
                 return self.crash(w, f, "inside its handler");
             }
             8..=19 => {
-                self.workers[w] = Some(f); // still running
+                // Still running; a transactional handler may write early (on SQLite it
+                // then holds the writer lock while it runs: SPEC 10.3).
+                if f.tx.as_ref().is_some_and(|tx| tx.writes.is_empty()) && self.rng.chance(30) && !self.handler_write(&mut f)? {
+                    return self.finish_handler(w, f, ticket, Some(HandlerResult::Raised("its write was refused: database is locked".into())));
+                }
+                self.workers[w] = Some(f);
                 return Ok(());
             }
             _ => {}
+        }
+        if f.lease_lost && self.rng.chance(50) {
+            // Told its lease is gone, the handler stops before its effects.
+            return self.finish_handler(w, f, ticket, Some(HandlerResult::Raised("the lease was lost".into())));
+        }
+        self.finish_handler(w, f, ticket, None)
+    }
+
+    /// One renewal of the flight's lease, on the hosts' connection (never
+    /// its handler's), predicted and checked; the flight keeps running.
+    fn renew(&mut self, w: usize, mut f: Flight) -> Result<(), String> {
+        let (i, ticket) = f.owns.clone().ok_or(format!("f{}: a renewal without a ticket", f.id))?;
+        let now = self.now;
+        let what = format!("f{} renewal of gen {} at {now}", f.id, ticket.generation);
+        let statements = self.engine.renewal(&ticket, now)?;
+        let mut params = vec![Value::Integer(now)];
+        params.extend(Self::ticket_params(&ticket));
+        let expected = vec![Statement { query: Query::Renew, params }];
+        if statements != expected {
+            return Err(format!("{what}: expected {expected:?}, got {statements:?}"));
+        }
+        f.renew_at = now + RENEW_EVERY;
+        let (result, state) = if self.rng.chance(5) {
+            let (error, _) = self.injected_failure();
+            (Err(error), LeaseState::Unknown)
+        } else if !self.postgres && self.writer.is_some() {
+            // SQLite: a transaction holds the writer lock (perhaps this owner's own).
+            let result = self.execute(&statements);
+            self.report.lock_conflicts += 1;
+            (Err(self.refused_busy(&what, result)?), LeaseState::Unknown)
+        } else {
+            let results = self.execute_ok(&statements)?;
+            // The fenced update: only while the row is still this ticket's, pending; never backwards.
+            let held = self.current.get(&(f.principal.to_string(), f.key.to_string())).is_some_and(|&j| {
+                let inc = &self.incarnations[j];
+                j == i && inc.generation == ticket.generation && inc.created_at == ticket.created_at && inc.stored.is_none()
+            });
+            let expected = if held {
+                let inc = &mut self.incarnations[i];
+                inc.updated_at = inc.updated_at.max(now);
+                StatementResult { rows: vec![vec![Value::Integer(ticket.generation)]], changes: 1 }
+            } else {
+                StatementResult::default()
+            };
+            if results != [expected.clone()] {
+                return Err(format!("{what}: the database returned {results:?}; the model predicts {expected:?}"));
+            }
+            (Ok(results), if held { LeaseState::Held } else { LeaseState::Lost })
+        };
+        let lease = match &result {
+            Ok(results) => self.engine.renewed(&ticket, Ok(results))?,
+            Err(error) => self.engine.renewed(&ticket, Err(error))?,
+        };
+        let logged = match state {
+            LeaseState::Held => lease.log.is_none(),
+            LeaseState::Lost => lease.log.as_ref().is_some_and(|l| l.level == core::LogLevel::Error),
+            LeaseState::Unknown => lease.log.is_some(),
+        };
+        if lease.state != state || !logged {
+            return Err(format!("{what}: expected {state:?}, got {lease:?}"));
+        }
+        match state {
+            LeaseState::Held => {
+                self.report.renewals_held += 1;
+                f.renewals_held += 1;
+                f.contact = f.contact.max(now);
+            }
+            LeaseState::Lost => {
+                self.report.renewals_lost += 1;
+                f.lease_lost = true;
+            }
+            LeaseState::Unknown => self.report.renewals_unknown += 1,
+        }
+        self.log(format!("w{w} f{} renews: {state:?}", f.id));
+        self.workers[w] = Some(f);
+        Ok(())
+    }
+
+    /// One of a transactional handler's rows, inside its transaction. False
+    /// when the database refused it (SQLite: another transaction holds the
+    /// writer lock).
+    fn handler_write(&mut self, f: &mut Flight) -> Result<bool, String> {
+        let (_, ticket) = f.owns.clone().ok_or(format!("f{}: a write without a ticket", f.id))?;
+        let Some(tx) = f.tx.as_mut() else { return Err(format!("f{}: a write without a transaction", f.id)) };
+        let row = Write {
+            principal: ticket.principal.clone(),
+            key: ticket.key.clone(),
+            created_at: ticket.created_at,
+            generation: ticket.generation,
+            flight: f.id,
+            seq: tx.writes.len() as i64,
+        };
+        let sql = if self.postgres {
+            "INSERT INTO handler_writes (principal, key, created_at, generation, flight, seq) VALUES ($1, $2, $3, $4, $5, $6)"
+        } else {
+            "INSERT INTO handler_writes (principal, key, created_at, generation, flight, seq) VALUES (?, ?, ?, ?, ?, ?)"
+        };
+        let params = vec![
+            wit::Value::Text(row.principal.clone()),
+            wit::Value::Text(row.key.clone()),
+            wit::Value::Integer(row.created_at),
+            wit::Value::Integer(row.generation),
+            wit::Value::Integer(row.flight as i64),
+            wit::Value::Integer(row.seq),
+        ];
+        let busy = !self.postgres && self.writer.is_some_and(|holder| holder != f.id);
+        let result = self.store.in_transaction(&mut tx.tx, &[SqlStatement { sql: sql.into(), params }]);
+        let what = format!("f{} handler write {}", f.id, row.seq);
+        if busy {
+            self.refused_busy(&what, result)?;
+            self.report.lock_conflicts += 1;
+            self.log(format!("f{} handler write refused: another transaction holds the writer lock", f.id));
+            return Ok(false);
+        }
+        match result.map(results_to_core) {
+            Ok(results) if results == [StatementResult { rows: vec![], changes: 1 }] => {}
+            other => return Err(format!("{what}: expected one row inserted, got {other:?}")),
+        }
+        tx.writes.push(row);
+        if !self.postgres {
+            self.writer = Some(f.id);
+        }
+        Ok(true)
+    }
+
+    /// The handler ends: with `forced`, or as the roll says (a transactional
+    /// one writes its rows first).
+    fn finish_handler(&mut self, w: usize, mut f: Flight, ticket: core::Ticket, forced: Option<HandlerResult>) -> Result<(), String> {
+        let mut forced = forced;
+        if forced.is_none() && f.tx.is_some() {
+            let want = 1 + self.rng.below(2) as usize;
+            while f.tx.as_ref().is_some_and(|tx| tx.writes.len() < want) {
+                if !self.handler_write(&mut f)? {
+                    forced = Some(HandlerResult::Raised("its write was refused: database is locked".into()));
+                    break;
+                }
+            }
         }
         let body = format!(
             r#"{{"principal":"{}","key":"{}","fingerprint":"{}","by":"f{}","generation":{}}}"#,
@@ -1266,7 +2076,7 @@ impl Sim<'_> {
             13..=15 => (204, "ignored".to_string()),
             _ => (201, body),
         };
-        let result = match roll {
+        let result = forced.unwrap_or_else(|| match roll {
             70..=75 => HandlerResult::Raised("the handler failed (simulated)".into()),
             76..=79 => HandlerResult::NothingChanged,
             80..=82 => HandlerResult::Declined,
@@ -1279,63 +2089,92 @@ impl Sim<'_> {
                 ],
                 body: core::ResponseBody::Text(body.clone()),
             }),
-        };
+        });
         let action = self.engine.step(f.exchange, self.now, &Event::HandlerDone(result.clone()))?;
         let what = format!("f{} after its handler ({result:?})", f.id);
         let release = Action::RunBatch(vec![Statement { query: Query::Release, params: Self::ticket_params(&ticket) }]);
-        let completing = match &result {
-            HandlerResult::Raised(_) if !self.params.release => {
-                // SPEC 9.3: the row stays pending until the TTL; the failure propagates.
-                match &action {
-                    Action::Propagate(failure) if failure.outcome == Outcome::Abandoned && failure.response.status == 500 && !failure.log.is_empty() => {}
-                    other => return Err(format!("{what}: expected propagate (abandoned, 500, logged), got {other:?}")),
+        let raised = matches!(result, HandlerResult::Raised(_));
+        let server_error = matches!(result, HandlerResult::Answered(_)) && self.params.release && status >= 500;
+        let completing = if f.transactional {
+            match &result {
+                // SPEC 10.2: anything but an answer to store rolls the transaction back, then releases the key.
+                HandlerResult::Raised(_) | HandlerResult::NothingChanged | HandlerResult::Declined => {
+                    if action != Action::Rollback {
+                        return Err(format!("{what}: expected rollback, got {action:?}"));
+                    }
+                    Completing { after_rollback: Some(BatchKind::Release), ..Completing::release(Answer::Handler, raised, false) }
                 }
-                let (i, _) = f.owns.clone().ok_or(format!("{what}: no ticket"))?;
-                if self.incarnations[i].owner == Some(f.id) {
-                    self.incarnations[i].owner = None;
+                HandlerResult::Answered(_) if server_error => {
+                    if action != Action::Rollback {
+                        return Err(format!("{what}: expected the rollback of a 5xx under release, got {action:?}"));
+                    }
+                    Completing { after_rollback: Some(BatchKind::Release), ..Completing::release(Answer::Handler, false, false) }
                 }
-                self.report.abandoned += 1;
-                self.log(format!("w{w} f{} handler raised: abandoned", f.id));
-                return self.end(w, f);
+                HandlerResult::Answered(_) => {
+                    let Action::CompleteInTransaction(statements) = &action else {
+                        return Err(format!("{what}: expected complete-in-transaction, got {action:?}"));
+                    };
+                    let fence = Statement { query: Query::Fence, params: fence_params(&ticket) };
+                    let [complete, got_fence] = statements.as_slice() else {
+                        return Err(format!("{what}: expected the completion and the fence, got {statements:?}"));
+                    };
+                    if *got_fence != fence {
+                        return Err(format!("{what}: expected the fence {fence:?}, got {got_fence:?}"));
+                    }
+                    self.expected_completion(&f, &ticket, status, &body, std::slice::from_ref(complete))?
+                }
             }
-            HandlerResult::Raised(_) | HandlerResult::NothingChanged | HandlerResult::Declined => {
-                if action != release {
-                    return Err(format!("{what}: expected the release {release:?}, got {action:?}"));
+        } else {
+            match &result {
+                HandlerResult::Raised(_) if !self.params.release => {
+                    // SPEC 9.3: the row stays pending until the TTL; the failure propagates.
+                    match &action {
+                        Action::Propagate(failure) if failure.outcome == Outcome::Abandoned && failure.response.status == 500 && !failure.log.is_empty() => {}
+                        other => return Err(format!("{what}: expected propagate (abandoned, 500, logged), got {other:?}")),
+                    }
+                    let (i, _) = f.owns.clone().ok_or(format!("{what}: no ticket"))?;
+                    if self.incarnations[i].owner == Some(f.id) {
+                        self.incarnations[i].owner = None;
+                    }
+                    self.report.abandoned += 1;
+                    self.log(format!("w{w} f{} handler raised: abandoned", f.id));
+                    return self.end(w, f);
                 }
-                Completing {
-                    kind: BatchKind::Release,
-                    stored: None,
-                    answer: Answer::Handler,
-                    raised: matches!(result, HandlerResult::Raised(_)),
-                    unstorable: false,
+                HandlerResult::Raised(_) | HandlerResult::NothingChanged | HandlerResult::Declined => {
+                    if action != release {
+                        return Err(format!("{what}: expected the release {release:?}, got {action:?}"));
+                    }
+                    Completing::release(Answer::Handler, raised, false)
+                }
+                HandlerResult::Answered(_) if server_error => {
+                    // SPEC 9.3: a 5xx under `release` is released, and goes to this caller.
+                    if action != release {
+                        return Err(format!("{what}: expected the release of a 5xx {release:?}, got {action:?}"));
+                    }
+                    Completing::release(Answer::Handler, false, false)
+                }
+                HandlerResult::Answered(_) => {
+                    let Action::RunBatch(statements) = &action else {
+                        return Err(format!("{what}: expected the completion batch, got {action:?}"));
+                    };
+                    self.expected_completion(&f, &ticket, status, &body, statements)?
                 }
             }
-            HandlerResult::Answered(_) if self.params.release && status >= 500 => {
-                // SPEC 9.3: a 5xx under `release` is released, and goes to this caller.
-                if action != release {
-                    return Err(format!("{what}: expected the release of a 5xx {release:?}, got {action:?}"));
-                }
-                Completing { kind: BatchKind::Release, stored: None, answer: Answer::Handler, raised: false, unstorable: false }
-            }
-            HandlerResult::Answered(_) => self.expected_completion(&f, &ticket, status, &body, &action)?,
         };
-        self.log(format!("w{w} f{} handler done: {:?} batch next", f.id, completing.kind));
+        self.log(format!("w{w} f{} handler done: {:?} next", f.id, action_name(&action)));
         f.completing = Some(completing);
         self.keep(w, f, action)
     }
 
-    /// SPEC 7: the completion batch a handler's answer must produce; checks
-    /// the exchange's `run-batch` against it.
-    fn expected_completion(&mut self, f: &Flight, ticket: &core::Ticket, status: u16, body: &str, action: &Action) -> Result<Completing, String> {
+    /// SPEC 7: the completion a handler's answer must produce; checks the
+    /// exchange's `complete` statement against it.
+    fn expected_completion(&mut self, f: &Flight, ticket: &core::Ticket, status: u16, body: &str, statements: &[Statement]) -> Result<Completing, String> {
         let what = format!("f{} completion of a {status}", f.id);
         let replayed: Vec<(String, String)> =
             vec![("content-type".into(), "application/json".into()), ("location".into(), format!("/orders/f{}", f.id))];
         let null_body = matches!(status, 204 | 205 | 304);
         let unstorable = !null_body && body.len() > BODY_CAP as usize;
-        let Action::RunBatch(statements) = action else {
-            return Err(format!("{what}: expected the completion batch, got {action:?}"));
-        };
-        let [Statement { query: Query::Complete, params }] = statements.as_slice() else {
+        let [Statement { query: Query::Complete, params }] = statements else {
             return Err(format!("{what}: expected one complete statement, got {statements:?}"));
         };
         let (stored, answer) = if unstorable && !self.params.ietf {
@@ -1375,7 +2214,233 @@ impl Sim<'_> {
         if unstorable {
             self.report.unstorable += 1;
         }
-        Ok(Completing { kind: BatchKind::Completion, stored: Some(stored), answer, raised: false, unstorable })
+        Ok(Completing { kind: BatchKind::Completion, stored: Some(stored), answer, raised: false, unstorable, rolled_back: false, after_rollback: None })
+    }
+
+    /// The model's answer to "does a completion (or release) of this ticket
+    /// match its row?" (SPEC 6.2): pending, with exactly this generation,
+    /// creation time and fingerprint. When it does not, a takeover, a sweep
+    /// or a release must explain it.
+    fn ticket_matches(&self, f: &Flight, what: &str) -> Result<bool, String> {
+        let (owned, ticket) = f.owns.clone().ok_or(format!("{what}: no ticket"))?;
+        let current = self.current.get(&(f.principal.to_string(), f.key.to_string())).copied();
+        let matched = current.is_some_and(|i| {
+            let inc = &self.incarnations[i];
+            inc.generation == ticket.generation && inc.created_at == ticket.created_at && inc.fingerprint == ticket.fingerprint && inc.stored.is_none()
+        });
+        if matched {
+            let i = current.expect("matched");
+            if i != owned {
+                return Err(format!("{what}: it would land on another reservation (incarnation {i}, not {owned})"));
+            }
+            if self.incarnations[i].owner != Some(f.id) {
+                return Err(format!("{what}: the row is this ticket's, but its owner is {:?}", self.incarnations[i].owner));
+            }
+        } else {
+            // Every fenced-out completion is accounted for: a takeover, a sweep or a release ended this owner's claim.
+            let inc = &self.incarnations[owned];
+            if inc.generation == ticket.generation && !inc.gone {
+                return Err(format!("{what}: fenced out although the model's reservation is still this ticket's: {inc:?}"));
+            }
+        }
+        Ok(matched)
+    }
+
+    /// `complete-in-transaction`: the fenced completion and the fence, run
+    /// inside the handler's transaction (SPEC 10.2).
+    fn complete_in_transaction(&mut self, w: usize, mut f: Flight, statements: Vec<Statement>) -> Result<(), String> {
+        let what = format!("f{} complete-in-transaction", f.id);
+        if self.rng.chance(4) {
+            self.report.crashes_before_completion += 1;
+            return self.crash(w, f, "inside its transaction, before the completion's statements");
+        }
+        let mut completing = f.completing.clone().ok_or(format!("{what}: nothing to complete"))?;
+        let (owned, ticket) = f.owns.clone().ok_or(format!("{what}: no ticket"))?;
+        let event = if self.rng.chance(3) {
+            // The connection was lost inside the transaction: the server rolls it back.
+            self.log(format!("w{w} f{} loses its transaction's connection", f.id));
+            Event::BatchFailed(BatchError::Unreachable("the connection was lost inside the transaction (injected)".into()))
+        } else {
+            let busy = !self.postgres && self.writer.is_some_and(|holder| holder != f.id);
+            let matched = self.ticket_matches(&f, &what)?;
+            let sql = to_sql(&*self.engine, &statements);
+            let tx = f.tx.as_mut().ok_or(format!("{what}: no transaction"))?;
+            let result = self.store.in_transaction(&mut tx.tx, &sql);
+            if busy {
+                self.report.lock_conflicts += 1;
+                self.log(format!("w{w} f{} completion refused: another transaction holds the writer lock", f.id));
+                Event::BatchFailed(self.refused_busy(&what, result)?)
+            } else if matched {
+                let expected = vec![
+                    StatementResult { rows: vec![vec![Value::Integer(ticket.generation)]], changes: 1 },
+                    StatementResult { rows: vec![], changes: 0 },
+                ];
+                let results = result.map(results_to_core).map_err(|e| format!("{what}: the completion matched its row, the database failed: {e:?}"))?;
+                if results != expected {
+                    return Err(format!("{what}: the database returned {results:?}; the model predicts {expected:?}"));
+                }
+                let at = match statements[0].params.get(3) {
+                    Some(Value::Integer(at)) => *at,
+                    other => return Err(format!("{what}: completion time {other:?}")),
+                };
+                let stored = completing.stored.clone().ok_or(format!("{what}: nothing to store"))?;
+                tx.completed = Some((owned, stored, at));
+                if self.postgres {
+                    self.row_locks.insert((f.principal.to_string(), f.key.to_string()), f.id);
+                } else {
+                    self.writer = Some(f.id);
+                }
+                self.log(format!("w{w} f{} completion matched in its transaction", f.id));
+                Event::BatchDone(results)
+            } else {
+                // The fence: the completion matched no row, so the NOT NULL of `status` aborts the transaction.
+                let code = if self.postgres { "23502" } else { "1299" };
+                let error = match result {
+                    Err(wit::BatchError::Database(e)) if e.code.as_deref() == Some(code) && e.message.contains("status") => {
+                        BatchError::Database(core::DatabaseError { code: e.code, message: e.message })
+                    }
+                    other => return Err(format!("{what}: the fence must fail with {code} on status, got {other:?}")),
+                };
+                if !self.postgres {
+                    self.writer = Some(f.id); // its UPDATE took the writer lock
+                }
+                self.report.fences += 1;
+                self.log(format!("w{w} f{} fence fired", f.id));
+                Event::BatchFailed(error)
+            }
+        };
+        let action = self.engine.step(f.exchange, self.now, &event)?;
+        match (&event, &action) {
+            (Event::BatchDone(_), Action::Commit) => {}
+            (Event::BatchFailed(error), Action::Rollback) => {
+                let fence = matches!(error, BatchError::Database(e) if e.code.as_deref() == Some(if self.postgres { "23502" } else { "1299" }));
+                completing.after_rollback = Some(if fence { BatchKind::Lookup } else { BatchKind::Release });
+                completing.rolled_back = !fence;
+            }
+            _ => return Err(format!("{what}: after {event:?} expected commit (done) or rollback (failed), got {action:?}")),
+        }
+        f.completing = Some(completing);
+        self.keep(w, f, action)
+    }
+
+    /// `commit`: the handler's rows and its completion take effect together.
+    fn commit(&mut self, w: usize, mut f: Flight) -> Result<(), String> {
+        let what = format!("f{} commit", f.id);
+        if self.rng.chance(3) {
+            return self.crash(w, f, "inside its transaction, before its commit");
+        }
+        let mut completing = f.completing.clone().ok_or(format!("{what}: nothing completed"))?;
+        if self.rng.chance(3) {
+            // The COMMIT is refused before anything committed; the transaction is still open.
+            let error = BatchError::database(if self.postgres { "40001" } else { "5" }, "could not commit (injected)");
+            let action = self.engine.step(f.exchange, self.now, &Event::CommitFailed(error))?;
+            if action != Action::Rollback {
+                return Err(format!("{what}: a refused commit must be rolled back, got {action:?}"));
+            }
+            self.report.commits_refused += 1;
+            completing.rolled_back = true;
+            completing.after_rollback = Some(BatchKind::Release);
+            f.completing = Some(completing);
+            self.log(format!("w{w} f{} commit refused", f.id));
+            return self.keep(w, f, action);
+        }
+        let open = f.tx.take().ok_or(format!("{what}: no transaction"))?;
+        self.store.commit(open.tx).map_err(|e| format!("{what}: COMMIT failed: {e:?}"))?;
+        let rows = open.writes.len();
+        let (i, stored, at) = open.completed.ok_or(format!("{what}: a commit without a matched completion"))?;
+        // Apply it: the answer stored, the rows committed, the locks gone.
+        if self.current.get(&(f.principal.to_string(), f.key.to_string())) != Some(&i) || self.incarnations[i].stored.is_some() {
+            return Err(format!("{what}: the reservation it completed is no longer pending"));
+        }
+        let inc = &mut self.incarnations[i];
+        inc.stored = Some(stored);
+        inc.updated_at = at;
+        inc.owner = None;
+        let incarnation = (inc.principal.clone(), inc.key.clone(), inc.created_at);
+        if let Some(other) = self.writes.iter().find(|x| (x.principal.clone(), x.key.clone(), x.created_at) == incarnation && x.flight != f.id) {
+            return Err(format!("{what}: f{} already committed rows for this reservation", other.flight));
+        }
+        self.writes.extend(open.writes);
+        self.committed.insert(f.id);
+        self.release_locks(f.id);
+        self.report.commits += 1;
+        self.report.writes_committed += rows as u64;
+        let (_, ticket) = f.owns.clone().ok_or(format!("{what}: no ticket"))?;
+        if self.rng.chance(3) {
+            // It committed, and the answer was lost: the caller is told the outcome is unknown.
+            let error = BatchError::OutcomeUnknown("the connection broke after COMMIT was sent (injected)".into());
+            let action = self.engine.step(f.exchange, self.now, &Event::CommitFailed(error))?;
+            let reply = expect_respond(&action, &what)?;
+            let response = core_response(&reply, &what)?;
+            let retry_after = (TTL as u64).div_ceil(1000).to_string();
+            if reply.outcome != Outcome::CompletionFailed
+                || response.status != 503
+                || header(response, "retry-after") != Some(retry_after.as_str())
+                || !response.body.as_deref().unwrap_or_default().contains("idempotency_commit_outcome_unknown")
+                || reply.log.is_empty()
+            {
+                return Err(format!("{what}: a commit whose answer was lost is the logged 503 commit-outcome-unknown, got {reply:?}"));
+            }
+            self.report.commits_unknown += 1;
+            self.report.completion_failed += 1;
+            self.log(format!("w{w} f{} committed, its answer lost", f.id));
+            f.owns = None;
+            return self.end(w, f);
+        }
+        let action = self.engine.step(f.exchange, self.now, &Event::Committed)?;
+        let outcome = if ticket.generation > 1 { Outcome::TakenOver } else { Outcome::Executed };
+        self.check_final(&what, &action, &completing, outcome, sweep_due(&ticket))?;
+        self.report.stored += 1;
+        if completing.answer == Answer::Handler && completing.stored.as_ref().is_some_and(|s| s.status == 201) {
+            // A 201 acknowledged to the client: its rows must exist, exactly once.
+            self.acknowledged.insert(f.id, rows);
+            self.report.acknowledged += 1;
+        }
+        self.kept(&f);
+        self.log(format!("w{w} f{} committed ({rows} rows)", f.id));
+        f.owns = None;
+        let sweep = matches!(&action, Action::Respond(reply) if reply.sweep);
+        self.end(w, f)?;
+        if sweep {
+            self.report.sweeps_asked += 1;
+            self.sweep("asked for by the core")?;
+        }
+        Ok(())
+    }
+
+    /// `rollback`: the handler's rows and completion never happen; then the
+    /// release, or the lookup of a fenced-out owner.
+    fn rollback(&mut self, w: usize, mut f: Flight) -> Result<(), String> {
+        let what = format!("f{} rollback", f.id);
+        if self.rng.chance(2) {
+            return self.crash(w, f, "inside its transaction, before its rollback");
+        }
+        let mut completing = f.completing.clone().ok_or(format!("{what}: no ending expected"))?;
+        if let Some(open) = f.tx.take() {
+            self.discard(f.id, open);
+        }
+        self.report.rollbacks += 1;
+        let (_, ticket) = f.owns.clone().ok_or(format!("{what}: no ticket"))?;
+        let action = self.engine.step(f.exchange, self.now, &Event::RolledBack)?;
+        let (kind, expected) = match completing.after_rollback {
+            Some(BatchKind::Lookup) => (BatchKind::Lookup, vec![Statement { query: Query::Lookup, params: vec![text(f.principal), text(f.key)] }]),
+            Some(BatchKind::Release) => (BatchKind::Release, vec![Statement { query: Query::Release, params: Self::ticket_params(&ticket) }]),
+            other => return Err(format!("{what}: nothing known to follow the rollback ({other:?})")),
+        };
+        if action != Action::RunBatch(expected.clone()) {
+            return Err(format!("{what}: expected {expected:?}, got {action:?}"));
+        }
+        completing.kind = kind;
+        completing.after_rollback = None;
+        f.completing = Some(completing);
+        self.keep(w, f, action)
+    }
+
+    /// A live owner that renewed and ran past the TTL kept its key.
+    fn kept(&mut self, f: &Flight) {
+        if f.renewals_held > 0 && self.now - f.handler_since > TTL {
+            self.report.kept_past_ttl += 1;
+        }
     }
 
     /// SPEC 6.2, 9.3: a completion or release matches only the row that
@@ -1384,29 +2449,8 @@ impl Sim<'_> {
     fn completion_ran(&mut self, f: &Flight, kind: BatchKind, statements: &[Statement], results: &[StatementResult]) -> Result<bool, String> {
         let (owned, ticket) = f.owns.clone().ok_or(format!("f{}: a completion without a ticket", f.id))?;
         let row_key = (f.principal.to_string(), f.key.to_string());
-        let current = self.current.get(&row_key).copied();
-        let matched = current.is_some_and(|i| {
-            let inc = &self.incarnations[i];
-            inc.generation == ticket.generation && inc.created_at == ticket.created_at && inc.fingerprint == ticket.fingerprint && inc.stored.is_none()
-        });
         let what = format!("f{} {kind:?} of gen {} (created {})", f.id, ticket.generation, ticket.created_at);
-        if matched {
-            let i = current.expect("matched");
-            if i != owned {
-                return Err(format!("{what}: it would land on another reservation (incarnation {i}, not {owned})"));
-            }
-            let inc = &self.incarnations[i];
-            if inc.owner != Some(f.id) {
-                return Err(format!("{what}: the row is this ticket's, but its owner is {:?}", inc.owner));
-            }
-        } else {
-            // Every fenced-out completion is accounted for: a takeover, a sweep or a release ended this owner's claim.
-            let inc = &self.incarnations[owned];
-            let superseded = inc.generation != ticket.generation || inc.gone;
-            if !superseded {
-                return Err(format!("{what}: fenced out although the model's reservation is still this ticket's: {inc:?}"));
-            }
-        }
+        let matched = self.ticket_matches(f, &what)?;
         let expected = match kind {
             BatchKind::Completion => {
                 let rows = if matched { vec![vec![Value::Integer(ticket.generation)]] } else { vec![] };
@@ -1452,16 +2496,25 @@ impl Sim<'_> {
         let completing = f.completing.clone().ok_or("no completion expected")?;
         let (_, ticket) = f.owns.clone().ok_or("no ticket")?;
         let what = format!("f{} {:?} done", f.id, completing.kind);
+        if completing.rolled_back {
+            // SPEC 10.2: the writes were rolled back; released or not, the caller gets the rolled-back 503.
+            self.check_rolled_back(&what, &action, matched, false)?;
+            f.owns = None;
+            return self.end(w, f);
+        }
         let outcome = match (completing.kind, matched) {
             (BatchKind::Completion, true) if ticket.generation > 1 => Outcome::TakenOver,
             (BatchKind::Completion, true) => Outcome::Executed,
             (BatchKind::Release, true) => Outcome::Released,
             (_, false) => Outcome::FencedOut,
-            (BatchKind::Decision, true) => unreachable!("not a completion"),
+            (BatchKind::Decision | BatchKind::Lookup, true) => unreachable!("not a completion"),
         };
         self.check_final(&what, &action, &completing, outcome, sweep_due(&ticket))?;
         match outcome {
-            Outcome::Executed | Outcome::TakenOver => self.report.stored += 1,
+            Outcome::Executed | Outcome::TakenOver => {
+                self.report.stored += 1;
+                self.kept(&f);
+            }
             Outcome::Released => self.report.released += 1,
             _ => self.report.fenced_out += 1,
         }
@@ -1511,6 +2564,28 @@ impl Sim<'_> {
         Ok(())
     }
 
+    /// SPEC 10.2: a transactional owner whose write, completion or commit
+    /// failed: 503 `idempotency_rolled_back`; "retry" when the key was
+    /// released, else the key may stay reserved for the TTL.
+    fn check_rolled_back(&mut self, what: &str, action: &Action, released: bool, release_failed: bool) -> Result<(), String> {
+        let reply = expect_respond(action, what)?;
+        let response = core_response(&reply, what)?;
+        let body = response.body.as_deref().unwrap_or_default();
+        let retry_after = if released { "1".to_string() } else { (TTL as u64).div_ceil(1000).to_string() };
+        if reply.outcome != Outcome::RolledBack
+            || response.status != 503
+            || !body.contains("idempotency_rolled_back")
+            || body.contains("may stay reserved") == released
+            || header(response, "retry-after") != Some(retry_after.as_str())
+            || reply.log.len() != 1 + usize::from(release_failed)
+            || reply.sweep
+        {
+            return Err(format!("{what}: expected the rolled-back 503 (released: {released}, release failed: {release_failed}), got {reply:?}"));
+        }
+        self.report.rolled_back_answers += 1;
+        Ok(())
+    }
+
     // ---- the sweep ----
 
     /// SPEC 8.1: one bounded sweep batch at now.
@@ -1521,8 +2596,18 @@ impl Sim<'_> {
         if statements != expected {
             return Err(format!("sweep: expected {expected:?}, got {statements:?}"));
         }
-        if self.rng.chance(10) {
+        let failed = if self.rng.chance(10) {
             let (error, _) = self.injected_failure();
+            Some(error)
+        } else if !self.postgres && self.writer.is_some() {
+            // SQLite: a handler's transaction holds the writer lock.
+            let result = self.execute(&statements);
+            self.report.lock_conflicts += 1;
+            Some(self.refused_busy("sweep", result)?)
+        } else {
+            None
+        };
+        if let Some(error) = failed {
             let report = self.engine.swept(Err(&error))?;
             if report.deleted != 0 || report.more || report.log.is_none() {
                 return Err(format!("a failed sweep reports nothing deleted and a line to log, got {report:?}"));
@@ -1530,9 +2615,15 @@ impl Sim<'_> {
             self.log(format!("sweep ({why}) fails: {error:?}"));
             return Ok(());
         }
-        let mut expired: Vec<usize> = self.current.values().copied().filter(|&i| self.incarnations[i].updated_at < horizon).collect();
+        // PostgreSQL skips the rows a transaction holds (FOR UPDATE SKIP LOCKED).
+        let mut expired: Vec<usize> = self
+            .current
+            .iter()
+            .filter(|(row, &i)| self.incarnations[i].updated_at < horizon && !self.row_locks.contains_key(*row))
+            .map(|(_, &i)| i)
+            .collect();
         expired.sort_unstable();
-        let results = self.execute(&statements)?;
+        let results = self.execute_ok(&statements)?;
         let deleted = results.first().map_or(0, |r| r.changes);
         let report = self.engine.swept(Ok(&results))?;
         let expect_deleted = expired.len().min(SWEEP_BATCH as usize) as u64;
@@ -1559,49 +2650,73 @@ impl Sim<'_> {
         Ok(())
     }
 
-    // ---- the table against the model ----
+    // ---- the tables against the model ----
 
     fn rows(&mut self) -> Result<Vec<Row>, String> {
-        let select = SqlStatement {
-            sql: "SELECT principal, key, fingerprint, status, generation, response_status, response_body, response_headers, created_at, updated_at \
-                  FROM idempotency_keys"
-                .into(),
-            params: vec![],
-        };
-        let results = self.backend.execute_batch(&[select]).map_err(|e| format!("rows: {e:?}"))?;
-        let text = |v: &wit::Value| match v {
-            wit::Value::Text(t) => Ok(t.clone()),
-            other => Err(format!("expected text, got {other:?}")),
-        };
-        let int = |v: &wit::Value| match v {
-            wit::Value::Integer(i) => Ok(*i),
-            other => Err(format!("expected an integer, got {other:?}")),
-        };
-        let opt = |v: &wit::Value| !matches!(v, wit::Value::Null);
-        results[0]
-            .rows
-            .iter()
-            .map(|r| {
-                Ok(Row {
-                    principal: text(&r[0])?,
-                    key: text(&r[1])?,
-                    fingerprint: text(&r[2])?,
-                    status: text(&r[3])?,
-                    generation: int(&r[4])?,
-                    response_status: if opt(&r[5]) { Some(int(&r[5])?) } else { None },
-                    response_body: if opt(&r[6]) { Some(text(&r[6])?) } else { None },
-                    response_headers: if opt(&r[7]) { Some(text(&r[7])?) } else { None },
-                    created_at: int(&r[8])?,
-                    updated_at: int(&r[9])?,
-                })
-            })
-            .collect()
+        let rows = self.store.read(&[ROWS])?.remove(0);
+        parse_rows(&rows)
     }
+}
 
-    /// The table equals the model after every step: one row per current
-    /// reservation, with its fingerprint, generation, times and stored answer.
+/// The whole ledger table, as `parse_rows` reads it.
+const ROWS: &str = "SELECT principal, key, fingerprint, status, generation, response_status, response_body, response_headers, \
+created_at, updated_at FROM idempotency_keys";
+/// The whole handler_writes table, as `parse_writes` reads it.
+const WRITES: &str = "SELECT principal, key, created_at, generation, flight, seq FROM handler_writes";
+
+fn parse_rows(rows: &[Vec<wit::Value>]) -> Result<Vec<Row>, String> {
+    let text = |v: &wit::Value| match v {
+        wit::Value::Text(t) => Ok(t.clone()),
+        other => Err(format!("expected text, got {other:?}")),
+    };
+    let int = |v: &wit::Value| match v {
+        wit::Value::Integer(i) => Ok(*i),
+        other => Err(format!("expected an integer, got {other:?}")),
+    };
+    let opt = |v: &wit::Value| !matches!(v, wit::Value::Null);
+    rows.iter()
+        .map(|r| {
+            Ok(Row {
+                principal: text(&r[0])?,
+                key: text(&r[1])?,
+                fingerprint: text(&r[2])?,
+                status: text(&r[3])?,
+                generation: int(&r[4])?,
+                response_status: if opt(&r[5]) { Some(int(&r[5])?) } else { None },
+                response_body: if opt(&r[6]) { Some(text(&r[6])?) } else { None },
+                response_headers: if opt(&r[7]) { Some(text(&r[7])?) } else { None },
+                created_at: int(&r[8])?,
+                updated_at: int(&r[9])?,
+            })
+        })
+        .collect()
+}
+
+/// The committed `handler_writes` rows, sorted.
+fn parse_writes(rows: &[Vec<wit::Value>]) -> Result<Vec<Write>, String> {
+    let mut written = rows
+        .iter()
+        .map(|r| match r.as_slice() {
+            [wit::Value::Text(p), wit::Value::Text(k), wit::Value::Integer(c), wit::Value::Integer(g), wit::Value::Integer(f), wit::Value::Integer(s)] => {
+                Ok(Write { principal: p.clone(), key: k.clone(), created_at: *c, generation: *g, flight: *f as u64, seq: *s })
+            }
+            other => Err(format!("a handler_writes row of the wrong shape: {other:?}")),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    written.sort();
+    Ok(written)
+}
+
+impl Sim<'_> {
+    /// Both tables equal the model after every step: one row per current
+    /// reservation, with its fingerprint, generation, times and stored
+    /// answer; and exactly the committed handler rows, each reservation's
+    /// from one owner at most, every 201-answered transactional request's
+    /// present, no rolled-back owner's.
     fn check_database(&mut self) -> Result<(), String> {
-        let rows = self.rows()?;
+        let mut tables = self.store.read(&[ROWS, WRITES])?;
+        let written = parse_writes(&tables.pop().unwrap_or_default())?;
+        let rows = parse_rows(&tables.pop().unwrap_or_default())?;
         if rows.len() != self.current.len() {
             return Err(format!("{} rows in the table, {} in the model", rows.len(), self.current.len()));
         }
@@ -1628,7 +2743,51 @@ impl Sim<'_> {
                 return Err(format!("row {}/{} disagrees with the model:\n  row   {row:?}\n  model {inc:?}", row.principal, row.key));
             }
         }
+        // Exactly once (SPEC 10.2), on the table itself.
+        let mut owners: HashMap<(&str, &str, i64), u64> = HashMap::new();
+        for row in &written {
+            if self.rolled_back.contains(&row.flight) || !self.committed.contains(&row.flight) {
+                return Err(format!("a handler row of f{}, whose transaction did not commit: {row:?}", row.flight));
+            }
+            if let Some(other) = owners.insert((&row.principal, &row.key, row.created_at), row.flight).filter(|o| *o != row.flight) {
+                return Err(format!("the reservation {}/{} created at {} has handler rows of f{other} and f{}", row.principal, row.key, row.created_at, row.flight));
+            }
+        }
+        for (&flight, &count) in &self.acknowledged {
+            let mine: Vec<i64> = written.iter().filter(|r| r.flight == flight).map(|r| r.seq).collect();
+            if mine != (0..count as i64).collect::<Vec<_>>() {
+                return Err(format!("f{flight} was answered 201 after writing {count} rows; the table holds {mine:?}"));
+            }
+        }
+        let mut model = self.writes.clone();
+        model.sort();
+        if written != model {
+            return Err(format!("handler_writes disagrees with the model:\n  table {written:?}\n  model {model:?}"));
+        }
         Ok(())
+    }
+}
+
+/// The fence's parameters (SPEC 10.2): principal, key, fingerprint,
+/// generation, created-at, then the completed row it looks for.
+fn fence_params(t: &core::Ticket) -> Vec<Value> {
+    let (p, k, f) = (text(&t.principal), text(&t.key), text(&t.fingerprint));
+    let (g, c) = (Value::Integer(t.generation), Value::Integer(t.created_at));
+    vec![p.clone(), k.clone(), f.clone(), g.clone(), c.clone(), p, k, g, c, f]
+}
+
+fn action_name(action: &Action) -> &'static str {
+    match action {
+        Action::ReadBody(_) => "read-body",
+        Action::RunBatch(_) => "run-batch",
+        Action::Sleep(_) => "sleep",
+        Action::RunHandler(_) => "run-handler",
+        Action::CompleteInTransaction(_) => "complete-in-transaction",
+        Action::Commit => "commit",
+        Action::Rollback => "rollback",
+        Action::PassThrough => "pass-through",
+        Action::Respond(_) => "respond",
+        Action::Propagate(_) => "propagate",
     }
 }
 
@@ -1637,6 +2796,7 @@ enum Committed {
     Decision(Decided),
     /// The completion or release matched the row.
     Completion(bool),
+    Lookup,
 }
 
 #[derive(Debug)]
@@ -1656,23 +2816,33 @@ struct Row {
 /// Where the simulation's ledger lives.
 pub enum SimDb<'a> {
     /// A SQLite file in this directory.
-    Sqlite(&'a std::path::Path),
-    /// A PostgreSQL pool (each seed empties the table first).
-    Postgres(&'a PostgresPool),
+    Sqlite(&'a Path),
+    /// A PostgreSQL URL whose `search_path` is a schema of the simulation's
+    /// own (each seed empties its tables first).
+    Postgres(&'a str),
+}
+
+/// The simulation's URL for `schema` on the server at `url`: its
+/// `search_path`, and commits that do not wait for the WAL to reach the disk
+/// (`synchronous_commit=off`: what a commit makes visible and atomic is the
+/// same; only a server crash could lose the last ones, and none is simulated).
+pub fn postgres_url_for(url: &str, schema: &str) -> String {
+    idempotency_ledger::url_with_options(url, &format!("-c search_path={schema} -c synchronous_commit=off"))
 }
 
 /// Runs `seeds` and returns the summed report, or the first failure.
 pub fn run_seeds(seeds: impl Iterator<Item = u64>, steps: u64, component: bool, db: SimDb<'_>) -> Result<Report, String> {
     let mut total = Report::default();
-    let new_backend = || -> Result<Box<dyn SqlBackend>, String> {
-        Ok(match &db {
-            SimDb::Sqlite(dir) => Box::new(SqliteBackend::open(dir.join("sim.sqlite")).map_err(|e| e.to_string())?),
-            SimDb::Postgres(pool) => Box::new(pool.backend()),
-        })
+    let new_store = || -> Result<Store, String> {
+        match &db {
+            SimDb::Sqlite(dir) => Store::sqlite(&dir.join("sim.sqlite")),
+            SimDb::Postgres(url) => Store::postgres(url),
+        }
     };
-    let dialect = new_backend()?.dialect();
     for seed in seeds {
         let params = Params::for_seed(seed);
+        let store = new_store()?;
+        let dialect = store.dialect();
         let mut engine: Box<dyn Engine> = if component {
             Box::new(Component::new(params.settings(), dialect)?)
         } else {
@@ -1682,7 +2852,7 @@ pub fn run_seeds(seeds: impl Iterator<Item = u64>, steps: u64, component: bool, 
             };
             Box::new(Native::new(params.core_config(dialect))?)
         };
-        let report = run_seed(seed, steps, engine.as_mut(), new_backend()?, &params)?;
+        let report = run_seed(seed, steps, engine.as_mut(), store, &params)?;
         total.add(&report);
     }
     Ok(total)

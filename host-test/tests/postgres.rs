@@ -359,16 +359,17 @@ fn an_unreachable_server_fails_closed_and_a_saturated_pool_is_busy() {
 }
 
 /// The deterministic simulation (crashes, stalls, clock jumps, racing sweeps,
-/// injected errors; invariants and rows checked after every step) with the
-/// `postgres` dialect on the server. `make simulate POSTGRES=1` runs more.
+/// injected errors, transactional handlers writing rows, renewals; both
+/// tables and the invariants checked after every step) with the `postgres`
+/// dialect on the server. `make simulate POSTGRES=1` runs more.
 #[test]
 fn simulation_on_postgres() {
     use idempotency_ledger_host_test::sim::{run_seeds, SimDb};
     let db = TestDb::postgres();
-    let pool = &db.pg().expect("postgres").pool;
+    let url = idempotency_ledger_host_test::sim::postgres_url_for(&postgres_url(), &db.pg().expect("postgres").name);
     for (seeds, component) in [(0..6, false), (1_000..1_002, true)] {
         let what = if component { "component" } else { "native core" };
-        match run_seeds(seeds.clone(), 2_000, component, SimDb::Postgres(pool)) {
+        match run_seeds(seeds.clone(), 2_000, component, SimDb::Postgres(&url)) {
             Ok(report) => {
                 println!("simulation on PostgreSQL ({what}): seeds {seeds:?}: {report}");
                 assert_eq!(report.steps, 2_000 * (seeds.end - seeds.start));
@@ -379,6 +380,23 @@ fn simulation_on_postgres() {
                         && report.outcome_unknown > 0
                         && report.crashes_in_handler > 0
                         && report.sweeps_deleted > 0,
+                    "{report}"
+                );
+                // Exactly once on PostgreSQL: real transactions on kept connections, the fence's
+                // 23502, rolled-back rows, renewals, and (native seeds) claims refused by a
+                // completion's row lock.
+                assert!(
+                    report.commits > 0
+                        && report.rollbacks > 0
+                        && report.fences > 0
+                        && report.writes_committed > 0
+                        && report.writes_rolled_back > 0
+                        && report.acknowledged > 0
+                        && report.crashes_in_transaction > 0
+                        && report.renewals_held > 0
+                        && report.renewals_lost > 0
+                        && report.kept_past_ttl > 0
+                        && (component || report.lock_conflicts > 0),
                     "{report}"
                 );
             }

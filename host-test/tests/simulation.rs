@@ -1,5 +1,8 @@
 //! The bounded simulation CI runs (`make simulate SEEDS=A..B` runs more):
-//! both engines, every path of the scheduler reached.
+//! both engines, every path of the scheduler reached, the exactly-once ones
+//! included (transactional handlers' commits, rollbacks, fences, lock
+//! conflicts, crashes inside transactions, renewals held, lost and failed,
+//! live owners kept past the TTL, silent ones taken over).
 
 use idempotency_ledger_host_test::sim::{run_seeds, SimDb};
 

@@ -19,8 +19,11 @@ fn main() -> std::process::ExitCode {
     let dir = tempfile::tempdir().expect("temp dir");
     // PostgreSQL: a schema of its own on the server at IDEMPOTENCY_PG_URL.
     let pg = postgres.then(idempotency_ledger_host_test::TestDb::postgres);
-    let db = match &pg {
-        Some(pg) => idempotency_ledger_host_test::sim::SimDb::Postgres(&pg.pg().expect("postgres").pool),
+    let url = pg.as_ref().map(|pg| {
+        idempotency_ledger_host_test::sim::postgres_url_for(&idempotency_ledger_host_test::postgres_url(), &pg.pg().expect("postgres").name)
+    });
+    let db = match &url {
+        Some(url) => idempotency_ledger_host_test::sim::SimDb::Postgres(url),
         None => idempotency_ledger_host_test::sim::SimDb::Sqlite(dir.path()),
     };
     let started = std::time::Instant::now();
