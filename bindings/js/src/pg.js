@@ -76,6 +76,14 @@ function changesOf(tag, sql) {
 
 const isDatabaseError = (e) => !!e && typeof e.code === "string" && /^[0-9A-Z]{5}$/.test(e.code) && typeof e.severity === "string";
 const isFatal = (e) => isDatabaseError(e) && (e.severity === "FATAL" || e.severity === "PANIC");
+/**
+ * A server error after which the connection leaves the pool: it refuses
+ * writes on it (25006: a standby, as a primary that failed over becomes, or
+ * read-only), or reports itself broken or shutting down (class 08,
+ * 57P01-57P03). pg-pool would hand it out again and every batch would fail
+ * on it; a new connection reaches whatever the URL names now.
+ */
+const discards = (e) => isDatabaseError(e) && (e.code === "25006" || String(e.code).startsWith("08") || ["57P01", "57P02", "57P03"].includes(e.code));
 
 /**
  * One batch as a pg submittable: every message in one write, one Sync.
@@ -282,7 +290,7 @@ export function pgLedger(pool, { connectTimeoutMs = 5000, lockTimeoutMs = 5000 }
       // The server answered: the transaction is aborted (skipped to Sync); roll it back.
       try {
         await client.query("ROLLBACK");
-        client.release();
+        client.release(discards(error) ? error : undefined); // pg-pool discards a client released with an error
       } catch (rollbackError) {
         client.release(rollbackError);
       }
@@ -326,6 +334,8 @@ export function pgLedger(pool, { connectTimeoutMs = 5000, lockTimeoutMs = 5000 }
     client.on("error", onError);
     const release = client.release;
     let open = true;
+    // A statement met a server that refuses this connection (`discards`): it leaves the pool after the rollback.
+    let discard = null;
     const end = (error) => {
       if (!open) return;
       open = false;
@@ -366,6 +376,7 @@ export function pgLedger(pool, { connectTimeoutMs = 5000, lockTimeoutMs = 5000 }
             client.query(flight);
           });
         } catch (error) {
+          if (discards(error)) discard = error;
           throw inTransactionFailure(error, !!flight?.sent);
         }
       },
@@ -391,7 +402,7 @@ export function pgLedger(pool, { connectTimeoutMs = 5000, lockTimeoutMs = 5000 }
         if (!open) return;
         try {
           await client.query("ROLLBACK");
-          end();
+          end(discard ?? undefined);
         } catch (error) {
           end(error instanceof Error ? error : new Error(String(error)));
         }
