@@ -7,7 +7,7 @@ CORE_MODULE := target/wasm32-unknown-unknown/component/idempotency_ledger_guest.
 COMPONENTIZE := $(CARGO) run --quiet -p idempotency-ledger-componentize --
 GUEST_SOURCES := $(shell find wit guest -name '*.wit' -o -name '*.rs' -o -name 'Cargo.toml') Cargo.toml Cargo.lock
 
-.PHONY: faults-build test-faults faults soak serve-rust help component wit demo demo-postgres test test-rust test-js test-python serve-python test-postgres postgres-suites check-imports vectors simulate fuzz bench size-profile clean dist dist-check check-versions
+.PHONY: faults-build test-faults faults soak failover test-failover pooler-suites serve-rust help component wit demo demo-postgres test test-rust test-js test-python serve-python test-postgres postgres-suites check-imports vectors simulate fuzz bench size-profile clean dist dist-check check-versions
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{ printf "  %-15s %s\n", $$1, $$2 }'
@@ -44,7 +44,7 @@ serve-node: $(COMPONENT_WASM) ## The example Hono server on Node (PORT=8080, DAT
 	$(MAKE) --no-print-directory -C bindings/js build
 	cd bindings/js && exec node examples/node/server.js
 
-test: test-rust test-js test-python test-postgres test-faults dist-check ## Run every suite (Rust, JavaScript, Python, PostgreSQL, faults), then the packages from outside
+test: test-rust test-js test-python test-postgres test-faults test-failover dist-check ## Run every suite (Rust, JavaScript, Python, PostgreSQL, faults, failover), then the packages from outside
 
 test-rust: check-imports ## Rust: native core tests, the component under wasmtime over SQLite, the tower layer and the example server
 	$(CARGO) test --locked
@@ -91,10 +91,24 @@ serve-python: $(COMPONENT_WASM) ## Example FastAPI server on the Python package 
 	cd bindings/python && exec .venv/bin/python examples/server.py
 
 RACE_KEYS ?= 200
-test-postgres: $(COMPONENT_WASM) ## PostgreSQL: a throwaway local server, the Rust and Python suites on it, a 4-process Rust+Python race
+test-postgres: $(COMPONENT_WASM) ## PostgreSQL: a throwaway local server, every host's suites on it, a 4-process race; then again through PgBouncer (transaction mode)
 	$(CARGO) build --locked -p idempotency-ledger-host-test --features postgres-tests --tests --bin pg-race-worker
+	$(CARGO) build --locked -p idempotency-ledger --features tower --example serve
 	$(MAKE) -C bindings/python venv
-	./scripts/postgres.sh run -- $(MAKE) --no-print-directory postgres-suites
+	$(MAKE) --no-print-directory -C bindings/js build
+	./scripts/postgres.sh run -- sh -c '$(MAKE) --no-print-directory postgres-suites && ./scripts/pgbouncer.sh run -- $(MAKE) --no-print-directory pooler-suites'
+
+# Needs IDEMPOTENCY_PG_URL naming a transaction pooler (test-postgres runs it
+# inside scripts/pgbouncer.sh run: PgBouncer 1.18, pool_mode transaction). The
+# Rust SPEC, vector, concurrency, failure and hostile suites (Python's
+# extension runs the same crate) and the three example servers as processes:
+# the contract, 4 s of load, the exactly-once probes.
+POOLER_PARTS ?= contract,load,exactly-once
+pooler-suites:
+	@test -n "$$IDEMPOTENCY_PG_POOLER" || { echo "error: IDEMPOTENCY_PG_POOLER is not set (use make test-postgres, or scripts/pgbouncer.sh run -- ...)" >&2; exit 1; }
+	IDEMPOTENCY_TEST_BACKEND=postgres $(CARGO) test --locked -p idempotency-ledger-host-test --features postgres-tests \
+	  --test spec --test vectors --test concurrency --test failures --test hostile
+	FAULTS_RUST_PROFILE=debug $(FAULTS_PY) faults/run.py short --db postgres --parts $(POOLER_PARTS)
 
 # Needs IDEMPOTENCY_PG_URL (test-postgres sets it): the same SPEC, vector,
 # concurrency, failure and hostile tests as over SQLite, in the postgres dialect.
@@ -151,6 +165,22 @@ test-faults: $(COMPONENT_WASM) ## Faults, short: SIGKILL at chosen points, datab
 
 faults: faults-build ## Crashes, database faults and the exactly-once probes at depth: make faults HOST=rust|python|node DB=sqlite|postgres [ROUNDS=5 CYCLES=3]
 	$(FAULTS_PG) sh -c '$(FAULTS_PY) faults/run.py crash --host $(HOST) --db $(DB) --rounds $(ROUNDS) && $(FAULTS_PY) faults/run.py dbfaults --host $(HOST) --db $(DB) --cycles $(CYCLES) && $(FAULTS_PY) faults/run.py exactly-once --host $(HOST) --db $(DB) --rounds $(ROUNDS) --cycles $(CYCLES)'
+
+# Failover (faults/failover.py): a primary and a streaming replica of their
+# own (scripts/postgres.sh, scripts/pg-replica.sh) on FAILOVER_PORTS, a
+# switchable proxy as the endpoint; needs no other server.
+SYNC ?= on
+FAILOVER_PORTS ?= 25435,25436
+failover: faults-build ## Failover under load: make failover HOST=rust|python|node SYNC=on|off (kill, read-only old primary, multi-host URL; plain and exactly-once)
+	$(FAULTS_PY) faults/run.py failover --host $(HOST) --sync $(SYNC) --pg-ports $(FAILOVER_PORTS)
+
+# In make test: the Rust server (debug build) through one failover with
+# synchronous replication in the exactly-once mode, and the read-only switchover.
+test-failover: $(COMPONENT_WASM) ## Failover, short: Rust, synchronous replication: the primary killed (exactly-once mode), the old primary read-only
+	$(CARGO) build --locked -p idempotency-ledger --features tower --example serve
+	$(MAKE) --no-print-directory -C bindings/python venv
+	FAULTS_RUST_PROFILE=debug $(FAULTS_PY) faults/run.py failover --host rust --sync on --kinds kill,readonly --orders exactly-once \
+	  --clients 4 --warm-seconds 1 --outage-seconds 1 --after-seconds 3 --grace-seconds 2 --pg-ports $(FAILOVER_PORTS)
 
 soak: faults-build ## Sustained load: make soak HOST=rust|python|node DB=sqlite|postgres MINUTES=10 [SERVER_ENV=NAME=VALUE]
 	$(FAULTS_PG) nice -n $(NICE) $(FAULTS_PY) faults/run.py soak --host $(HOST) --db $(DB) --minutes $(MINUTES) $(if $(SERVER_ENV),--server-env '$(SERVER_ENV)')

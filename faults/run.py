@@ -403,7 +403,7 @@ def short_parallel(args: argparse.Namespace, selected: list[str]) -> int:
         out, _ = child.communicate()
         print(f"---- {name} ----\n{out}", flush=True)
         ok = ok and child.returncode == 0
-    if args.db == "postgres":
+    if args.db == "postgres" and "dbfaults" in args.parts.split(","):
         for host in selected:
             argv = [sys.executable, __file__, "dbfaults", "--db", "postgres", "--host", host, "--ttl-ms", str(args.ttl_ms),
                     "--cycles", "1", "--fault-seconds", "1", "--outage-seconds", "1", "--clients", "4"]

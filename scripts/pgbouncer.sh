@@ -21,8 +21,9 @@
 #              auth_query as the throwaway server trusts loopback) or md5
 #              (clients must give PGB_PASSWORD, default "bouncer", as the
 #              `postgres` role: checks that the hosts authenticate through it)
-#   PGB_POOL_SIZE  server connections per database and role (default 4: fewer
-#              than the hosts' pools, so clients share server connections)
+#   PGB_POOL_SIZE  server connections per database and role (transaction
+#              mode: default 4, fewer than the hosts' pools, so clients share
+#              server connections; session mode: default 60, one per client)
 #   PGB_DIR    default /tmp/idempotency-ledger-pgbouncer-$PGB_PORT
 #
 # `server_round_robin = 1`: consecutive transactions of one client go to
@@ -47,7 +48,10 @@ PGB_PORT="${PGB_PORT:-25433}"
 PGB_MODE="${PGB_MODE:-transaction}"
 PGB_AUTH="${PGB_AUTH:-trust}"
 PGB_PASSWORD="${PGB_PASSWORD:-bouncer}"
-PGB_POOL_SIZE="${PGB_POOL_SIZE:-4}"
+# Session mode holds a server connection per client connection for its
+# whole life: the pool must be as large as the clients' pools together (a
+# client beyond it waits for query_wait_timeout, 120 s, inside its query).
+if [ "$PGB_MODE" = session ]; then PGB_POOL_SIZE="${PGB_POOL_SIZE:-60}"; else PGB_POOL_SIZE="${PGB_POOL_SIZE:-4}"; fi
 PGB_DIR="${PGB_DIR:-/tmp/idempotency-ledger-pgbouncer-$PGB_PORT}"
 
 say() { echo "pgbouncer.sh: $*" >&2; }
