@@ -309,3 +309,26 @@ def test_on_one_connection_a_slow_transactional_handler_never_waits_for_its_own_
         assert ledger.handle("acct-1", "POST", "/orders", [("Idempotency-Key", "k-10")], b"{}", lambda: (time.sleep(0.5), MutationResponse.json(201, {}))[1]).outcome == "executed"
     finally:
         kind.close()
+
+
+def test_a_transaction_that_cannot_begin_never_runs_the_handler(tmp_path: Path) -> None:
+    """A transaction object (the adapters' `transaction=`) whose begin() the
+    database refused: the handler is never shown, the core answers as for a
+    busy ledger (503) and releases the key, and the retry runs."""
+    from idempotency_ledger import BatchFailure, Respond
+
+    class Refused:
+        def begin(self) -> None:
+            raise BatchFailure("database", "SQLITE_BUSY", "database is locked")
+
+    ledger = Ledger(tmp_path / "l.sqlite")
+    ledger.migrate()
+    headers = [("Idempotency-Key", "k-11"), ("Content-Type", "application/json")]
+    with ledger.start("acct-1", "POST", "/orders", headers, transactional=True, transaction=Refused()) as exchange:
+        action = exchange.body(b"{}")
+        assert isinstance(action, Respond) and action.outcome == "ledger-busy", action
+        assert action.response is not None and action.response.status == 503
+    with ledger.start("acct-1", "POST", "/orders", headers, transactional=True) as exchange:
+        assert isinstance(exchange.body(b"{}"), RunHandler), "the key was released"
+        assert exchange.answered(201, [], b"{}").outcome == "executed"
+    ledger.close()
