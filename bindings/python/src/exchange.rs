@@ -55,6 +55,8 @@ pub struct Exchange {
     /// Called once with `(outcome, ledger_seconds, ticket)` when the exchange
     /// reaches its final action (the telemetry's recording).
     on_end: Mutex<Option<Py<PyAny>>>,
+    /// The same object, kept for the adapter (the span it makes current).
+    recording: Option<Py<PyAny>>,
 }
 
 /// What one call into the crate produced.
@@ -108,6 +110,7 @@ impl Exchange {
             run: Mutex::new(HandlerRun::default()),
             lease_lost: AtomicBool::new(false),
             ledger_ns: AtomicU64::new(0),
+            recording: on_end.as_ref().map(|r| r.clone_ref(py)),
             on_end: Mutex::new(on_end),
         };
         let action = exchange.took(py, stepped, opened)?;
@@ -361,7 +364,18 @@ impl Exchange {
             py.detach(|| held.end());
         }
         self.transaction.lock().unwrap_or_else(|p| p.into_inner()).take();
-        self.on_end.lock().unwrap_or_else(|p| p.into_inner()).take();
+        // Ended without an outcome: the recording's span ends, nothing is counted.
+        if let Some(on_end) = self.on_end.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            if let Err(e) = on_end.call_method0(py, "abandon") {
+                e.write_unraisable(py, None);
+            }
+        }
+    }
+
+    /// The telemetry's recording of this exchange (None when nothing records).
+    #[getter]
+    fn recording(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.recording.as_ref().map(|r| r.clone_ref(py))
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {

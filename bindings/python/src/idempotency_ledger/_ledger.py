@@ -11,7 +11,7 @@ import os
 import sys
 from typing import Any, Callable, Iterable, Mapping, Optional, Union
 
-from . import _native
+from . import _native, _telemetry
 from ._native import Config, Exchange, Handled, PassThrough, Propagate, ReadBody, Respond, RunHandler
 from ._transaction import HandlerTransaction
 from ._types import HeadersLike, MutationResponse, NothingChanged
@@ -104,6 +104,9 @@ class Ledger:
     Settings are the WIT `config` fields in snake_case (see `SETTINGS`);
     each one left out is the core's `default-config(profile)`. `clock`, a
     callable returning Unix milliseconds, replaces the system clock (tests).
+    `telemetry=False`: this ledger records no OpenTelemetry metrics or
+    spans; `record_keys=True`: spans carry the key and the principal in
+    clear (`idempotency.key`, `enduser.id`), not only the key's hash.
     """
 
     def __init__(
@@ -113,9 +116,13 @@ class Ledger:
         busy_timeout_ms: int = 5000,
         clock: Optional[Callable[[], int]] = None,
         dialect: Optional[str] = None,
+        telemetry: bool = True,
+        record_keys: bool = False,
         **settings: Any,
     ) -> None:
         _check_ms("busy_timeout_ms", busy_timeout_ms)
+        self._telemetry = bool(telemetry)
+        self._record_keys = bool(record_keys)
         if isinstance(database, _native.NativeLedger):
             native = database
         elif isinstance(database, (str, bytes, os.PathLike)):
@@ -143,6 +150,8 @@ class Ledger:
         busy_timeout_ms: Optional[int] = None,
         connect_kwargs: Optional[Mapping[str, Any]] = None,
         clock: Optional[Callable[[], int]] = None,
+        telemetry: bool = True,
+        record_keys: bool = False,
         **settings: Any,
     ) -> "Ledger":
         """A ledger on PostgreSQL at `url` (`postgresql://...` or a libpq
@@ -164,7 +173,7 @@ class Ledger:
             _check_ms("busy_timeout_ms", busy_timeout_ms)
         if connect_kwargs:
             url = _with_parameters(url, connect_kwargs)
-        return cls(_native.NativeLedger.postgres(url, max_size, settings, clock, busy_timeout_ms))
+        return cls(_native.NativeLedger.postgres(url, max_size, settings, clock, busy_timeout_ms), telemetry=telemetry, record_keys=record_keys)
 
     # ---------------------------------------------------------------- properties
 
@@ -239,6 +248,8 @@ class Ledger:
         """
         method = _text(method)
         if method.upper() not in self._protected:
+            if self._telemetry:
+                _telemetry.passed_through(method)
             try:
                 produced = handler(_PassedThrough()) if transactional else handler()
             except NothingChanged as nothing:
@@ -246,16 +257,24 @@ class Ledger:
                     raise  # no reservation to release: as a plain call would
                 produced = nothing.response
             return Handled.passed_through(produced)
-        if transactional:
-            return self._handle_transactional(principal, method, _text(path_and_query), _headers(headers), _body(body), handler)
+        if transactional or (self._telemetry and _telemetry.instruments() is not None):
+            return self._handle_exchange(principal, method, _text(path_and_query), _headers(headers), _body(body), handler, transactional)
         return self._native.handle(principal, method, _text(path_and_query), _headers(headers), _body(body), handler)
 
-    def _handle_transactional(
-        self, principal: Optional[str], method: str, path_and_query: str, headers: list[tuple[str, str]], body: bytes, handler: Callable[..., Produced]
+    def _handle_exchange(
+        self,
+        principal: Optional[str],
+        method: str,
+        path_and_query: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        handler: Callable[..., Produced],
+        transactional: bool,
     ) -> Handled:
-        """`handle` for a transactional handler: the exchange's loop, the
-        handler called with its transaction."""
-        with self.start(principal, method, path_and_query, headers, transactional=True) as exchange:
+        """`handle` as the exchange's loop in Python: for a transactional
+        handler (called with its transaction), and while OpenTelemetry
+        records (the handler runs inside the exchange's span)."""
+        with self.start(principal, method, path_and_query, headers, transactional=transactional) as exchange:
             action: Any = exchange.action
             produced: Any = None
             failure: Optional[BaseException] = None
@@ -264,7 +283,8 @@ class Ledger:
                     action = exchange.body_too_large() if len(body) > action.cap else exchange.body(body)
                 elif isinstance(action, RunHandler):
                     try:
-                        produced = handler(HandlerTransaction(exchange, action.renew_every_ms))
+                        with _telemetry.current(exchange.recording):
+                            produced = handler(HandlerTransaction(exchange, action.renew_every_ms)) if transactional else handler()
                         status, response_headers, response_body = _produced(produced)
                     except NothingChanged as nothing:
                         produced = nothing.response
@@ -291,7 +311,7 @@ class Ledger:
                     return Handled.of(action.response, action.outcome, exchange.ticket, False)
                 else:
                     assert isinstance(action, PassThrough)
-                    return Handled.passed_through(handler(_PassedThrough()))
+                    return Handled.passed_through(handler(_PassedThrough()) if transactional else handler())
 
     def start(
         self,
@@ -302,6 +322,7 @@ class Ledger:
         *,
         transactional: bool = False,
         transaction: Any = None,
+        route: _telemetry.Route = None,
     ) -> Exchange:
         """Starts a request's exchange, for an adapter that runs the handler
         itself: perform `exchange.action`, feed what happened, until a final
@@ -314,8 +335,12 @@ class Ledger:
         the exchange completes, commits or rolls it back itself when it is
         fed the handler's end. `transaction`: a transaction object of the
         adapter's to open it on instead of the ledger's own connection (see
-        `idempotency_ledger._transaction`)."""
-        return self._native.start(principal, _text(method), _text(path_and_query), _headers(headers), transactional, transaction)
+        `idempotency_ledger._transaction`). `route`: the route template (or a
+        callable giving it once the exchange ends) for the telemetry's
+        `http.route`."""
+        method = _text(method)
+        recording = _telemetry.begin(method, principal, self._record_keys, route) if self._telemetry else None
+        return self._native.start(principal, method, _text(path_and_query), _headers(headers), transactional, transaction, recording)
 
     def sweep(self, now: Optional[int] = None) -> int:
         """One bounded sweep batch (rows last updated before now - retention);

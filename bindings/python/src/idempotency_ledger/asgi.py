@@ -30,6 +30,7 @@ import functools
 import inspect
 from typing import Any, Awaitable, Callable, MutableMapping, Optional, Sequence, Union
 
+from . import _telemetry
 from ._http import _REQUIRED, DECLINED, Include, RouteSpec, Routes, describe, handler_result, mark_declined, mark_nothing_changed
 from ._ledger import Ledger
 from ._native import Exchange, PassThrough, Propagate, ReadBody, Respond, Response, RunHandler
@@ -172,6 +173,21 @@ def _routed(scope: Scope) -> bool:
     return any(route.matches(scope)[0] is Match.FULL for route in routes)
 
 
+def _route_template(scope: Scope) -> Optional[str]:
+    """The path template of the Starlette route serving this request (the
+    telemetry's `http.route`), or None."""
+    routes = getattr(getattr(scope.get("app"), "router", None), "routes", None)
+    if not routes:
+        return None
+    from starlette.routing import Match
+
+    for route in routes:
+        if route.matches(scope)[0] is Match.FULL:
+            path = getattr(route, "path", None)
+            return path if isinstance(path, str) else None
+    return None
+
+
 class _Declines:
     """Marks FastAPI's request validation errors as declined: wraps the
     app's handler for `RequestValidationError` (FastAPI's default or yours)
@@ -222,6 +238,8 @@ class IdempotencyMiddleware:
     transaction on the ledger's database (exactly once); transactions:
     `transactions(scope)` makes the request's transaction object (e.g.
     `SessionTransactions(engine)`), else the ledger's own connection is used.
+    route: `route(scope)`, the route template the telemetry reports as
+    `http.route` (default: the Starlette route's path, when there is one).
     """
 
     def __init__(
@@ -235,9 +253,11 @@ class IdempotencyMiddleware:
         inline: bool = False,
         transactional: Optional[Include] = None,
         transactions: Optional[Callable[[Scope], Any]] = None,
+        route: Optional[Callable[[Scope], Optional[str]]] = None,
     ) -> None:
         if not callable(principal):
             raise TypeError("principal must be a callable taking the ASGI scope")
+        self.route = route or _route_template
         self.app = app
         self.ledger = ledger
         self.principal = principal
@@ -253,12 +273,12 @@ class IdempotencyMiddleware:
         return await _to_thread(fn, *args, **kwargs)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            scope.get("type") != "http"
-            or not self.ledger.protects(scope["method"])
-            or not self.routes(scope.get("path", ""))
-            or (self.routes.everything and not _routed(scope))
-        ):
+        if scope.get("type") != "http" or not self.routes(scope.get("path", "")) or (self.routes.everything and not _routed(scope)):
+            await self.app(scope, receive, send)
+            return
+        if not self.ledger.protects(scope["method"]):
+            if self.ledger._telemetry:
+                _telemetry.passed_through(scope["method"], lambda: self.route(scope))
             await self.app(scope, receive, send)
             return
         if not self._declines.installed:
@@ -269,7 +289,10 @@ class IdempotencyMiddleware:
         headers = [(bytes(n).decode("latin-1"), bytes(v).decode("latin-1")) for n, v in scope.get("headers", [])]
         transactional = self.transactional is not None and self.transactional(scope.get("path", ""))
         given = self.transactions(scope) if transactional and self.transactions is not None else None
-        exchange = await self._call(self.ledger.start, principal, scope["method"], asgi_path_and_query(scope), headers, transactional=transactional, transaction=given)
+        exchange = await self._call(
+            self.ledger.start, principal, scope["method"], asgi_path_and_query(scope), headers,
+            transactional=transactional, transaction=given, route=lambda: self.route(scope),
+        )
         try:
             await self._run(exchange, scope, receive, send)
         finally:
@@ -295,7 +318,8 @@ class IdempotencyMiddleware:
                 if action.transaction:
                     scope[TRANSACTION_KEY] = HandlerTransaction(exchange, action.renew_every_ms)
                 try:
-                    await self.app(scope, _replay_receive(body, receive), captured.send)
+                    with _telemetry.current(exchange.recording):
+                        await self.app(scope, _replay_receive(body, receive), captured.send)
                     if captured.start is None:
                         raise RuntimeError("the ASGI app returned without sending a response")
                 except Exception as error:

@@ -280,7 +280,8 @@ class IdempotencyMiddleware(MiddlewareMixin):  # type: ignore[misc]
         headers = [(name.lower(), str(value)) for name, value in request.headers.items()]
         transactional = self.transactional is not None and self.transactional(request.path)
         given = AtomicTransaction(self.using) if transactional else None
-        exchange = self.ledger.start(self.principal(request), request.method, path, headers, transactional=transactional, transaction=given)
+        route = getattr(getattr(request, "resolver_match", None), "route", None) or None
+        exchange = self.ledger.start(self.principal(request), request.method, path, headers, transactional=transactional, transaction=given, route=route)
         action: Any = exchange.action
         while isinstance(action, ReadBody):
             action = self._read(exchange, request, action.cap)

@@ -125,7 +125,8 @@ class Idempotency:
         if not self._selected():
             return None
         environ = request.environ
-        exchange = self.ledger.start(self.principal(), request.method, wsgi_path_and_query(environ), wsgi_headers(environ))
+        rule = request.url_rule
+        exchange = self.ledger.start(self.principal(), request.method, wsgi_path_and_query(environ), wsgi_headers(environ), route=rule.rule if rule is not None else None)
         action: Any = exchange.action
         while isinstance(action, ReadBody):
             action = self._read(exchange, request, action.cap)

@@ -27,6 +27,7 @@ import inspect
 import json
 from typing import Any, Callable, Optional, Sequence, TypeVar, Union, cast
 
+from . import _telemetry
 from ._http import describe
 from ._ledger import Ledger
 from ._native import Propagate, ReadBody, Respond, RunHandler
@@ -216,7 +217,8 @@ def idempotent_function(
                             action = await asyncio.to_thread(feed)
                         elif isinstance(action, RunHandler):
                             try:
-                                value = await fn(*args, **kwargs)
+                                with _telemetry.current(exchange.recording):
+                                    value = await fn(*args, **kwargs)
                                 stored = canonical_json(value)
                             except NothingChanged as nothing:
                                 await asyncio.to_thread(exchange.nothing_changed)

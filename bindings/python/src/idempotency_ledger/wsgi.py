@@ -32,6 +32,7 @@ import io
 from typing import Any, Callable, Iterable, Literal, Optional, Sequence, Union
 from urllib.parse import quote
 
+from . import _telemetry
 from ._http import _REQUIRED, DECLINED, Include, RouteSpec, Routes, describe, handler_result, mark_declined, mark_nothing_changed, status_line
 from ._ledger import Ledger
 from ._native import Exchange, PassThrough, Propagate, ReadBody, Respond, Response, RunHandler
@@ -168,6 +169,8 @@ class IdempotencyWSGIMiddleware:
     transactional: the routes whose app call runs in a transaction on the
     ledger's database (exactly once); transactions: `transactions(environ)`
     makes the request's transaction object, else the ledger's own is used.
+    route: `route(environ)`, the route template the telemetry reports as
+    `http.route` (WSGI has none of its own).
     """
 
     def __init__(
@@ -180,9 +183,11 @@ class IdempotencyWSGIMiddleware:
         exclude: Optional[Sequence[RouteSpec]] = None,
         transactional: Optional[Include] = None,
         transactions: Optional[Callable[[Environ], Any]] = None,
+        route: Optional[Callable[[Environ], Optional[str]]] = None,
     ) -> None:
         if not callable(principal):
             raise TypeError("principal must be a callable taking the WSGI environ")
+        self.route = route
         self.app = app
         self.ledger = ledger
         self.principal = principal
@@ -193,11 +198,16 @@ class IdempotencyWSGIMiddleware:
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         method = environ.get("REQUEST_METHOD", "GET")
         path = environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")
-        if not self.ledger.protects(method) or not self.routes(path):
+        if not self.routes(path):
+            return self.app(environ, start_response)  # type: ignore[no-any-return]
+        route = None if self.route is None else (lambda: self.route(environ))  # type: ignore[misc]
+        if not self.ledger.protects(method):
+            if self.ledger._telemetry:
+                _telemetry.passed_through(method, route)
             return self.app(environ, start_response)  # type: ignore[no-any-return]
         transactional = self.transactional is not None and self.transactional(path)
         given = self.transactions(environ) if transactional and self.transactions is not None else None
-        exchange = self.ledger.start(self.principal(environ), method, wsgi_path_and_query(environ), wsgi_headers(environ), transactional=transactional, transaction=given)
+        exchange = self.ledger.start(self.principal(environ), method, wsgi_path_and_query(environ), wsgi_headers(environ), transactional=transactional, transaction=given, route=route)
         with exchange:
             return self._run(exchange, environ, start_response)
 
@@ -222,7 +232,8 @@ class IdempotencyWSGIMiddleware:
                 if action.transaction:
                     environ["idempotency.transaction"] = HandlerTransaction(exchange, action.renew_every_ms)
                 try:
-                    captured.run(self.app, environ)
+                    with _telemetry.current(exchange.recording):
+                        captured.run(self.app, environ)
                 except BaseException as error:
                     action = exchange.raised(describe(error))
                     if isinstance(action, Propagate):
