@@ -165,7 +165,10 @@ def test_request_body_cap_while_streaming(ietf_server: Any) -> None:
 STREAM_SCRIPT = r"""
 import resource, sys, asyncio
 from idempotency_ledger import Ledger
+from idempotency_ledger import asgi
 from idempotency_ledger.asgi import IdempotencyMiddleware
+chunks = int(sys.argv[2])  # 0: a body that never ends
+asgi.LINGER_SECONDS = 0.5
 ledger = Ledger(sys.argv[1]); ledger.migrate()
 async def app(scope, receive, send):
     raise AssertionError("the app must not run")
@@ -177,7 +180,9 @@ async def main():
     async def receive():
         nonlocal count
         count += 1
-        return {"type": "http.request", "body": chunk, "more_body": count < 300}
+        if chunks == 0:
+            await asyncio.sleep(0)  # a client still sending
+        return {"type": "http.request", "body": chunk, "more_body": chunks == 0 or count < chunks}
     async def send(message):
         sent.append(message)
     scope = {"type": "http", "method": "POST", "path": "/o", "raw_path": b"/o", "query_string": b"",
@@ -190,11 +195,23 @@ asyncio.run(main())
 
 
 def test_a_300_mib_chunked_body_stops_at_the_cap_and_memory_stays_flat(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-c", STREAM_SCRIPT, str(tmp_path / "s.sqlite")], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", STREAM_SCRIPT, str(tmp_path / "s.sqlite"), "300"], capture_output=True, text=True, check=True)
     status, received, growth_kib = (int(x) for x in out.stdout.split())
     assert status == 413
-    assert received == 2  # 1 MiB cap: the second MiB passes it, the rest is never read
+    # 1 MiB cap: the second MiB passes it; the rest is read and discarded
+    # before the answer (the server then closes with nothing unread), never held.
+    assert received == 300
     assert growth_kib < 16 * 1024, f"grew by {growth_kib} KiB"
+
+
+def test_a_body_that_never_ends_gets_its_413_after_the_linger_time(tmp_path: Path) -> None:
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", STREAM_SCRIPT, str(tmp_path / "s.sqlite"), "0"], capture_output=True, text=True, check=True, timeout=60)
+    status, received, growth_kib = (int(x) for x in out.stdout.split())
+    assert status == 413
+    assert received > 2, "the rest was discarded while the client kept sending"
+    assert growth_kib < 16 * 1024, f"grew by {growth_kib} KiB"
+    assert time.monotonic() - started < 30, "the discarding stops after LINGER_SECONDS (0.5 s here)"
 
 
 # ------------------------------------------------------------------ Django

@@ -3,7 +3,10 @@
     app.add_middleware(IdempotencyMiddleware, ledger=ledger, principal=lambda scope: ..., include=["/orders"])
 
 A loop over the core's exchange: it reads the body when the exchange asks
-(at most its cap: a chunked body never sits in memory past it), runs the app
+(at most its cap: a chunked body never sits in memory past it; what is left
+of a refused one is discarded, for at most LINGER_SECONDS, before the answer
+that closes the connection, so the client is not reset before it reads
+it), runs the app
 when it asks, and sends what it answers: the core's response, or the app's
 own response exactly as the app made it. Requests whose method the core does
 not protect, and routes outside `include` / inside `exclude`, go straight to
@@ -146,6 +149,41 @@ async def _read_capped(receive: Receive, cap: int) -> Any:
             chunks.append(bytes(chunk))
         if not message.get("more_body", False):
             return b"".join(chunks)
+
+
+#: How long a request whose answer closes the connection keeps discarding
+#: what the client still sends, at most (see `_discard_rest`).
+LINGER_SECONDS = 5.0
+
+
+async def _discard_rest(receive: Receive) -> None:
+    """Reads and discards what is left of a request body the exchange
+    refused (its answer closes the connection), holding one message at a
+    time, for at most LINGER_SECONDS. The server closes the connection after
+    that answer; closing it while the client is still sending makes the
+    kernel answer the client's data with a reset, which can wipe the answer
+    from the client's receive buffer (a chunked upload over the cap would
+    then see no 413). After the answer the server no longer delivers the
+    body, so the rest is read first."""
+
+    async def drain() -> None:
+        while True:
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                return
+
+    try:
+        import anyio
+    except ImportError:  # plain asyncio
+        import asyncio
+
+        try:
+            await asyncio.wait_for(drain(), LINGER_SECONDS)
+        except asyncio.TimeoutError:
+            pass
+        return
+    with anyio.move_on_after(LINGER_SECONDS):
+        await drain()
 
 
 def _replay_receive(body: bytes, receive: Receive) -> Receive:
@@ -301,6 +339,7 @@ class IdempotencyMiddleware:
     async def _run(self, exchange: Exchange, scope: Scope, receive: Receive, send: Send) -> None:
         action: Any = exchange.action
         body = b""
+        unread = True  # until the body was read to its end (or the client left)
         captured = _Captured()
         while True:
             if isinstance(action, ReadBody):
@@ -308,8 +347,10 @@ class IdempotencyMiddleware:
                 if read is _TOO_LARGE:
                     action = await self._call(exchange.body_too_large)
                 elif read is _GONE:
+                    unread = False
                     action = await self._call(exchange.body_unreadable, "incomplete")
                 else:
+                    unread = False
                     body = read
                     action = await self._call(exchange.body, body)
             elif isinstance(action, RunHandler):
@@ -337,6 +378,8 @@ class IdempotencyMiddleware:
                 else:
                     action = await self._call(exchange.declined if result == "declined" else exchange.nothing_changed)
             elif isinstance(action, Respond):
+                if action.close and unread:
+                    await _discard_rest(receive)
                 if action.response is None:
                     await captured.replay(send, action.close)
                 else:
