@@ -183,8 +183,7 @@ export function makeHonoIdempotency(api) {
         }
         return undefined;
       }
-      // The core's answer: a response it made, or (the handler never ran:
-      // its transaction could not begin) its answer to the failure.
+      // The core's answer: a response it made, or its answer to a failure.
       const close = action.tag === "respond" && action.val.close;
       if (close && !incoming) await drainRequestBody(request);
       if (close && incoming) closeAfterAnswer(incoming);

@@ -280,8 +280,8 @@ export class IdempotencyLedger {
    * Returns { action, outcome, error?, handlerRan }: the final action
    * (pass-through, respond or propagate) for the adapter to send, its
    * outcome, what the handler threw, and whether it ran (a transactional
-   * handler whose transaction could not begin never runs: a `propagate` then
-   * carries the core's answer to send). The core's log lines are written and
+   * handler whose transaction could not begin never runs: the core releases
+   * its key and responds as the ledger failed). The core's log lines are written and
    * the sweep it asks for is scheduled (handed to `waitUntil` when given)
    * before this returns. `route`: the route template for the metrics (a
    * string, or a function asked once the exchange ended), when the adapter
@@ -346,8 +346,8 @@ export class IdempotencyLedger {
                 if (typeof this.db.begin !== "function") throw new BatchFailure({ tag: "host", val: "this database has no transactions for handlers" });
                 tx = await this.db.begin();
               } catch (failure) {
-                // It never ran: a handler failure the core answers (nothing to roll back; the key released).
-                event = { tag: "handler-done", val: { tag: "raised", val: `the handler's transaction could not begin: ${failure?.message ?? failure}` } };
+                // The handler never ran: the core releases the key and answers as the ledger failed (SPEC 10.2).
+                event = { tag: "batch-failed", val: toBatchError(failure) };
               }
               rec?.leave();
               if (event !== undefined) break;

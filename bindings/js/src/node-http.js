@@ -358,8 +358,7 @@ export async function handleNode(api, options, parts, req, res, run, { framework
   const held = state.held;
   if (action.tag === "propagate") {
     // Express: the framework's own error response (held) goes out unstored;
-    // node:http (nothing to re-raise to), or a handler that never ran (its
-    // transaction could not begin): the core's answer for it.
+    // node:http (nothing to re-raise to): the core's answer for it.
     if (held?.ended) held.send();
     else {
       held?.restore();

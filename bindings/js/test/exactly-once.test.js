@@ -224,9 +224,11 @@ describe("exactly once on better-sqlite3", () => {
     assert.equal(runs, 0, "the handler never ran");
     for (const a of answers) {
       assert.equal(a.status, 500);
-      assert.equal(JSON.parse(a.text).error, "idempotency_handler_failed", "the core's answer to the failure");
+      const answer = JSON.parse(a.text);
+      assert.equal(answer.error, "idempotency_ledger_unavailable", "the ledger's answer: the transaction could not begin");
+      assert.match(answer.message, /not executed/);
     }
-    assert.deepEqual([...new Set(rec.outcomes)], ["released"]);
+    assert.deepEqual([...new Set(rec.outcomes)], ["ledger-failed"]);
     assert.ok(rec.lines.some(([, line]) => line.includes("the handler's transaction could not begin")), "the core's line names why");
     assert.deepEqual(rows(file), [], "nothing left reserved");
     file.close();
