@@ -172,7 +172,10 @@ def orders_engine(database: str) -> Any:
         url = "postgresql+psycopg://" + database.split("://", 1)[1]
     else:
         url = "sqlite:///" + os.path.abspath(database)
-    engine = create_engine(url)
+    # psycopg prepares a statement it runs often (SQLAlchemy's SAVEPOINT, the
+    # insert) on its server connection; behind a transaction pooler the next
+    # transaction may run on another one, where it does not exist.
+    engine = create_engine(url, connect_args={"prepare_threshold": None}) if url.startswith("postgresql") else create_engine(url)
     with engine.begin() as conn:
         conn.execute(text(CREATE_ORDERS))
     return engine
@@ -230,7 +233,10 @@ def build(database: str, settings: dict[str, Any], *, in_database: bool = False,
         order_id = uuid.uuid4().hex
         if engine is not None:
             order = {"id": order_id, "principal": principal(request.scope) or "", "request": json.dumps(payload), "created_at": int(time.time() * 1000)}
-            await run_in_threadpool(insert, request, order)
+            try:
+                await run_in_threadpool(insert, request, order)
+            except Exception as error:  # the database refused or lost it: answered as the other servers do
+                return JSONResponse({"error": "order_not_written", "message": f"{type(error).__name__}: {error}"}, status_code=500)
             if request.headers.get("x-exit-after-write") == "1":
                 os._exit(3)  # right after the write: nothing more answered or committed
         return JSONResponse({"id": order_id, "request": payload}, status_code=201, headers={"Location": f"/orders/{order_id}"})

@@ -191,7 +191,12 @@ async function main() {
     if (ordersInDatabase) {
       const order = { id, principal: c.get("principal"), request: JSON.stringify(request), createdAt: Date.now() };
       // Transactional: the handler's transaction (`transaction.db` on SQLite, `transaction.client` on PostgreSQL).
-      await database.insert(order, c.get("idempotency").transaction);
+      try {
+        await database.insert(order, c.get("idempotency").transaction);
+      } catch (error) {
+        // The database refused or lost it: answered as the other servers do.
+        return c.json({ error: "order_not_written", message: String(error?.message ?? error) }, 500);
+      }
       if (c.req.header("x-exit-after-write") === "1") process.exit(3);
     }
     return c.json({ id, request }, 201, { location: `/orders/${id}` });
