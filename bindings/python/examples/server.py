@@ -58,14 +58,22 @@ from idempotency_ledger.asgi import IdempotencyMiddleware, mark_nothing_changed
 log = logging.getLogger("example")
 
 
-def flag(name: str) -> bool:
-    """An on/off environment flag (1/0, true/false, on/off; unset is off)."""
+def optional_flag(name: str) -> Optional[bool]:
+    """An on/off environment variable (1/0, true/false, yes/no, on/off, in
+    any case, as the Rust and Node servers read it); None when unset or empty."""
     value = os.environ.get(name, "").strip().lower()
-    if value in ("", "0", "false", "off"):
-        return False
-    if value in ("1", "true", "on"):
+    if value == "":
+        return None
+    if value in ("1", "true", "yes", "on"):
         return True
-    raise SystemExit(f"{name}: {value!r} is not 1/0, true/false or on/off")
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise SystemExit(f"{name}: {value!r} is not 1/0, true/false, yes/no or on/off")
+
+
+def flag(name: str) -> bool:
+    """An on/off environment variable that is off when unset."""
+    return bool(optional_flag(name))
 
 
 def settings_from_env() -> dict[str, Any]:
@@ -75,16 +83,16 @@ def settings_from_env() -> dict[str, Any]:
         settings["profile"] = env("IDEMPOTENCY_PROFILE")
     if env("IDEMPOTENCY_PENDING_TTL_MS"):
         settings["pending_ttl_ms"] = int(env("IDEMPOTENCY_PENDING_TTL_MS", ""))
-    if env("IDEMPOTENCY_KEY_REQUIRED"):
-        settings["key_required"] = env("IDEMPOTENCY_KEY_REQUIRED", "").lower() in ("1", "true", "yes", "on")
+    if optional_flag("IDEMPOTENCY_KEY_REQUIRED") is not None:
+        settings["key_required"] = optional_flag("IDEMPOTENCY_KEY_REQUIRED")
     if env("IDEMPOTENCY_REPLAY_HEADER") is not None:
         settings["replay_header"] = env("IDEMPOTENCY_REPLAY_HEADER") or None
     if env("IDEMPOTENCY_WAIT_MS"):
         settings["wait_ms"] = int(env("IDEMPOTENCY_WAIT_MS", ""))
     if env("IDEMPOTENCY_ON_SERVER_ERROR"):
         settings["on_server_error"] = env("IDEMPOTENCY_ON_SERVER_ERROR")
-    if env("IDEMPOTENCY_LEASE_RENEWAL") is not None:
-        settings["lease_renewal"] = flag("IDEMPOTENCY_LEASE_RENEWAL")
+    if optional_flag("IDEMPOTENCY_LEASE_RENEWAL") is not None:
+        settings["lease_renewal"] = optional_flag("IDEMPOTENCY_LEASE_RENEWAL")
     request_cap = int(env("IDEMPOTENCY_MAX_BODY_BYTES") or default_config(settings.get("profile", "recipe")).request_body_cap_bytes)
     if env("IDEMPOTENCY_MAX_BODY_BYTES"):
         settings["request_body_cap_bytes"] = request_cap

@@ -17,7 +17,9 @@
 //!   `IDEMPOTENCY_TRANSACTIONAL=1` that insert commits with the stored answer
 //!   (the exactly-once mode). `X-Exit-After-Write: 1` ends the process
 //!   (status 3) right after the insert, before anything commits.
-//! - Settings from `IDEMPOTENCY_*` (see `settings_from_env`); logs on stderr.
+//! - Settings from `IDEMPOTENCY_*` (see `settings_from_env`), among them
+//!   `IDEMPOTENCY_LEASE_RENEWAL=on|off` (renewal is on unless told); logs on
+//!   stderr.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -271,12 +273,21 @@ async fn count(State(orders): State<Arc<Orders>>) -> Response {
 }
 
 /// An on/off environment flag (`1`/`0`, `true`/`false`, `on`/`off`; unset is off).
-fn flag(name: &str) -> Result<bool, String> {
-    match std::env::var(name).as_deref() {
-        Err(_) | Ok("") | Ok("0") | Ok("false") | Ok("off") => Ok(false),
-        Ok("1") | Ok("true") | Ok("on") => Ok(true),
-        Ok(other) => Err(format!("{name}: {other:?} is not 1/0, true/false or on/off")),
+/// An on/off environment variable (1/0, true/false, yes/no, on/off, in any
+/// case, as the Python and Node servers read it); `None` when unset or empty.
+fn optional_flag(name: &str) -> Result<Option<bool>, String> {
+    let Ok(value) = std::env::var(name) else { return Ok(None) };
+    match value.trim().to_ascii_lowercase().as_str() {
+        "" => Ok(None),
+        "1" | "true" | "yes" | "on" => Ok(Some(true)),
+        "0" | "false" | "no" | "off" => Ok(Some(false)),
+        _ => Err(format!("{name}: {value:?} is not 1/0, true/false, yes/no or on/off")),
     }
+}
+
+/// An on/off environment variable that is off when unset.
+fn flag(name: &str) -> Result<bool, String> {
+    Ok(optional_flag(name)?.unwrap_or(false))
 }
 
 fn now_millis() -> i64 {
@@ -305,20 +316,12 @@ fn settings_from_env(runtime: &Runtime) -> Result<Settings, String> {
     // a request at the cap plus the order's own fields.
     let echo = request_cap.saturating_add(1024).min(16 << 20);
     settings.body_cap_bytes = Some(defaults.body_cap_bytes.max(echo as u32));
-    if let Ok(v) = std::env::var("IDEMPOTENCY_KEY_REQUIRED") {
-        settings.key_required = Some(match v.as_str() {
-            "true" | "1" => true,
-            "false" | "0" => false,
-            other => return Err(format!("IDEMPOTENCY_KEY_REQUIRED: {other:?} is not true or false")),
-        });
-    }
+    settings.key_required = optional_flag("IDEMPOTENCY_KEY_REQUIRED")?;
     if let Ok(v) = std::env::var("IDEMPOTENCY_REPLAY_HEADER") {
         settings.replay_header = Some(if v.is_empty() { None } else { Some(v) });
     }
     settings.wait_ms = number("IDEMPOTENCY_WAIT_MS")?;
-    if std::env::var("IDEMPOTENCY_LEASE_RENEWAL").is_ok() {
-        settings.lease_renewal = Some(flag("IDEMPOTENCY_LEASE_RENEWAL")?);
-    }
+    settings.lease_renewal = optional_flag("IDEMPOTENCY_LEASE_RENEWAL")?;
     if let Ok(v) = std::env::var("IDEMPOTENCY_ON_SERVER_ERROR") {
         settings.on_server_error = Some(match v.as_str() {
             "store" => OnServerError::Store,
