@@ -382,13 +382,14 @@ fn simulation_on_postgres() {
                         && report.sweeps_deleted > 0,
                     "{report}"
                 );
-                // Exactly once on PostgreSQL: real transactions on kept connections, the fence's
-                // 23502, rolled-back rows, renewals, and (native seeds) claims refused by a
-                // completion's row lock.
+                // Exactly once on PostgreSQL: real transactions on kept connections, rolled-back
+                // rows, renewals, and (native seeds: the two component seeds meet the rarer
+                // paths only on some runs, as the server's timing orders their batches) the
+                // fence's 23502 and claims refused by a completion's row lock.
                 assert!(
                     report.commits > 0
                         && report.rollbacks > 0
-                        && report.fences > 0
+                        && (component || report.fences > 0)
                         && report.writes_committed > 0
                         && report.writes_rolled_back > 0
                         && report.acknowledged > 0
