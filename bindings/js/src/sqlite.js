@@ -75,22 +75,28 @@ function reopen(gate) {
 }
 
 /**
- * Waits until no handler's transaction is open on the Database, at most
- * `timeoutMs`; then throws `pool-exhausted` (the one connection stayed in use).
+ * How a batch or a BEGIN waits until no handler's transaction is open on the
+ * Database, at most `timeoutMs` (then `pool-exhausted`: the one connection
+ * stayed in use):
+ *
+ *   for (const deadline = Date.now() + timeoutMs; gate.open !== null; ) await gateOpened(gate, deadline, timeoutMs);
+ *
+ * written in the caller, which then claims or uses the connection with no
+ * await in between: the gate must be found free on the caller's own turn.
+ * Checked anywhere else (inside a helper it awaits), the waiters woken
+ * together by `reopen` would all find it free, and the second BEGIN would
+ * fail inside the first one's transaction.
  */
-async function gateFree(gate, timeoutMs) {
-  if (gate.open === null) return;
-  const deadline = Date.now() + timeoutMs;
-  while (gate.open !== null) {
-    const left = deadline - Date.now();
-    if (left <= 0) throw new BatchFailure({ tag: "pool-exhausted", val: `the better-sqlite3 Database stayed in a handler's transaction for ${timeoutMs} ms` });
-    let timer;
-    await new Promise((resolve) => {
-      gate.waiters.push(resolve);
-      timer = setTimeout(resolve, left);
-    });
-    clearTimeout(timer);
-  }
+/** One wait for the gate to reopen (or the deadline). */
+async function gateOpened(gate, deadline, timeoutMs) {
+  const left = deadline - Date.now();
+  if (left <= 0) throw new BatchFailure({ tag: "pool-exhausted", val: `the better-sqlite3 Database stayed in a handler's transaction for ${timeoutMs} ms` });
+  let timer;
+  await new Promise((resolve) => {
+    gate.waiters.push(resolve);
+    timer = setTimeout(resolve, left);
+  });
+  clearTimeout(timer);
 }
 
 /** better-sqlite3's Database class: the one `db` was made with (else the package's peer dependency). */
@@ -151,7 +157,8 @@ export function sqliteLedger(db) {
    * `commit()` or `rollback()` ends it.
    */
   async function begin() {
-    await gateFree(gate, waitMs);
+    for (const deadline = Date.now() + waitMs; gate.open !== null; ) await gateOpened(gate, deadline, waitMs);
+    // Free on this turn: claimed below, with no await in between.
     try {
       db.exec("BEGIN");
     } catch (error) {
@@ -228,7 +235,7 @@ export function sqliteLedger(db) {
   }
 
   async function batch(statements) {
-    await gateFree(gate, waitMs);
+    for (const deadline = Date.now() + waitMs; gate.open !== null; ) await gateOpened(gate, deadline, waitMs);
     return batchSync(statements);
   }
 

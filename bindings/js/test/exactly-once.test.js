@@ -197,6 +197,28 @@ describe("exactly once on better-sqlite3", () => {
     db.close();
   });
 
+  test("concurrent transactional handlers on one better-sqlite3 Database take turns: every one commits, none begins inside another's transaction", async () => {
+    const db = freshDb();
+    db.exec(CREATE_ORDERS);
+    const rec = recorder();
+    const ledger = ledgerFor(db, { principal: () => "acct", transactional: true, logger: rec.logger, onOutcome: rec.onOutcome });
+    // Each handler awaits while its transaction is open, so the others queue
+    // at the gate and are woken together when it ends.
+    const answers = await Promise.all(
+      Array.from({ length: 8 }, (_, i) =>
+        ledger.handle(new Request("http://api.test/orders", { method: "POST", headers: { "idempotency-key": `turn-${i}` }, body: "{}" }), "acct", async (_b, _r, { transaction }) => {
+          transaction.db.prepare("INSERT INTO orders (id, owner) VALUES (?, ?)").run(orderId(), `turn-${i}`);
+          await sleep(5);
+          return { status: 201 };
+        }),
+      ),
+    );
+    assert.deepEqual(answers.map((a) => a.response.status), Array(8).fill(201), rec.lines.map(([, l]) => l).join("\n"));
+    assert.deepEqual(rec.outcomes, Array(8).fill("executed"));
+    assert.equal(db.prepare("SELECT COUNT(*) AS n FROM orders").get().n, 8);
+    db.close();
+  });
+
   test("a transaction that cannot begin: the handler never runs, every adapter sends the core's answer, the key is released", async () => {
     const file = freshDb();
     // A LedgerDb without begin(): its transactional routes cannot open a transaction.
