@@ -59,7 +59,7 @@ from servers import Server, StartError
 # The one place naming the hosts whose example servers must support the
 # exactly-once settings: `make test-faults` fails for these when a setting
 # is not supported; any other host is reported "not supported".
-EXACTLY_ONCE_REQUIRED: tuple[str, ...] = ("rust",)
+EXACTLY_ONCE_REQUIRED: tuple[str, ...] = ("rust", "python", "node")
 
 MODES = {"transactional": OrdersMode(True), "plain": OrdersMode(False)}
 
@@ -382,7 +382,9 @@ def stall(ctx: Any, report: Report, mode: OrdersMode, renewal: bool, ttl: int, r
     the retry takes over (generation 2); transactional: the stalled owner's
     completion is fenced and its writes rolled back (its caller gets the
     new owner's answer or a 409, never its own order), one order; plain: both
-    orders stay (a duplicate, measured)."""
+    orders stay (a duplicate, measured). Node on SQLite, transactional: the
+    handler's transaction holds the one better-sqlite3 connection, so the
+    retry waits for it and gets the owner's answer, renewal on or off."""
     setting = "on" if renewal else "off"
     what = f"{ctx.host.name}/{ctx.db} {mode.name} stall (renewal {setting})"
     m = OrdersMode(mode.transactional, renewal)
@@ -430,7 +432,19 @@ def stall(ctx: Any, report: Report, mode: OrdersMode, renewal: bool, ttl: int, r
             figures["not_supported"] = support.lease_renewal[setting]
         srv.stop()
         return figures
-    if renewal:
+    if mode.transactional and ctx.db == "sqlite" and ctx.host.name == "node":
+        # better-sqlite3 is one connection: the handler's transaction holds it
+        # from its BEGIN to its commit, so the retry's decision waits for it
+        # (bindings/js/README.md, SPEC 10.3) and replays the owner's answer;
+        # no takeover can happen, renewal on or off.
+        figures["takeovers_of_live_owner"] = int(took_over)
+        report.check(not took_over, f"{what}: the owner holding the Database was taken over (generation {end and end.generation})")
+        report.check(fa is not None and fa.status == 201 and not fa.replayed, f"{what}: the stalled owner got {fa and fa.brief()}")
+        report.check(ra is not None and ra.status == 201 and ra.replayed and fa is not None and ra.body == fa.body,
+                     f"{what}: the retry that waited for the owner's transaction got {ra and ra.brief()}, not the replay of its answer")
+        report.check(n == 1, f"{what}: {n} orders")
+        winner = fa
+    elif renewal:
         figures["takeovers_of_live_owner"] = int(took_over)
         report.check(ra is not None and ra.status == 409 and ra.error == "idempotency_key_in_progress",
                      f"{what}: the retry past the TTL got {ra and ra.brief()}, not 409 in progress (a live owner renewing its lease)")
