@@ -4,9 +4,10 @@
 # example through the public API only (packaging/smoke/):
 #
 #   rust     a new cargo project: a path dependency on the unpacked
-#            idempotency-ledger .crate, [patch.crates-io] for
-#            idempotency-ledger-core pointing at its unpacked .crate;
-#            Ledger::open + handle twice (executed, then replayed)
+#            idempotency-ledger .crate; Ledger::open + handle twice
+#            (executed, then replayed)
+#   cli      the unpacked idempotency-ledger-cli .crate built beside it
+#            ([patch.crates-io] for the library): schema, inspect, show
 #   node     a new npm project: npm install of the tarball and better-sqlite3
 #            (the lockfile's version); the node:http example over SQLite
 #   wheel    a fresh venv: pip install dist/*.whl; the plain-Python example
@@ -33,7 +34,7 @@ step() { printf '\n== dist-check: %s\n' "$*"; STEP_START=$SECONDS; }
 done_step() { SUMMARY+=("$(printf '%-8s %4d s  %s' "$1" $((SECONDS - STEP_START)) "$2")"); }
 fail() { echo "error: dist-check: $*" >&2; exit 1; }
 
-for f in "idempotency-ledger-core-$VERSION.crate" "idempotency-ledger-$VERSION.crate" "idempotency-ledger-$VERSION.tgz" "idempotency_ledger-$VERSION.tar.gz"; do
+for f in "idempotency-ledger-cli-$VERSION.crate" "idempotency-ledger-$VERSION.crate" "idempotency-ledger-$VERSION.tgz" "idempotency_ledger-$VERSION.tar.gz"; do
   test -f "$DIST/$f" || fail "dist/$f is missing: run 'make dist'"
 done
 WHEELS=("$DIST"/idempotency_ledger-"$VERSION"-*.whl)
@@ -55,7 +56,7 @@ done_step versions "check-versions.py: $VERSION everywhere; a drifted copy is re
 
 step "Rust: a cargo project depending on the unpacked .crate files"
 mkdir -p "$WORK/rust/crates" "$WORK/rust/src"
-for crate in idempotency-ledger-core idempotency-ledger; do
+for crate in idempotency-ledger idempotency-ledger-cli; do
   # --touch: the sources get the current time (the .crate's fixed mtimes
   # would let cargo take an older build of the same paths for fresh).
   tar xzf "$DIST/$crate-$VERSION.crate" --touch -C "$WORK/rust/crates"
@@ -68,6 +69,10 @@ version = "0.0.0"
 edition = "2021"
 publish = false
 
+# The command's crate builds beside the smoke project, on the unpacked library.
+[workspace]
+members = [".", "crates/idempotency-ledger-cli-$VERSION"]
+
 [dependencies]
 idempotency-ledger = { path = "crates/idempotency-ledger-$VERSION" }
 # Declared as the repository's host-test declares it: then cargo builds
@@ -76,9 +81,9 @@ idempotency-ledger = { path = "crates/idempotency-ledger-$VERSION" }
 # wasmtime itself is reused, not compiled again.
 serde_json = { version = "1", default-features = false, features = ["alloc", "std"] }
 
-# The crate depends on idempotency-ledger-core from crates.io: the unpacked one stands in.
+# The command depends on idempotency-ledger from crates.io: the unpacked one stands in.
 [patch.crates-io]
-idempotency-ledger-core = { path = "crates/idempotency-ledger-core-$VERSION" }
+idempotency-ledger = { path = "crates/idempotency-ledger-$VERSION" }
 
 EOF
   # The repository workspace's dev profile overrides (cranelift optimised), so
@@ -96,7 +101,7 @@ cp packaging/smoke/rust/main.rs "$WORK/rust/src/main.rs"
 # The repository's lockfile: the same dependency versions as its builds.
 cp Cargo.lock "$WORK/rust/Cargo.lock"
 build_start=$SECONDS
-(cd "$WORK/rust" && cargo build --quiet --message-format=json-render-diagnostics) >"$WORK/rust/build.json" 2>"$WORK/rust/build.err" ||
+(cd "$WORK/rust" && cargo build --quiet --workspace --message-format=json-render-diagnostics) >"$WORK/rust/build.json" 2>"$WORK/rust/build.err" ||
   { cat "$WORK/rust/build.err"; fail "the cargo project outside the repository did not build"; }
 build_seconds=$((SECONDS - build_start))
 read -r fresh compiled compiled_names < <($PYTHON - "$WORK/rust/build.json" <<'EOF'
@@ -121,6 +126,17 @@ case ",$compiled_names," in
 esac
 "$CARGO_TARGET_DIR/debug/idempotency-ledger-dist-check" "$WORK/rust/ledger.sqlite"
 done_step rust "cargo build ${build_seconds} s (${fresh} units reused, compiled: ${compiled_names}); Ledger::open + handle twice: executed, replayed$reuse_note"
+
+step "Rust: the operator command from its .crate, on the ledger the smoke project wrote"
+CLI="$CARGO_TARGET_DIR/debug/idempotency-ledger"
+"$CLI" schema --dialect postgres | grep -q "CREATE TABLE IF NOT EXISTS idempotency_keys" || fail "idempotency-ledger schema printed no migration"
+"$CLI" inspect --database "$WORK/rust/ledger.sqlite" --json | $PYTHON -c 'import json, sys; rows = json.load(sys.stdin); print("inspect:", json.dumps(rows)[:200])'
+set +e
+"$CLI" show no-such-key --principal nobody --database "$WORK/rust/ledger.sqlite" >/dev/null 2>&1
+code=$?
+set -e
+test "$code" = 1 || fail "idempotency-ledger show of a missing key exited $code, not 1"
+done_step cli "built from idempotency-ledger-cli-$VERSION.crate; schema, inspect --json, show (exit 1 for a missing key)"
 
 step "JavaScript: an npm project installing the tarball"
 BETTER_SQLITE3=$(node -p 'require("./bindings/js/package-lock.json").packages["node_modules/better-sqlite3"].version')

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # make dist: the publishable artifacts, built into dist/ from this checkout.
 #
-#   dist/idempotency-ledger-core-X.Y.Z.crate   cargo package
 #   dist/idempotency-ledger-X.Y.Z.crate        cargo package (carries the component and the WIT)
+#   dist/idempotency-ledger-cli-X.Y.Z.crate    cargo package (the operator command)
 #   dist/idempotency-ledger-X.Y.Z.tgz          npm pack of bindings/js (generated/ inside)
 #   dist/idempotency_ledger-X.Y.Z.tar.gz       the Python sdist (maturin: carries the Rust crates and the component)
 #   dist/idempotency_ledger-X.Y.Z-*.whl        the Python wheel, built from the unpacked sdist alone
@@ -46,19 +46,19 @@ start=$SECONDS
 # the suites never compile (wasmtime again, minutes on 2 cores); make
 # dist-check builds both libraries from these .crate files in a project
 # outside the repository instead, and runs them.
-cargo package --locked --allow-dirty --no-verify -p idempotency-ledger-core -p idempotency-ledger
-for crate in idempotency-ledger-core idempotency-ledger; do
+cargo package --locked --allow-dirty --no-verify -p idempotency-ledger -p idempotency-ledger-cli
+for crate in idempotency-ledger idempotency-ledger-cli; do
   cp "target/package/$crate-$VERSION.crate" "$DIST/"
 done
 listing=$(tar tzf "$DIST/idempotency-ledger-$VERSION.crate")
-for f in component/idempotency_ledger.wasm wit/world.wit wit/session.wit wit/types.wit wit/ledger.wit LICENSE-MIT LICENSE-APACHE README.md; do
+for f in component/idempotency_ledger.wasm wit/world.wit wit/session.wit wit/exchange.wit wit/types.wit wit/ledger.wit LICENSE-MIT LICENSE-APACHE README.md; do
   grep -qx "idempotency-ledger-$VERSION/$f" <<<"$listing" || fail "idempotency-ledger-$VERSION.crate lacks $f"
 done
 tar xzf "$DIST/idempotency-ledger-$VERSION.crate" -O "idempotency-ledger-$VERSION/component/idempotency_ledger.wasm" | cmp -s - "$COMPONENT" ||
   fail "the component inside idempotency-ledger-$VERSION.crate is not target/component's"
-listing=$(tar tzf "$DIST/idempotency-ledger-core-$VERSION.crate")
-for f in LICENSE-MIT LICENSE-APACHE src/lib.rs; do
-  grep -qx "idempotency-ledger-core-$VERSION/$f" <<<"$listing" || fail "idempotency-ledger-core-$VERSION.crate lacks $f"
+listing=$(tar tzf "$DIST/idempotency-ledger-cli-$VERSION.crate")
+for f in LICENSE-MIT LICENSE-APACHE README.md src/main.rs; do
+  grep -qx "idempotency-ledger-cli-$VERSION/$f" <<<"$listing" || fail "idempotency-ledger-cli-$VERSION.crate lacks $f"
 done
 echo "crates: $((SECONDS - start)) s"
 
@@ -88,8 +88,8 @@ test -f "$SDIST" || fail "no $SDIST"
 listing=$(tar tzf "$SDIST")
 for f in pyproject.toml PKG-INFO Cargo.toml Cargo.lock LICENSE-MIT LICENSE-APACHE \
          bindings/python/Cargo.toml bindings/python/src/lib.rs \
-         bindings/rust/Cargo.toml bindings/rust/build.rs bindings/rust/src/lib.rs bindings/rust/component/idempotency_ledger.wasm bindings/rust/wit/session.wit \
-         guest/core/Cargo.toml guest/core/src/lib.rs src/idempotency_ledger/__init__.py src/idempotency_ledger/py.typed; do
+         bindings/rust/Cargo.toml bindings/rust/build.rs bindings/rust/src/lib.rs bindings/rust/component/idempotency_ledger.wasm \
+         bindings/rust/wit/session.wit bindings/rust/wit/exchange.wit src/idempotency_ledger/__init__.py src/idempotency_ledger/py.typed; do
   grep -qx "idempotency_ledger-$VERSION/$f" <<<"$listing" || fail "$(basename "$SDIST") lacks $f"
 done
 tar xzf "$SDIST" -O "idempotency_ledger-$VERSION/bindings/rust/component/idempotency_ledger.wasm" | cmp -s - "$COMPONENT" ||
