@@ -8,7 +8,9 @@ trap 'rm -rf "$tmp"' EXIT
 started=$(date +%s)
 cargo build --locked --release -p idempotency-ledger-bench
 # Rust and Python compare PostgreSQL with SQLite on a throwaway local server.
-./scripts/postgres.sh run -- ./target/release/idempotency-ledger-bench "$tmp/rust.md"
+# The RESULTS.md this run replaces: its figures are printed beside the new ones.
+cp "$out" "$tmp/previous.md" 2>/dev/null || : > "$tmp/previous.md"
+./scripts/postgres.sh run -- ./target/release/idempotency-ledger-bench "$tmp/rust.md" "$tmp/previous.md"
 # The JS bench compares the pg ledger with a bare INSERT on the same throwaway server.
 if [ -f bindings/js/Makefile ]; then
   ./scripts/postgres.sh run -- make -s --no-print-directory -C bindings/js bench | tee "$tmp/js.md"

@@ -1,6 +1,9 @@
 //! The tower layer end to end: the same axum app with and without
 //! `IdempotencyLayer`, over real HTTP on loopback (one keep-alive
-//! connection, requests one after another), in this process.
+//! connection, requests one after another), in this process; beside it, in
+//! the same rounds, the native protocol (the core linked natively, the same
+//! SQL on the same kind of SQLite file) and `AsyncLedger::handle` without
+//! HTTP, so the layer's added cost is read against the protocol's own.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -8,7 +11,11 @@ use std::time::{Duration, Instant};
 
 use axum::routing::post;
 use axum::Router;
-use idempotency_ledger::{AsyncLedger, AsyncSqlite, IdempotencyLayer, Runtime, Settings, SystemClock};
+use idempotency_ledger::{AsyncLedger, AsyncSqlite, IdempotencyLayer, MutationResponse, Request, Runtime, Settings, SystemClock};
+use idempotency_ledger_core as core;
+
+use crate::native::Native;
+use crate::{order, T0};
 
 /// One HTTP/1.1 keep-alive connection; reads exactly one response per request.
 struct Client {
@@ -58,55 +65,126 @@ async fn serve(app: Router) -> SocketAddr {
     addr
 }
 
-fn median(mut times: Vec<Duration>) -> Duration {
+fn median(times: &mut [Duration]) -> f64 {
     times.sort_unstable();
-    times[times.len() / 2]
+    times[times.len() / 2].as_secs_f64() * 1e6
 }
 
-/// Per-request median (us) of `path` on the app at `addr`.
-fn measure(addr: SocketAddr, path: &str, n: usize) -> f64 {
-    let mut client = Client::connect(addr);
-    for i in 0..n / 10 {
-        client.post(&format!("warm-{path}-{i}"));
+fn created(_: &Request) -> Result<MutationResponse, String> {
+    Ok(MutationResponse::json(201, r#"{"order":"o_1"}"#))
+}
+
+/// One measured cell: one request of `path` (`fresh` or `replay`), its key
+/// unique per cell and request when fresh.
+enum Cell {
+    Bare(Client),
+    Layered(Client),
+    Native(Box<Native>),
+    Async(AsyncLedger),
+}
+
+impl Cell {
+    fn once(&mut self, rt: &tokio::runtime::Runtime, tag: &str, path: &str, i: usize) -> Duration {
+        let key = if path == "fresh" { format!("{tag}-{i}") } else { "done".into() };
+        match self {
+            Cell::Bare(client) | Cell::Layered(client) => {
+                let start = Instant::now();
+                let status = client.post(&key);
+                let took = start.elapsed();
+                assert!(status == 201 || status == 200, "status {status}");
+                took
+            }
+            Cell::Native(native) => {
+                let request = order(&key, br#"{"sku":"A-1","qty":2}"#);
+                let start = Instant::now();
+                let response = native.handle("acct", &request, created);
+                let took = start.elapsed();
+                assert_eq!(response.status, 201);
+                took
+            }
+            Cell::Async(ledger) => {
+                let request = order(&key, br#"{"sku":"A-1","qty":2}"#);
+                let start = Instant::now();
+                let handled = rt.block_on(ledger.handle("acct", &request, |r| std::future::ready(created(r)))).expect("handled");
+                let took = start.elapsed();
+                assert_eq!(handled.response.status, 201);
+                took
+            }
+        }
     }
-    client.post("done");
-    let times: Vec<Duration> = (0..n)
-        .map(|i| {
-            let key = if path == "fresh" { format!("fresh-{i}") } else { "done".into() };
-            let start = Instant::now();
-            let status = client.post(&key);
-            let took = start.elapsed();
-            assert!(status == 201 || status == 200, "status {status}");
-            took
-        })
-        .collect();
-    median(times).as_secs_f64() * 1e6
 }
 
-pub fn run(md: &mut String, dir: &std::path::Path) {
+pub fn run(md: &mut String, runtime: &Runtime, dir: &std::path::Path, previous: Option<&crate::previous::Previous>) {
     use std::fmt::Write as _;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
-    let (with_layer, without) = rt.block_on(async {
+    let (with_layer, without, in_process) = rt.block_on(async {
         // Reads the body, as a real handler does (an unread body ends keep-alive).
         let handler = post(|body: axum::body::Bytes| async move {
             std::hint::black_box(body);
             (axum::http::StatusCode::CREATED, [("content-type", "application/json")], r#"{"order":"o_1"}"#)
         });
-        let ledger = AsyncLedger::new(Runtime::shared().expect("runtime"), AsyncSqlite::open(dir.join("axum.sqlite")).expect("sqlite"), Settings::default(), SystemClock)
-            .await
-            .expect("ledger");
+        let open = |name: &str| {
+            let backend = AsyncSqlite::open(dir.join(name)).expect("sqlite");
+            AsyncLedger::new(runtime.clone(), backend, Settings::default(), SystemClock)
+        };
+        let ledger = open("axum.sqlite").await.expect("ledger");
+        let in_process = open("async.sqlite").await.expect("ledger");
         let layer = IdempotencyLayer::new(ledger, |_: &axum::http::request::Parts| Some("acct".to_string()));
         let with_layer = serve(Router::new().route("/orders", handler.clone()).layer(layer)).await;
         let without = serve(Router::new().route("/orders", handler)).await;
-        (with_layer, without)
+        (with_layer, without, in_process)
     });
-    let _ = writeln!(md, "\n### axum end to end: the same app with and without the tower layer (SQLite, loopback HTTP/1.1, keep-alive)\n");
-    let _ = writeln!(md, "| path | with `IdempotencyLayer` (us, median) | without (us, median) | the layer adds |\n| --- | --- | --- | --- |");
-    for path in ["fresh", "replay"] {
-        let n = 2000;
-        let base = measure(without, path, n);
-        let layered = measure(with_layer, path, n);
-        let _ = writeln!(md, "| {path} | {layered:.1} | {base:.1} | {:.1} us |", layered - base);
+    let mut native = Native::open(&dir.join("axum-native.sqlite"), core::Config::default(), T0);
+    native.handle("acct", &order("done", br#"{"sku":"A-1","qty":2}"#), created);
+    let mut cells = [
+        Cell::Bare(Client::connect(without)),
+        Cell::Layered(Client::connect(with_layer)),
+        Cell::Native(Box::new(native)),
+        Cell::Async(in_process),
+    ];
+    // Warm-up, and the completed key every replay asks for.
+    for (c, cell) in cells.iter_mut().enumerate() {
+        for i in 0..200 {
+            cell.once(&rt, &format!("warm{c}"), "fresh", i);
+        }
+        if !matches!(cell, Cell::Native(_)) {
+            cell.once(&rt, "arrange", "replay", 0);
+        }
     }
+    // Interleaved rounds, the cells' order alternating: load from other
+    // processes falls on every cell alike.
+    let (rounds, per_round) = (20, 100);
+    let _ = writeln!(md, "\n### axum end to end: the same app with and without the tower layer (SQLite, loopback HTTP/1.1, keep-alive)\n");
+    let _ = writeln!(
+        md,
+        "One keep-alive connection per app, requests one after another; {rounds} rounds of {per_round} requests per cell, the cells interleaved \
+         (order alternating each round), medians over all rounds. *native protocol*: the same exchange in the core linked natively \
+         (no WebAssembly, no HTTP), the same SQL on its own SQLite file; *AsyncLedger::handle*: the component's exchange on `AsyncSqlite`, \
+         in process, no HTTP. Target: the layer adds at most 1.5x the native protocol's median.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| path | with `IdempotencyLayer` (us) | without (us) | the layer adds (us) | native protocol (us) | `AsyncLedger::handle` (us) | layer adds / native | previous run | target |"
+    );
+    let _ = writeln!(md, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |");
+    for path in ["fresh", "replay"] {
+        let mut times: [Vec<Duration>; 4] = Default::default();
+        for round in 0..rounds {
+            for k in 0..cells.len() {
+                let c = if round % 2 == 0 { k } else { cells.len() - 1 - k };
+                let tag = format!("{path}-{round}-{c}");
+                for i in 0..per_round {
+                    times[c].push(cells[c].once(&rt, &tag, path, i));
+                }
+            }
+        }
+        let [bare, layered, native, in_process] = times.map(|mut t| median(&mut t));
+        let added = layered - bare;
+        let ratio = added / native;
+        let before = previous.and_then(|p| p.axum_ratio(path)).map_or("-".into(), |r| format!("{r:.2}x"));
+        let met = if ratio <= 1.5 { "met (<= 1.5x)" } else { "**not met** (> 1.5x)" };
+        let _ = writeln!(md, "| {path} | {layered:.1} | {bare:.1} | {added:.1} | {native:.1} | {in_process:.1} | **{ratio:.2}x** | {before} | {met} |");
+    }
+    drop(cells);
     drop(rt);
 }

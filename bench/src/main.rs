@@ -6,6 +6,7 @@
 
 mod axum_bench;
 mod native;
+mod previous;
 
 use std::fmt::Write as _;
 use std::hint::black_box;
@@ -18,11 +19,16 @@ use idempotency_ledger::{
 };
 use idempotency_ledger_core as core;
 
-const T0: i64 = 1_767_225_600_000;
+pub(crate) const T0: i64 = 1_767_225_600_000;
 
 struct Stats {
     median: Duration,
     p99: Duration,
+}
+
+fn stats(mut times: Vec<Duration>) -> Stats {
+    times.sort_unstable();
+    Stats { median: times[times.len() / 2], p99: times[(times.len() * 99 / 100).min(times.len() - 1)] }
 }
 
 fn measure(iterations: usize, warmup: usize, mut f: impl FnMut(usize)) -> Stats {
@@ -44,7 +50,7 @@ fn us(d: Duration) -> String {
     format!("{:.1}", d.as_secs_f64() * 1e6)
 }
 
-fn order(key: &str, body: &[u8]) -> Request {
+pub(crate) fn order(key: &str, body: &[u8]) -> Request {
     Request::new("POST", "/orders")
         .header("Idempotency-Key", key)
         .header("Content-Type", "application/json")
@@ -88,21 +94,35 @@ fn created(_: &Request) -> Result<MutationResponse, String> {
     Ok(MutationResponse::json(201, r#"{"order":"o_1","status":"created"}"#).header("Location", "/orders/o_1"))
 }
 
+/// `BENCH_ONLY=axum,protocol` runs only those sections (all when unset):
+/// start, fingerprint, protocol, postgres, axum, scale, million.
+fn wants(section: &str) -> bool {
+    std::env::var("BENCH_ONLY").map_or(true, |only| only.split(',').any(|s| s.trim() == section))
+}
+
 fn main() {
     let out = std::env::args().nth(1);
+    // The RESULTS.md this run replaces (scripts/bench.sh passes it).
+    let previous = std::env::args().nth(2).and_then(|path| previous::Previous::read(&path));
     let mut md = String::new();
     let dir = tempfile::tempdir().expect("tmp");
     let _ = writeln!(md, "## Rust host (wasmtime {}) vs native Rust, same SQL, same SQLite, same settings\n", wasmtime_version());
+    if let Some(produced) = previous.as_ref().and_then(|p| p.produced.as_deref()) {
+        // Ratios of another run are comparable only roughly: the machines here differ 1.5-2.5x in speed.
+        let _ = writeln!(md, "*previous run* columns: the ratios of the bench/RESULTS.md this run replaced ({}).\n", produced.trim_end_matches('.'));
+    }
+
+    let runtime = Runtime::new().expect("runtime");
+    assert!(runtime.is_precompiled(), "make component precompiles the component for this machine");
 
     // ---- cold start and size ----
+    if wants("start") {
     let compile = measure(5, 1, |_| {
         black_box(Runtime::from_component(COMPONENT).expect("compile"));
     });
     let deserialize = measure(20, 2, |_| {
         black_box(Runtime::new().expect("deserialize"));
     });
-    let runtime = Runtime::new().expect("runtime");
-    assert!(runtime.is_precompiled(), "make component precompiles the component for this machine");
     let cold = measure(20, 2, |_| {
         let runtime = Runtime::new().expect("deserialize");
         let backend = SqliteBackend::from_connection(rusqlite::Connection::open_in_memory().expect("mem"));
@@ -124,8 +144,10 @@ fn main() {
     let _ = writeln!(md, "| deserialize the component precompiled by `make component` (what `Runtime::new` does) | {:.2} ms median |", deserialize.median.as_secs_f64() * 1e3);
     let _ = writeln!(md, "| instantiate + open the session (per Ledger) | {} us median, {} us p99 |", us(instantiate.median), us(instantiate.p99));
     let _ = writeln!(md, "| cold start: deserialize + instantiate + open (a new process's first ledger) | {:.2} ms median |\n", cold.median.as_secs_f64() * 1e3);
+    }
 
     // ---- fingerprint throughput ----
+    if wants("fingerprint") {
     let _ = writeln!(md, "### Fingerprint throughput (SHA-256 over prefix + body)\n");
     let _ = writeln!(md, "| body | native sha2 | start + body hashed natively with the core's prefix (what hosts do) | start + body copied into the component | native / in-component |");
     let _ = writeln!(md, "| --- | --- | --- | --- | --- |");
@@ -163,11 +185,21 @@ fn main() {
         );
     }
 
+    }
+
     // ---- per-request overhead per path ----
+    if wants("protocol") {
     let _ = writeln!(md, "\n### Per request, full protocol (admit, fingerprint, decide, mutation, complete)\n");
-    let _ = writeln!(md, "| path | component median / p99 (us) | native median / p99 (us) | ratio (median) | ledger round trips: ours / recipe |");
-    let _ = writeln!(md, "| --- | --- | --- | --- | --- |");
-    let iterations = 2000;
+    let (rounds, per_round) = (10usize, 200usize);
+    let _ = writeln!(
+        md,
+        "`Ledger::handle` (the component under wasmtime, driven: its batches through the ledger import) against the same exchange in the core \
+         linked natively, the same SQL, each on its own SQLite file (WAL, synchronous=NORMAL). {rounds} rounds of {per_round} requests per side, \
+         the sides interleaved (order alternating each round), after {per_round} warm-up requests each. Target: component / native at most \
+         1.10x fresh, 1.15x replay, reuse and in progress.\n"
+    );
+    let _ = writeln!(md, "| path | component median / p99 (us) | native median / p99 (us) | component / native | previous run | target | ledger round trips: ours / recipe |");
+    let _ = writeln!(md, "| --- | --- | --- | ---: | ---: | --- | --- |");
     for path in ["fresh", "replay", "reuse (409)", "in progress (409)", "takeover"] {
         let comp_db = dir.path().join(format!("c-{}.sqlite", path.len()));
         let nat_db = dir.path().join(format!("n-{}.sqlite", path.len()));
@@ -176,7 +208,7 @@ fn main() {
             .expect("ledger");
         component.migrate().expect("migrate");
         let mut native = native::Native::open(&nat_db, core::Config::default(), T0);
-        arrange(path, &comp_db, &mut component, &mut native, iterations + iterations / 10);
+        arrange(path, &comp_db, &mut component, &mut native, (rounds + 1) * per_round);
         let body = br#"{"sku":"A-1","qty":2}"#;
         let other = br#"{"sku":"A-1","qty":3}"#;
         let request_for = |i: usize| match path {
@@ -186,26 +218,46 @@ fn main() {
             "in progress (409)" => order("busy", body),
             _ => order(&format!("stale-{i}"), body),
         };
-        let c = measure(iterations, iterations / 10, |i| {
-            black_box(component.handle("acct", &request_for(i), created).expect("handled"));
-        });
-        let n = measure(iterations, iterations / 10, |i| {
-            black_box(native.handle("acct", &request_for(i), created));
-        });
+        let mut times: [Vec<Duration>; 2] = Default::default();
+        // Round 0 warms up; request i is the same request on both sides.
+        for round in 0..=rounds {
+            for k in 0..2 {
+                let side = if round % 2 == 0 { k } else { 1 - k };
+                for i in round * per_round..(round + 1) * per_round {
+                    let request = request_for(i);
+                    let start = Instant::now();
+                    if side == 0 {
+                        black_box(component.handle("acct", &request, created).expect("handled"));
+                    } else {
+                        black_box(native.handle("acct", &request, created));
+                    }
+                    if round > 0 {
+                        times[side].push(start.elapsed());
+                    }
+                }
+            }
+        }
+        let [c, n] = times.map(stats);
+        let ratio = c.median.as_secs_f64() / n.median.as_secs_f64();
+        let target = if path == "fresh" || path == "takeover" { 1.10 } else { 1.15 };
+        let met = if path == "takeover" { "-".to_string() } else if ratio <= target { format!("met (<= {target:.2}x)") } else { format!("**not met** (> {target:.2}x)") };
+        let before = previous.as_ref().and_then(|p| p.protocol_ratio(path)).map_or("-".into(), |r| format!("{r:.2}x"));
         let (ours, recipe) = round_trips(path);
         let _ = writeln!(
             md,
-            "| {path} | {} / {} | {} / {} | {:.2}x | {ours} / {recipe} |",
+            "| {path} | {} / {} | {} / {} | **{ratio:.2}x** | {before} | {met} | {ours} / {recipe} |",
             us(c.median),
             us(c.p99),
             us(n.median),
             us(n.p99),
-            c.median.as_secs_f64() / n.median.as_secs_f64()
         );
     }
     let _ = writeln!(md, "\nRound trips are counted by `host-test/tests/failures.rs` (ours) and read off the recipe's code (claim, then SELECT, then takeover UPDATE, then completion; its sweep is one more per request).");
 
+    }
+
     // ---- PostgreSQL vs SQLite ----
+    if wants("postgres") {
     match std::env::var("IDEMPOTENCY_PG_URL") {
         Ok(url) => postgres_vs_sqlite(&mut md, &runtime, &url, dir.path()),
         Err(_) => {
@@ -213,9 +265,14 @@ fn main() {
         }
     }
 
-    axum_bench::run(&mut md, dir.path());
+    }
+
+    if wants("axum") {
+        axum_bench::run(&mut md, &runtime, dir.path(), previous.as_ref());
+    }
 
     // ---- scale ----
+    if wants("scale") {
     let _ = writeln!(md, "\n### Throughput on one SQLite file (WAL), fresh requests, one Ledger per thread\n");
     let _ = writeln!(md, "| threads | requests/s | per request |\n| --- | --- | --- |");
     for threads in [1usize, 2, 4] {
@@ -243,7 +300,10 @@ fn main() {
         let _ = writeln!(md, "| {threads} | {:.0} | {:.1} us |", total / elapsed.as_secs_f64(), elapsed.as_secs_f64() * 1e6 / total);
     }
 
+    }
+
     // ---- a million requests: growth and the bounded sweep ----
+    if wants("million") {
     let million: usize = std::env::var("BENCH_REQUESTS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
     let db = dir.path().join("million.sqlite");
     let clock = ManualClock::new(T0);
@@ -288,6 +348,8 @@ fn main() {
     let _ = writeln!(md, "| cost of one sweep (batches until one is not full) | {} us median, {} us p99 |", us(sweep_times[sweep_times.len() / 2]), us(sweep_times[sweep_times.len() * 99 / 100]));
     let _ = writeln!(md, "| database file (+ WAL) | {:.1} MiB |", file_size as f64 / (1 << 20) as f64);
     let _ = writeln!(md, "| wall time for all requests + sweeps | {:.1} s ({:.1} us per request) |", elapsed.as_secs_f64(), elapsed.as_secs_f64() * 1e6 / million as f64);
+
+    }
 
     print!("{md}");
     if let Some(path) = out {

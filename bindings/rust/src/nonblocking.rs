@@ -704,11 +704,19 @@ impl Drop for AsyncExchange {
     }
 }
 
-/// SQLite for async servers: one dedicated thread owns the connection and
-/// runs every batch (SQLite has one writer at a time anyway), so the runtime
-/// never blocks on the database. Cheap to clone.
+/// SQLite for async servers. A batch runs inline, on the task that awaits
+/// it, when the connection is free and SQLite's write lock can be taken at
+/// once: a ledger batch is a few microseconds of local work, less than a
+/// hop to another thread and back. When the lock is held (another
+/// connection or process is writing, or a transactional handler holds it)
+/// or another task is using the connection, the batch goes to the
+/// connection's own thread, which waits for the lock with the busy timeout,
+/// so the runtime never waits for another writer. Cheap to clone.
 #[derive(Clone)]
 pub struct AsyncSqlite {
+    /// The one connection: its busy timeout is 0 while the inline path
+    /// may use it; the thread sets the configured one around each batch.
+    conn: Arc<Mutex<SqliteBackend>>,
     jobs: mpsc::Sender<Job>,
     /// The file, for the connections of transactional handlers.
     path: Option<Arc<PathBuf>>,
@@ -718,7 +726,8 @@ type Job = (Vec<SqlStatement>, oneshot::Sender<Result<Vec<wit::StatementResult>,
 
 impl AsyncSqlite {
     /// Opens (creating if needed) the database file in WAL mode with a busy
-    /// timeout, on its own thread.
+    /// timeout, with its own thread for the batches that must wait for the
+    /// write lock.
     pub fn open(path: impl AsRef<Path>) -> Result<AsyncSqlite, Error> {
         let path: PathBuf = path.as_ref().to_path_buf();
         let backend = SqliteBackend::open(&path).map_err(|e| Error::Setup(format!("{}: {e}", path.display())))?;
@@ -727,25 +736,71 @@ impl AsyncSqlite {
         Ok(sqlite)
     }
 
-    /// Runs batches on a backend you configured.
-    pub fn from_backend(mut backend: SqliteBackend) -> Result<AsyncSqlite, Error> {
+    /// Runs batches on a backend you configured; the batches that wait for
+    /// the write lock wait for its busy timeout (`PRAGMA busy_timeout`).
+    pub fn from_backend(backend: SqliteBackend) -> Result<AsyncSqlite, Error> {
+        let busy_timeout: u64 = backend
+            .connection()
+            .pragma_query_value(None, "busy_timeout", |row| row.get(0))
+            .map_err(|e| Error::Setup(format!("cannot read the SQLite busy timeout: {e}")))?;
+        let busy_timeout = Duration::from_millis(busy_timeout);
+        backend.connection().busy_timeout(Duration::ZERO).map_err(|e| Error::Setup(format!("cannot set the SQLite busy timeout: {e}")))?;
+        let conn = Arc::new(Mutex::new(backend));
         let (jobs, queue) = mpsc::channel::<Job>();
+        let shared = conn.clone();
         std::thread::Builder::new()
             .name("idempotency-sqlite".into())
             .spawn(move || {
                 for (statements, reply) in queue {
-                    let result = catch_unwind(AssertUnwindSafe(|| backend.execute_batch(&statements)))
-                        .unwrap_or_else(|_| Err(wit::BatchError::Host("the SQLite backend panicked".into())));
+                    let mut backend = shared.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                    let result = catch_unwind(AssertUnwindSafe(|| {
+                        backend.connection().busy_timeout(busy_timeout).map_err(crate::sqlite::batch_error)?;
+                        let result = backend.execute_batch(&statements);
+                        let _ = backend.connection().busy_timeout(Duration::ZERO);
+                        result
+                    }))
+                    .unwrap_or_else(|_| Err(wit::BatchError::Host("the SQLite backend panicked".into())));
+                    drop(backend);
                     let _ = reply.send(result);
                 }
             })
             .map_err(|e| Error::Setup(format!("cannot start the SQLite thread: {e}")))?;
-        Ok(AsyncSqlite { jobs, path: None })
+        Ok(AsyncSqlite { conn, jobs, path: None })
+    }
+
+    /// The batch on the caller's thread, if the connection is free and the
+    /// write lock is taken at once; `None`: it must wait (nothing ran, or it
+    /// rolled back).
+    fn try_inline(&self, statements: &[SqlStatement]) -> Option<Result<Vec<wit::StatementResult>, wit::BatchError>> {
+        let mut backend = match self.conn.try_lock() {
+            Ok(backend) => backend,
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        match catch_unwind(AssertUnwindSafe(|| backend.execute_batch(statements))) {
+            Ok(Err(error)) if is_busy(&error) => None,
+            Ok(result) => Some(result),
+            Err(_) => Some(Err(wit::BatchError::Host("the SQLite backend panicked".into()))),
+        }
+    }
+}
+
+/// SQLITE_BUSY (any extended code): the batch did not commit (its
+/// transaction rolled back) and may wait for the lock.
+fn is_busy(error: &wit::BatchError) -> bool {
+    match error {
+        wit::BatchError::Database(wit::DatabaseError { code: Some(code), .. }) => {
+            code.parse::<i32>().is_ok_and(|code| code & 0xff == 5)
+        }
+        _ => false,
     }
 }
 
 impl AsyncBackend for AsyncSqlite {
     fn execute_batch(&self, statements: Vec<SqlStatement>) -> BoxFuture<'_, Result<Vec<wit::StatementResult>, wit::BatchError>> {
+        if let Some(result) = self.try_inline(&statements) {
+            return Box::pin(std::future::ready(result));
+        }
         let (reply, answer) = oneshot::channel();
         let sent = self.jobs.send((statements, reply));
         Box::pin(async move {
