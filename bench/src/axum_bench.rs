@@ -81,6 +81,8 @@ enum Cell {
     Layered(Client),
     Native(Box<Native>),
     Async(AsyncLedger),
+    /// `AsyncLedger::handle_transactional`: the handler in a transaction (it writes nothing).
+    Transactional(AsyncLedger),
 }
 
 impl Cell {
@@ -110,6 +112,14 @@ impl Cell {
                 assert_eq!(handled.response.status, 201);
                 took
             }
+            Cell::Transactional(ledger) => {
+                let request = order(&key, br#"{"sku":"A-1","qty":2}"#);
+                let start = Instant::now();
+                let handled = rt.block_on(ledger.handle_transactional("acct", &request, |r, _tx| std::future::ready(created(r)))).expect("handled");
+                let took = start.elapsed();
+                assert_eq!(handled.response.status, 201);
+                took
+            }
         }
     }
 }
@@ -117,22 +127,24 @@ impl Cell {
 pub fn run(md: &mut String, runtime: &Runtime, dir: &std::path::Path, previous: Option<&crate::previous::Previous>) {
     use std::fmt::Write as _;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
-    let (with_layer, without, in_process) = rt.block_on(async {
+    let (with_layer, without, in_process, unrenewed, transactional) = rt.block_on(async {
         // Reads the body, as a real handler does (an unread body ends keep-alive).
         let handler = post(|body: axum::body::Bytes| async move {
             std::hint::black_box(body);
             (axum::http::StatusCode::CREATED, [("content-type", "application/json")], r#"{"order":"o_1"}"#)
         });
-        let open = |name: &str| {
+        let open = |name: &str, settings: Settings| {
             let backend = AsyncSqlite::open(dir.join(name)).expect("sqlite");
-            AsyncLedger::new(runtime.clone(), backend, Settings::default(), SystemClock)
+            AsyncLedger::new(runtime.clone(), backend, settings, SystemClock)
         };
-        let ledger = open("axum.sqlite").await.expect("ledger");
-        let in_process = open("async.sqlite").await.expect("ledger");
+        let ledger = open("axum.sqlite", Settings::default()).await.expect("ledger");
+        let in_process = open("async.sqlite", Settings::default()).await.expect("ledger");
+        let unrenewed = open("async-unrenewed.sqlite", Settings { lease_renewal: Some(false), ..Settings::default() }).await.expect("ledger");
+        let transactional = open("async-transactional.sqlite", Settings::default()).await.expect("ledger");
         let layer = IdempotencyLayer::new(ledger, |_: &axum::http::request::Parts| Some("acct".to_string()));
         let with_layer = serve(Router::new().route("/orders", handler.clone()).layer(layer)).await;
         let without = serve(Router::new().route("/orders", handler)).await;
-        (with_layer, without, in_process)
+        (with_layer, without, in_process, unrenewed, transactional)
     });
     let mut native = Native::open(&dir.join("axum-native.sqlite"), core::Config::default(), T0);
     native.handle("acct", &order("done", br#"{"sku":"A-1","qty":2}"#), created);
@@ -141,6 +153,8 @@ pub fn run(md: &mut String, runtime: &Runtime, dir: &std::path::Path, previous: 
         Cell::Layered(Client::connect(with_layer)),
         Cell::Native(Box::new(native)),
         Cell::Async(in_process),
+        Cell::Async(unrenewed),
+        Cell::Transactional(transactional),
     ];
     // Warm-up, and the completed key every replay asks for.
     for (c, cell) in cells.iter_mut().enumerate() {
@@ -167,8 +181,9 @@ pub fn run(md: &mut String, runtime: &Runtime, dir: &std::path::Path, previous: 
         "| path | with `IdempotencyLayer` (us) | without (us) | the layer adds (us) | native protocol (us) | `AsyncLedger::handle` (us) | layer adds / native | previous run | target |"
     );
     let _ = writeln!(md, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |");
+    let mut modes = Vec::new();
     for path in ["fresh", "replay"] {
-        let mut times: [Vec<Duration>; 4] = Default::default();
+        let mut times: [Vec<Duration>; 6] = Default::default();
         for round in 0..rounds {
             for k in 0..cells.len() {
                 let c = if round % 2 == 0 { k } else { cells.len() - 1 - k };
@@ -178,12 +193,24 @@ pub fn run(md: &mut String, runtime: &Runtime, dir: &std::path::Path, previous: 
                 }
             }
         }
-        let [bare, layered, native, in_process] = times.map(|mut t| median(&mut t));
+        let [bare, layered, native, in_process, unrenewed, transactional] = times.map(|mut t| median(&mut t));
+        modes.push((path, in_process, unrenewed, transactional));
         let added = layered - bare;
         let ratio = added / native;
         let before = previous.and_then(|p| p.axum_ratio(path)).map_or("-".into(), |r| format!("{r:.2}x"));
         let met = if ratio <= 1.5 { "met (<= 1.5x)" } else { "**not met** (> 1.5x)" };
         let _ = writeln!(md, "| {path} | {layered:.1} | {bare:.1} | {added:.1} | {native:.1} | {in_process:.1} | **{ratio:.2}x** | {before} | {met} |");
+    }
+    let _ = writeln!(
+        md,
+        "\nIn the same rounds, `AsyncLedger::handle` with lease renewal on (the default: a renewal task while the handler runs) and off, \
+         and `handle_transactional` (the handler in a transaction on the ledger's database that commits with its completion; it writes \
+         nothing here, so the column is the machinery's own cost):\n"
+    );
+    let _ = writeln!(md, "| path | `handle`, renewal on (us) | renewal off (us) | renewal's cost | `handle_transactional` (us) | transactional / `handle` |");
+    let _ = writeln!(md, "| --- | ---: | ---: | ---: | ---: | ---: |");
+    for (path, on, off, transactional) in modes {
+        let _ = writeln!(md, "| {path} | {on:.1} | {off:.1} | {:+.1} us | {transactional:.1} | {:.2}x |", on - off, transactional / on);
     }
     drop(cells);
     drop(rt);

@@ -720,7 +720,17 @@ pub struct AsyncSqlite {
     jobs: mpsc::Sender<Job>,
     /// The file, for the connections of transactional handlers.
     path: Option<Arc<PathBuf>>,
+    /// Transaction workers (a thread and its connection) between two
+    /// transactional handlers, kept for the next one.
+    idle: IdleWorkers,
 }
+
+/// How many idle transaction workers an `AsyncSqlite` keeps (more
+/// concurrent transactional handlers start workers of their own, ended
+/// after their transaction).
+const IDLE_TRANSACTION_WORKERS: usize = 8;
+
+type IdleWorkers = Arc<Mutex<Vec<mpsc::Sender<TxJob>>>>;
 
 type Job = (Vec<SqlStatement>, oneshot::Sender<Result<Vec<wit::StatementResult>, wit::BatchError>>);
 
@@ -765,7 +775,7 @@ impl AsyncSqlite {
                 }
             })
             .map_err(|e| Error::Setup(format!("cannot start the SQLite thread: {e}")))?;
-        Ok(AsyncSqlite { conn, jobs, path: None })
+        Ok(AsyncSqlite { conn, jobs, path: None, idle: IdleWorkers::default() })
     }
 
     /// The batch on the caller's thread, if the connection is free and the
@@ -816,93 +826,158 @@ impl AsyncBackend for AsyncSqlite {
     /// A connection of its own on a thread of its own for the request (the
     /// shared one keeps serving other requests' batches), in a deferred
     /// transaction: SQLite's writer lock is taken at the first write and held
-    /// until the commit (docs/SPEC.md 10.3).
+    /// until the commit (docs/SPEC.md 10.3). The thread and its connection
+    /// are kept for the next transactional handler once the transaction
+    /// ended.
     fn begin(&self) -> BoxFuture<'_, Result<Box<dyn AsyncTransaction>, wit::BatchError>> {
-        let path = self.path.clone();
         Box::pin(async move {
-            let path = path.ok_or_else(|| wit::BatchError::Host("AsyncSqlite::from_backend has no file to open transactions on".into()))?;
-            let (jobs, queue) = mpsc::channel::<TxJob>();
-            let (ready, opened) = oneshot::channel();
-            std::thread::Builder::new()
-                .name("idempotency-sqlite-tx".into())
-                .spawn(move || {
-                    let mut backend = match SqliteBackend::open(&*path) {
-                        Ok(backend) => backend,
-                        Err(e) => {
-                            let _ = ready.send(Err(crate::sqlite::batch_error(e)));
-                            return;
-                        }
-                    };
-                    let _ = ready.send(backend.begin());
-                    for job in queue {
-                        match job {
-                            TxJob::Execute(statements, reply) => {
-                                let _ = reply.send(backend.execute_in_transaction(&statements));
-                            }
-                            TxJob::Commit(reply) => {
-                                let committed = backend.commit();
-                                if committed.is_err() {
-                                    backend.rollback();
-                                }
-                                let _ = reply.send(committed);
-                                return;
-                            }
-                            TxJob::Rollback(reply) => {
-                                backend.rollback();
-                                let _ = reply.send(());
-                                return;
-                            }
-                        }
-                    }
-                    // Dropped without a commit: rolled back (and the connection closed).
-                    backend.rollback();
-                })
-                .map_err(|e| wit::BatchError::Host(format!("cannot start a SQLite transaction thread: {e}")))?;
-            opened.await.map_err(|_| wit::BatchError::Host("the SQLite transaction thread stopped".into()))??;
-            Ok(Box::new(SqliteTransaction { jobs }) as Box<dyn AsyncTransaction>)
+            let idle = self.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).pop();
+            let jobs = match idle {
+                Some(jobs) => jobs,
+                None => {
+                    let path = self.path.clone().ok_or_else(|| wit::BatchError::Host("AsyncSqlite::from_backend has no file to open transactions on".into()))?;
+                    transaction_worker(path).await?
+                }
+            };
+            let (reply, answer) = oneshot::channel();
+            jobs.send(TxJob::Begin(reply)).map_err(|_| wit::BatchError::Host("the SQLite transaction thread stopped".into()))?;
+            match answer.await {
+                Ok(Ok(())) => Ok(Box::new(SqliteTransaction { jobs: Some(jobs), idle: self.idle.clone() }) as Box<dyn AsyncTransaction>),
+                Ok(Err(error)) => {
+                    give_back(&self.idle, jobs);
+                    Err(error)
+                }
+                Err(_) => Err(wit::BatchError::Host("the SQLite transaction thread stopped".into())),
+            }
         })
+    }
+}
+
+/// Starts a transaction worker: a thread with a connection of its own to
+/// `path`, serving one transaction after another until its last sender is
+/// dropped.
+async fn transaction_worker(path: Arc<PathBuf>) -> Result<mpsc::Sender<TxJob>, wit::BatchError> {
+    let (jobs, queue) = mpsc::channel::<TxJob>();
+    let (ready, opened) = oneshot::channel();
+    std::thread::Builder::new()
+        .name("idempotency-sqlite-tx".into())
+        .spawn(move || {
+            let mut backend = match SqliteBackend::open(&*path) {
+                Ok(backend) => {
+                    let _ = ready.send(Ok(()));
+                    backend
+                }
+                Err(e) => {
+                    let _ = ready.send(Err(crate::sqlite::batch_error(e)));
+                    return;
+                }
+            };
+            for job in queue {
+                match job {
+                    TxJob::Begin(reply) => {
+                        let _ = reply.send(backend.begin());
+                    }
+                    TxJob::Execute(statements, reply) => {
+                        let _ = reply.send(backend.execute_in_transaction(&statements));
+                    }
+                    TxJob::Commit(reply) => {
+                        let committed = backend.commit();
+                        if committed.is_err() {
+                            backend.rollback();
+                        }
+                        let _ = reply.send(committed);
+                    }
+                    TxJob::Rollback(reply) => {
+                        backend.rollback();
+                        let _ = reply.send(());
+                    }
+                }
+            }
+            // No sender left: an open transaction rolls back as the connection closes.
+            backend.rollback();
+        })
+        .map_err(|e| wit::BatchError::Host(format!("cannot start a SQLite transaction thread: {e}")))?;
+    opened.await.map_err(|_| wit::BatchError::Host("the SQLite transaction thread stopped".into()))??;
+    Ok(jobs)
+}
+
+/// A worker whose transaction ended goes back to the idle list (or ends,
+/// when the list is full).
+fn give_back(idle: &IdleWorkers, jobs: mpsc::Sender<TxJob>) {
+    let mut idle = idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if idle.len() < IDLE_TRANSACTION_WORKERS {
+        idle.push(jobs);
     }
 }
 
 /// What a transactional handler's SQLite thread is asked to do.
 enum TxJob {
+    Begin(oneshot::Sender<Result<(), wit::BatchError>>),
     Execute(Vec<SqlStatement>, oneshot::Sender<Result<Vec<wit::StatementResult>, wit::BatchError>>),
     Commit(oneshot::Sender<Result<(), wit::BatchError>>),
     Rollback(oneshot::Sender<()>),
 }
 
-/// A transactional handler's transaction on its own SQLite connection; a
-/// rollback (or a drop) ends its thread, which rolls back.
+/// A transactional handler's transaction on a worker's SQLite connection;
+/// its worker goes back to the idle list when it ends (a drop rolls back).
 struct SqliteTransaction {
-    jobs: mpsc::Sender<TxJob>,
+    jobs: Option<mpsc::Sender<TxJob>>,
+    idle: IdleWorkers,
+}
+
+impl SqliteTransaction {
+    fn jobs(&self) -> Result<&mpsc::Sender<TxJob>, wit::BatchError> {
+        self.jobs.as_ref().ok_or_else(|| wit::BatchError::Host("the SQLite transaction has ended".into()))
+    }
+}
+
+impl Drop for SqliteTransaction {
+    fn drop(&mut self) {
+        // Dropped open (a cancelled request): the worker rolls it back before
+        // any later transaction, its jobs being served in order.
+        if let Some(jobs) = self.jobs.take() {
+            let (reply, _) = oneshot::channel();
+            if jobs.send(TxJob::Rollback(reply)).is_ok() {
+                give_back(&self.idle, jobs);
+            }
+        }
+    }
 }
 
 impl AsyncTransaction for SqliteTransaction {
     fn execute(&mut self, statements: Vec<SqlStatement>) -> BoxFuture<'_, Result<Vec<wit::StatementResult>, wit::BatchError>> {
         let (reply, answer) = oneshot::channel();
-        let sent = self.jobs.send(TxJob::Execute(statements, reply));
+        let sent = self.jobs().and_then(|jobs| jobs.send(TxJob::Execute(statements, reply)).map_err(|_| wit::BatchError::Host("the SQLite transaction thread stopped".into())));
         Box::pin(async move {
-            sent.map_err(|_| wit::BatchError::Host("the SQLite transaction thread stopped".into()))?;
+            sent?;
             answer.await.map_err(|_| wit::BatchError::Host("the SQLite transaction thread stopped".into()))?
         })
     }
 
-    fn commit(self: Box<Self>) -> BoxFuture<'static, Result<(), wit::BatchError>> {
+    fn commit(mut self: Box<Self>) -> BoxFuture<'static, Result<(), wit::BatchError>> {
         let (reply, answer) = oneshot::channel();
-        let sent = self.jobs.send(TxJob::Commit(reply));
+        let jobs = self.jobs.take();
+        let idle = self.idle.clone();
         Box::pin(async move {
-            sent.map_err(|_| wit::BatchError::Host("the SQLite transaction thread stopped".into()))?;
-            answer.await.map_err(|_| wit::BatchError::OutcomeUnknown("the SQLite transaction thread stopped while committing".into()))?
+            let jobs = jobs.ok_or_else(|| wit::BatchError::Host("the SQLite transaction has ended".into()))?;
+            jobs.send(TxJob::Commit(reply)).map_err(|_| wit::BatchError::Host("the SQLite transaction thread stopped".into()))?;
+            let committed = answer.await.map_err(|_| wit::BatchError::OutcomeUnknown("the SQLite transaction thread stopped while committing".into()))?;
+            // Committed, or rolled back after a failed commit: the worker is free.
+            give_back(&idle, jobs);
+            committed
         })
     }
 
-    fn rollback(self: Box<Self>) -> BoxFuture<'static, ()> {
+    fn rollback(mut self: Box<Self>) -> BoxFuture<'static, ()> {
         let (reply, answer) = oneshot::channel();
-        let sent = self.jobs.send(TxJob::Rollback(reply));
+        let jobs = self.jobs.take();
+        let idle = self.idle.clone();
         Box::pin(async move {
             // Gone already (or going): its thread rolls back as it ends.
-            if sent.is_ok() {
-                let _ = answer.await;
+            if let Some(jobs) = jobs {
+                if jobs.send(TxJob::Rollback(reply)).is_ok() && answer.await.is_ok() {
+                    give_back(&idle, jobs);
+                }
             }
         })
     }

@@ -73,3 +73,45 @@ async fn a_lock_held_past_the_busy_timeout_is_busy_and_commits_nothing() {
     holder.execute_batch("ROLLBACK").unwrap();
     assert_eq!(count(&path), 0);
 }
+
+/// A transactional handler's connection serves the next one once its
+/// transaction ended: committed, rolled back, or dropped open (a cancelled
+/// request). Nothing of an undone transaction reaches the next one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_transaction_worker_is_reused_only_after_its_transaction_ended() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.sqlite");
+    let sqlite = AsyncSqlite::open(&path).unwrap();
+    sqlite.execute_batch(vec![SqlStatement { sql: Arc::from("CREATE TABLE t (id INTEGER PRIMARY KEY)"), params: vec![] }]).await.unwrap();
+
+    let mut rolled_back = sqlite.begin().await.unwrap();
+    rolled_back.execute(vec![insert(1)]).await.unwrap();
+    rolled_back.rollback().await;
+
+    let mut dropped = sqlite.begin().await.unwrap();
+    dropped.execute(vec![insert(2)]).await.unwrap();
+    drop(dropped); // never committed
+
+    let mut committed = sqlite.begin().await.unwrap();
+    committed.execute(vec![insert(3)]).await.unwrap();
+    committed.commit().await.unwrap();
+
+    // Two at once: the second gets a worker of its own (and waits for the
+    // write lock the first one holds until it commits).
+    let mut first = sqlite.begin().await.unwrap();
+    first.execute(vec![insert(4)]).await.unwrap();
+    let second = sqlite.begin().await.unwrap();
+    first.commit().await.unwrap();
+    let mut second = second;
+    second.execute(vec![insert(5)]).await.unwrap();
+    second.commit().await.unwrap();
+
+    let ids: Vec<i64> = {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        let mut select = conn.prepare("SELECT id FROM t ORDER BY id").unwrap();
+        select.query_map([], |r| r.get(0)).unwrap().map(Result::unwrap).collect()
+    };
+    assert_eq!(ids, vec![3, 4, 5], "the rolled-back and the dropped transactions left nothing");
+    // The ledger's own batches still run (no transaction left open on any connection).
+    sqlite.execute_batch(vec![insert(6)]).await.unwrap();
+}
