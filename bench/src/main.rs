@@ -190,7 +190,8 @@ fn main() {
     // ---- per-request overhead per path ----
     if wants("protocol") {
     let _ = writeln!(md, "\n### Per request, full protocol (admit, fingerprint, decide, mutation, complete)\n");
-    let (rounds, per_round) = (10usize, 200usize);
+    let rounds: usize = std::env::var("BENCH_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(10);
+    let per_round = 200usize;
     let _ = writeln!(
         md,
         "`Ledger::handle` (the component under wasmtime, driven: its batches through the ledger import) against the same exchange in the core \
@@ -200,7 +201,12 @@ fn main() {
     );
     let _ = writeln!(md, "| path | component median / p99 (us) | native median / p99 (us) | component / native | previous run | target | ledger round trips: ours / recipe |");
     let _ = writeln!(md, "| --- | --- | --- | ---: | ---: | --- | --- |");
+    // BENCH_PATHS=replay,... measures only those paths (for a profile of one).
+    let only_paths = std::env::var("BENCH_PATHS").ok();
     for path in ["fresh", "replay", "reuse (409)", "in progress (409)", "takeover"] {
+        if only_paths.as_ref().is_some_and(|only| !only.split(',').any(|p| path.starts_with(p.trim()))) {
+            continue;
+        }
         let comp_db = dir.path().join(format!("c-{}.sqlite", path.len()));
         let nat_db = dir.path().join(format!("n-{}.sqlite", path.len()));
         let clock = ManualClock::new(T0);
