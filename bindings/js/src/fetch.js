@@ -150,9 +150,21 @@ function responseOf(body, init) {
  * `{ wit, response }`: the WIT `mutation-response` the core stores from, and
  * the Response to send when the exchange says `handler` (the mutation's own
  * Response object, untouched, or one built from the object once).
+ * `rebuild`: a Response is read without a clone and the one to send is made
+ * anew from its status, headers and bytes (an adapter that sets it in place
+ * of the original, as Hono's c.res).
  */
-export async function mutationOf(result) {
+export async function mutationOf(result, { rebuild = false } = {}) {
   if (typeof Response !== "undefined" && result instanceof Response) {
+    if (rebuild) {
+      // Read once, and sent as a Response made from the bytes read: a clone
+      // tees the body, and a teed Response goes out through a stream (on
+      // Node @hono/node-server then pipes it instead of writing it at once).
+      const bytes = new Uint8Array(await result.arrayBuffer());
+      const headers = headerList(result.headers);
+      const response = responseOf(bytes.length === 0 ? null : bytes, { status: result.status, statusText: result.statusText, headers: headersInit(headers) });
+      return { wit: { status: result.status, headers, body: { tag: "bytes", val: bytes } }, response };
+    }
     const bytes = new Uint8Array(await result.clone().arrayBuffer());
     return { wit: { status: result.status, headers: headerList(result.headers), body: { tag: "bytes", val: bytes } }, response: result };
   }

@@ -10,6 +10,9 @@ import { adapterOptions, nodeHead, principalValue } from "./middleware.js";
 import { closeAfterAnswer, readNodeBody } from "./node-http.js";
 
 function waitUntilOf(c) {
+  // Under @hono/node-server (its HttpBindings: c.env.incoming) there is no
+  // ExecutionContext, and asking for it throws: an Error built per request.
+  if (c.env?.incoming) return undefined;
   try {
     const ctx = c.executionCtx; // throws on Node (no ExecutionContext)
     if (ctx && typeof ctx.waitUntil === "function") return (p) => ctx.waitUntil(p);
@@ -26,7 +29,8 @@ function waitUntilOf(c) {
  */
 function incomingOf(c, request) {
   const incoming = c.env?.incoming;
-  const usable = incoming && typeof incoming.url === "string" && Array.isArray(incoming.rawHeaders) && incoming.headers && request.url.endsWith(incoming.url);
+  // rawHeaders, not headers: the parsed headers object is built on first access.
+  const usable = incoming && typeof incoming.url === "string" && Array.isArray(incoming.rawHeaders) && request.url.endsWith(incoming.url);
   return usable ? incoming : undefined;
 }
 
@@ -161,7 +165,9 @@ export function makeHonoIdempotency(api) {
             }
             if (!handlerRan(c, ours)) return { tag: "declined" };
             if (c.error !== undefined) return raisedResult(c.error);
-            produced = await mutationOf(c.res);
+            produced = await mutationOf(c.res, { rebuild: true });
+            c.res = undefined; // replaced, not merged into
+            c.res = produced.response;
             return { tag: "answered", val: produced.wit };
           },
         },
