@@ -188,6 +188,71 @@ def cold_start(tmp: Path) -> tuple[float, float, int]:
     return statistics.median(imports), statistics.median(firsts), len(imports)
 
 
+ASGI_VARIANTS = ("bare", "ledger", "ledger-thread")
+
+
+def asgi_over_http(tmp: Path, pairs: int, warm: int) -> dict[str, dict[str, list[float]]]:
+    """The ASGI middleware as a user sees it: bench/asgi_app.py under uvicorn,
+    one process per variant, a keep-alive client over loopback sending a
+    fresh key and then the same request again; variants interleaved (order
+    alternating). Returns ms per request, per variant, fresh and replay."""
+    import http.client
+    import socket
+
+    def free_port() -> int:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return int(sock.getsockname()[1])
+
+    ports = {v: free_port() for v in ASGI_VARIANTS}
+    app = Path(__file__).resolve().parent / "asgi_app.py"
+    procs = [subprocess.Popen([sys.executable, str(app), v, str(ports[v]), str(tmp)]) for v in ASGI_VARIANTS]
+    try:
+        conns: dict[str, http.client.HTTPConnection] = {}
+        deadline = time.monotonic() + 30
+        for v in ASGI_VARIANTS:
+            while True:
+                try:
+                    conn = http.client.HTTPConnection("127.0.0.1", ports[v], timeout=10)
+                    conn.connect()
+                    conns[v] = conn
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"bench/asgi_app.py {v} did not start")
+                    time.sleep(0.05)
+        samples: dict[str, dict[str, list[float]]] = {v: {"fresh": [], "replay": []} for v in ASGI_VARIANTS}
+
+        def post(conn: http.client.HTTPConnection, key: str, body: str) -> tuple[float, int, bytes]:
+            started = time.perf_counter()
+            conn.request("POST", "/orders", body=body, headers={"content-type": "application/json", "idempotency-key": key})
+            answer = conn.getresponse()
+            text = answer.read()
+            return (time.perf_counter() - started) * 1000, answer.status, text
+
+        for i in range(warm + pairs):
+            if i % 500 == 0:
+                log(f"ASGI over HTTP: pair {i}/{warm + pairs}")
+            order = ASGI_VARIANTS if i % 2 == 0 else tuple(reversed(ASGI_VARIANTS))
+            for v in order:
+                key, body = f"{v}-{i}", f'{{"sku":"B{i}","qty":1}}'
+                fresh, status, first = post(conns[v], key, body)
+                replay, again, second = post(conns[v], key, body)
+                if status != 201 or again != 201 or (v != "bare" and first != second):
+                    raise RuntimeError(f"{v}: {status}/{again}: {first!r} {second!r}")
+                if i >= warm:
+                    samples[v]["fresh"].append(fresh)
+                    samples[v]["replay"].append(replay)
+        for conn in conns.values():
+            conn.close()
+        return samples
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(10)
+
+
 def fmt(us: float) -> str:
     return f"{us:,.1f}" if us < 100 else f"{us:,.0f}"
 
@@ -202,6 +267,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--per-round", type=int, default=400)
+    parser.add_argument("--asgi-pairs", type=int, default=1000)
     args = parser.parse_args()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as d:
@@ -209,6 +275,7 @@ def main() -> None:
         samples = per_request(tmp, args.rounds, args.per_round)
         get = get_pass_through(tmp, args.rounds, args.per_round)
         imports, first, cold_n = cold_start(tmp)
+        asgi = asgi_over_http(tmp, args.asgi_pairs, 200)
     took = time.perf_counter() - started
     out = []
     out.append("## Python host (native extension: PyO3 over the Rust host crate, wasmtime, Rust SQLite backend)")
@@ -247,6 +314,27 @@ def main() -> None:
     out.append(f"| plain method check, then the handler | {gb:.2f} | {pct(get['plain'], 0.99):.2f} | 1x |")
     out.append("")
     out.append("Target: at most 10x the plain method check.")
+    out.append("")
+    out.append("### ASGI under uvicorn: the same Starlette app with and without the middleware (loopback HTTP/1.1, keep-alive)")
+    out.append("")
+    out.append(
+        f"`bench/asgi_app.py` (`POST /orders` parses the JSON body, inserts one order into its own SQLite file, answers 201) under uvicorn, one process per variant: "
+        "without the middleware, with it as it runs by default (`Ledger(path)`, `wait_ms` 0: the ledger calls on the event loop), and with `inline=False` "
+        f"(every ledger call in a worker thread). The client sends a fresh key, then the same request again (a replay; without the middleware the app runs again); "
+        f"{args.asgi_pairs} pairs per variant after 200 warm-up pairs, variants interleaved. Overhead = median with - median without. "
+        "Targets (issue 24): at most +0.25 ms fresh, +0.08 ms replay."
+    )
+    out.append("")
+    out.append("| variant | fresh median (ms) | fresh overhead | replay median (ms) | replay overhead | targets |")
+    out.append("| --- | ---: | ---: | ---: | ---: | --- |")
+    bare_fresh, bare_replay = statistics.median(asgi["bare"]["fresh"]), statistics.median(asgi["bare"]["replay"])
+    for v, label in (("bare", "without the middleware"), ("ledger", "the middleware (default: on the event loop)"), ("ledger-thread", "the middleware, `inline=False` (worker threads)")):
+        f, r = statistics.median(asgi[v]["fresh"]), statistics.median(asgi[v]["replay"])
+        if v == "bare":
+            out.append(f"| {label} | {f:.3f} | | {r:.3f} | | |")
+            continue
+        met = "met" if f - bare_fresh <= 0.25 and r - bare_replay <= 0.08 else "**not met**"
+        out.append(f"| {label} | {f:.3f} | **{f - bare_fresh:+.3f} ms** | {r:.3f} | **{r - bare_replay:+.3f} ms** | {met} |")
     out.append("")
     out.append("### Cold start (a fresh interpreter each time)")
     out.append("")

@@ -137,6 +137,9 @@ class Ledger:
             run, found = connection_batch(database, dialect, busy_timeout_ms=busy_timeout_ms)
             native = _native.NativeLedger.callback(run, found, settings, clock)
         self._native = native
+        #: A SQLite file this ledger opened itself (its batches are local work
+        #: of microseconds: an async adapter may run them on its event loop).
+        self._local_file = isinstance(database, (str, bytes, os.PathLike))
         #: The core's protected methods (its `protected-methods`, upper-cased):
         #: a request with another method passes through without a ledger call.
         self._protected = frozenset(m.upper() for m in native.config.protected_methods)

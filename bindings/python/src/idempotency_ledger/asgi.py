@@ -270,8 +270,14 @@ class IdempotencyMiddleware:
     include: the routes to protect: path prefixes, compiled regexes or
     callables, or "*" for every route the app serves. exclude: routes left
     out of `include`.
-    inline: run the ledger calls on the event loop instead of a worker
-    thread (only sensible for a SQLite ledger without `wait_ms`).
+    inline: run the ledger calls on the event loop (True) or in a worker
+    thread (False). The default (None) runs them on the loop for a SQLite
+    file the ledger opened itself (`Ledger(path)`) with `wait_ms` 0 and no
+    `transactional` routes: each call is microseconds of local work, less
+    than the hop to a thread and back, and waits only when another process
+    holds SQLite's write lock (at most `busy_timeout_ms`); otherwise (a
+    PostgreSQL or callback ledger, `wait_ms` sleeps, a handler's transaction
+    holding the lock while the loop would wait for it) in a worker thread.
     transactional: the routes (as `include`, or "*") whose handler runs in a
     transaction on the ledger's database (exactly once); transactions:
     `transactions(scope)` makes the request's transaction object (e.g.
@@ -288,7 +294,7 @@ class IdempotencyMiddleware:
         principal: PrincipalFn,
         include: Include = _REQUIRED,  # type: ignore[assignment]
         exclude: Optional[Sequence[RouteSpec]] = None,
-        inline: bool = False,
+        inline: Optional[bool] = None,
         transactional: Optional[Include] = None,
         transactions: Optional[Callable[[Scope], Any]] = None,
         route: Optional[Callable[[Scope], Optional[str]]] = None,
@@ -302,7 +308,9 @@ class IdempotencyMiddleware:
         self.routes = Routes(include, exclude, "IdempotencyMiddleware")
         self.transactional = None if transactional is None else Routes(transactional, None, "IdempotencyMiddleware(transactional=...)")
         self.transactions = transactions
-        self.inline = inline
+        if inline is None:
+            inline = getattr(ledger, "_local_file", False) and ledger.config.wait_ms == 0 and transactional is None
+        self.inline = bool(inline)
         self._declines = _Declines(app)
 
     async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
