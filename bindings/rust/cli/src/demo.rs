@@ -2,6 +2,14 @@
 //! (`--postgres URL`) in a fresh schema `idempotency_ledger_demo` on a
 //! PostgreSQL server.
 
+/// `println!` that ends quietly on a closed pipe (`demo | head`).
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
 use std::cell::Cell;
 use std::time::Duration;
 
@@ -87,8 +95,8 @@ pub fn run(target: Target) -> Result<(), String> {
             .header("X-Trace-Id", format!("trace-{n}")))
     };
 
-    println!("Idempotency-Key ledger demo: the core component under wasmtime, over {}", target.describe());
-    println!("Each step sends a request as {PRINCIPAL}; the order endpoint counts how often it really runs.\n");
+    say!("Idempotency-Key ledger demo: the core component under wasmtime, over {}", target.describe());
+    say!("Each step sends a request as {PRINCIPAL}; the order endpoint counts how often it really runs.\n");
 
     let order = |key: &str, body: &str| {
         Request::new("POST", "/orders")
@@ -107,7 +115,7 @@ pub fn run(target: Target) -> Result<(), String> {
     let identical = retry.response.status == first.response.status
         && retry.response.body == first.response.body
         && retry.response.header("location") == first.response.header("location");
-    println!("   replay byte-identical to the first answer (status, body, Location): {}", yes(identical));
+    say!("   replay byte-identical to the first answer (status, body, Location): {}", yes(identical));
     expect(identical && retry.outcome == Outcome::Replayed, "the retry must replay")?;
 
     step(3, "a buggy client reuses order-1 for a different order (qty 3)");
@@ -141,7 +149,7 @@ pub fn run(target: Target) -> Result<(), String> {
     for _ in 0..3 {
         clock.advance(Duration::from_secs(10));
         let lease = server_a.renew(&ticket).map_err(err)?;
-        println!("   (10 s pass; server A renews its lease: {})", if lease.state == LeaseState::Held { "held" } else { "NOT held" });
+        say!("   (10 s pass; server A renews its lease: {})", if lease.state == LeaseState::Held { "held" } else { "NOT held" });
         expect(lease.state == LeaseState::Held, "a live owner keeps its lease")?;
     }
     clock.advance(Duration::from_secs(1));
@@ -152,7 +160,7 @@ pub fn run(target: Target) -> Result<(), String> {
     let done = server_a.feed(&mut exchange, Feed::Handler(created.handler_result()));
     server_a.end(&mut exchange);
     let Next::Respond(answer) = done else { return Err(format!("server A's end: {done:?}")) };
-    println!(
+    say!(
         "   server A:    -> {} | {} under generation {}, response stored | executions so far: {}",
         created.status,
         if answer.outcome == Outcome::Executed { "EXECUTED" } else { outcome_name(answer.outcome) },
@@ -180,7 +188,7 @@ pub fn run(target: Target) -> Result<(), String> {
     let late = Cell::new(None);
     let paused = server_a.handle_transactional(PRINCIPAL, &order_4, |req, tx| {
         clock.advance(Duration::from_secs(31));
-        println!("   (31 s pass; server A is paused before its write)");
+        say!("   (31 s pass; server A is paused before its write)");
         let takeover = server_b.handle_transactional(PRINCIPAL, &order_4, |req, tx| {
             insert(tx, "B")?;
             create_order(req)
@@ -197,8 +205,8 @@ pub fn run(target: Target) -> Result<(), String> {
     expect(paused.outcome == Outcome::FencedOut, "A's completion is fenced out")?;
     expect(paused.response.body == takeover.response.body, "A's caller gets B's answer")?;
     let committed = orders("order-4")?;
-    println!("   orders committed for order-4: {committed} (server A's insert rolled back with its fenced-out completion;");
-    println!("   its caller got server B's answer, the one the ledger keeps)");
+    say!("   orders committed for order-4: {committed} (server A's insert rolled back with its fenced-out completion;");
+    say!("   its caller got server B's answer, the one the ledger keeps)");
     expect(committed == 1, "one order committed")?;
 
     step(7, "requests without a key, and reads, are never recorded");
@@ -210,26 +218,26 @@ pub fn run(target: Target) -> Result<(), String> {
     show("", &read, &executions);
 
     step(8, "a day passes; the bounded sweep removes rows older than the 24 h retention");
-    println!("   rows before: {}", count_rows()?);
+    say!("   rows before: {}", count_rows()?);
     clock.advance(Duration::from_secs(24 * 60 * 60 + 1));
     let swept = server_a.sweep().map_err(err)?.deleted;
     let batch = server_a.config().sweep_batch;
-    println!("   swept {swept} rows (batch limit {batch}); rows after: {}", count_rows()?);
+    say!("   swept {swept} rows (batch limit {batch}); rows after: {}", count_rows()?);
     let fresh = handled(server_b.handle(PRINCIPAL, &order("order-1", r#"{"sku":"A-1","qty":2}"#), create_order))?;
         show("order-1 after retention is a new operation: ", &fresh, &executions);
 
-    println!(
+    say!(
         "\nThe order endpoint ran {} times: order-1, order-2, order-3 (once: its owner renewed its lease), order-4 by",
         executions.get()
     );
-    println!("server B and by the paused server A (whose writes rolled back with its fenced-out completion: one order");
-    println!("committed), and order-1 again once its retention had passed. Retries, reuse and concurrent copies ran nothing.");
+    say!("server B and by the paused server A (whose writes rolled back with its fenced-out completion: one order");
+    say!("committed), and order-1 again once its retention had passed. Retries, reuse and concurrent copies ran nothing.");
     expect(executions.get() == 6, "exactly 6 executions")?;
     Ok(())
 }
 
 fn step(n: u32, what: &str) {
-    println!("{n}. {what}");
+    say!("{n}. {what}");
 }
 
 fn yes(b: bool) -> &'static str {
@@ -267,7 +275,7 @@ fn show(label: &str, h: &Handled, executions: &Cell<u32>) {
         other => format!("{}, nothing executed", outcome_name(other)),
     };
     let extra = h.response.header("retry-after").map(|s| format!(" Retry-After: {s}")).unwrap_or_default();
-    println!(
+    say!(
         "   {label}-> {} {}{} | {what} | executions so far: {}",
         h.response.status,
         h.response.body_text().unwrap_or("<binary>"),

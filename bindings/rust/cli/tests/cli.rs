@@ -59,6 +59,19 @@ fn schema_into_a_closed_pipe_ends_quietly() {
 }
 
 #[test]
+fn demo_into_a_closed_pipe_ends_quietly() {
+    // `idempotency-ledger demo | head -1`.
+    let dir = tempfile::tempdir().expect("tmp");
+    let db = dir.path().join("demo.sqlite");
+    let mut child = cli().args(["demo", "--db"]).arg(&db).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn the CLI");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("wait");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "exit {:?}: {stderr}", out.status);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
 fn schema_inspect_and_sweep_on_a_real_file() {
     let (ok, schema, _) = run(&["schema"], b"");
     assert!(ok);
