@@ -2,10 +2,10 @@
 //! writes in, whose last statements are the core's fenced completion, and
 //! the lease renewal that keeps a live owner from being taken over.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
 
 use crate::wit::{BatchError, StatementResult, Value};
 use crate::{Dialect, SqlBackend, SqlStatement, Ticket};
@@ -44,11 +44,14 @@ impl Tx<'_> {
     }
 }
 
-/// A lease renewal running beside a blocking handler: a thread that renews
-/// every `every` through `renew` until stopped.
+/// A lease renewal running beside a blocking handler, every `every` until
+/// stopped. Renewals are scheduled by one process-wide thread that sleeps
+/// until the next one is due and runs each on a thread of its own, so
+/// starting and stopping one (every fresh request, renewal on) is a map
+/// insert and remove, not a thread started and joined; and a renewal
+/// waiting for a lock delays no other.
 pub(crate) struct Renewal {
-    stop: Option<mpsc::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    id: Option<u64>,
     pub(crate) lost: Arc<AtomicBool>,
 }
 
@@ -58,37 +61,20 @@ pub type Renewer = Arc<dyn Fn(&Ticket) -> Option<crate::wit::Lease> + Send + Syn
 impl Renewal {
     pub(crate) fn start(renewer: Renewer, ticket: Ticket, every: Duration) -> Renewal {
         let lost = Arc::new(AtomicBool::new(false));
-        let (stop, stopped) = mpsc::channel::<()>();
-        let flag = lost.clone();
-        let thread = std::thread::Builder::new()
-            .name("idempotency-renewal".into())
-            .spawn(move || {
-                while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(every) {
-                    let Some(lease) = renewer(&ticket) else { continue };
-                    if let Some(line) = &lease.log {
-                        crate::convert::log_line(line);
-                    }
-                    if lease.state == crate::wit::LeaseState::Lost {
-                        flag.store(true, Ordering::SeqCst);
-                        return;
-                    }
-                }
-            })
-            .ok();
-        Renewal { stop: Some(stop), thread, lost }
+        let id = schedule().add(Lease { renewer, ticket, every, due: Instant::now() + every, in_flight: false, lost: lost.clone() });
+        Renewal { id: Some(id), lost }
     }
 
     /// A renewal that does nothing (renewal off, or no renewer).
     pub(crate) fn none() -> Renewal {
-        Renewal { stop: None, thread: None, lost: Arc::new(AtomicBool::new(false)) }
+        Renewal { id: None, lost: Arc::new(AtomicBool::new(false)) }
     }
 
     /// Stops renewing and waits for a renewal in progress (its result, found
     /// after the handler ended, is ignored: SPEC 10.1).
     pub(crate) fn stop(&mut self) {
-        drop(self.stop.take());
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+        if let Some(id) = self.id.take() {
+            schedule().remove(id);
         }
     }
 }
@@ -96,6 +82,116 @@ impl Renewal {
 impl Drop for Renewal {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// One lease the scheduler renews.
+struct Lease {
+    renewer: Renewer,
+    ticket: Ticket,
+    every: Duration,
+    due: Instant,
+    /// A renewal of it is running (on its own thread).
+    in_flight: bool,
+    lost: Arc<AtomicBool>,
+}
+
+#[derive(Default)]
+struct Leases {
+    next: u64,
+    active: BTreeMap<u64, Lease>,
+}
+
+/// The process's lease renewals: the leases and the thread that runs them when due.
+struct Schedule {
+    leases: Mutex<Leases>,
+    changed: Condvar,
+}
+
+fn schedule() -> &'static Schedule {
+    static SCHEDULE: OnceLock<&'static Schedule> = OnceLock::new();
+    SCHEDULE.get_or_init(|| {
+        let schedule: &'static Schedule = Box::leak(Box::new(Schedule { leases: Mutex::new(Leases::default()), changed: Condvar::new() }));
+        // Lives as long as the process; idle, it waits on the condition variable.
+        if let Err(e) = std::thread::Builder::new().name("idempotency-renewals".into()).spawn(move || schedule.run()) {
+            tracing::error!(target: "idempotency_ledger", "cannot start the lease renewal thread: {e}");
+        }
+        schedule
+    })
+}
+
+impl Schedule {
+    fn lock(&self) -> MutexGuard<'_, Leases> {
+        self.leases.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn add(&self, lease: Lease) -> u64 {
+        let mut leases = self.lock();
+        let id = leases.next;
+        leases.next += 1;
+        let first = leases.active.values().all(|other| other.due > lease.due);
+        leases.active.insert(id, lease);
+        drop(leases);
+        if first {
+            self.changed.notify_all();
+        }
+        id
+    }
+
+    /// Forgets a lease, once a renewal of it in progress has ended.
+    fn remove(&self, id: u64) {
+        let mut leases = self.lock();
+        while leases.active.get(&id).is_some_and(|lease| lease.in_flight) {
+            leases = self.changed.wait(leases).unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
+        leases.active.remove(&id);
+    }
+
+    fn run(&'static self) {
+        let mut leases = self.lock();
+        loop {
+            let now = Instant::now();
+            let next = leases.active.iter().filter(|(_, lease)| !lease.in_flight).min_by_key(|(_, lease)| lease.due).map(|(id, lease)| (*id, lease.due));
+            leases = match next {
+                None => self.changed.wait(leases).unwrap_or_else(|poisoned| poisoned.into_inner()),
+                Some((_, due)) if due > now => self.changed.wait_timeout(leases, due - now).unwrap_or_else(|poisoned| poisoned.into_inner()).0,
+                Some((id, _)) => {
+                    let lease = leases.active.get_mut(&id).expect("found above");
+                    lease.in_flight = true;
+                    let (renewer, ticket) = (lease.renewer.clone(), lease.ticket.clone());
+                    let spawned = std::thread::Builder::new().name("idempotency-renewal".into()).spawn(move || {
+                        let renewed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| renewer(&ticket))).ok().flatten();
+                        self.renewed(id, renewed);
+                    });
+                    if spawned.is_err() {
+                        // No thread for it now: tried again at its next interval.
+                        let lease = leases.active.get_mut(&id).expect("found above");
+                        lease.in_flight = false;
+                        lease.due = Instant::now() + lease.every;
+                    }
+                    leases
+                }
+            };
+        }
+    }
+
+    /// A renewal's result: the next one is due an interval later; a lost
+    /// lease is told to the handler and renewed no more.
+    fn renewed(&self, id: u64, lease: Option<crate::wit::Lease>) {
+        if let Some(line) = lease.as_ref().and_then(|l| l.log.as_ref()) {
+            crate::convert::log_line(line);
+        }
+        let mut leases = self.lock();
+        if let Some(entry) = leases.active.get_mut(&id) {
+            entry.in_flight = false;
+            entry.due = Instant::now() + entry.every;
+            if lease.is_some_and(|l| l.state == crate::wit::LeaseState::Lost) {
+                entry.lost.store(true, Ordering::SeqCst);
+                leases.active.remove(&id);
+            }
+        }
+        drop(leases);
+        self.changed.notify_all();
     }
 }
 
