@@ -27,8 +27,10 @@ class Host:
     name: str
     argv: tuple[str, ...]
     cwd: Path
-    # better-sqlite3 runs on Node's main thread: a batch waiting on SQLite's
-    # busy timeout blocks the whole event loop (GET /orders/count included).
+    # The ledger's SQLite batches run on the server's event loop (Node's
+    # better-sqlite3; the Python ASGI middleware on a Ledger(path) file, its
+    # default): a batch waiting on SQLite's busy timeout blocks the whole
+    # loop (GET /orders/count included).
     blocks_on_sqlite_lock: bool = False
 
 
@@ -47,7 +49,7 @@ def hosts() -> dict[str, Host]:
     node = shutil.which("node") or "node"
     return {
         "rust": Host("rust", (str(rust_binary()),), ROOT),
-        "python": Host("python", (str(ROOT / "bindings/python/.venv/bin/python"), "examples/server.py"), ROOT / "bindings/python"),
+        "python": Host("python", (str(ROOT / "bindings/python/.venv/bin/python"), "examples/server.py"), ROOT / "bindings/python", blocks_on_sqlite_lock=True),
         "node": Host("node", (node, "examples/node/server.js"), ROOT / "bindings/js", blocks_on_sqlite_lock=True),
     }
 
