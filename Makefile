@@ -46,10 +46,18 @@ serve-node: $(COMPONENT_WASM) ## The example Hono server on Node (PORT=8080, DAT
 
 test: test-rust test-js test-python test-postgres test-faults test-failover dist-check ## Run every suite (Rust, JavaScript, Python, PostgreSQL, faults, failover), then the packages from outside
 
+# Every debug cargo command of make test builds the workspace's default
+# members with the same features (RUST_FEATURES; PG_FEATURES adds test
+# targets only), so wasmtime is compiled once for them all: with `-p` or
+# `cargo build` instead, the features its dependencies are unified with
+# change, and each such command compiled wasmtime again (minutes on 2 cores).
+# `cargo test` also builds the examples (target/debug/examples/serve).
+RUST_FEATURES := idempotency-ledger/tower,idempotency-ledger/opentelemetry,idempotency-ledger/testing
+PG_FEATURES := $(RUST_FEATURES),idempotency-ledger-host-test/postgres-tests,idempotency-ledger-cli/postgres-tests
+RUST_DEBUG_BUILD := $(CARGO) test --locked --no-run --features $(PG_FEATURES)
+
 test-rust: check-imports ## Rust: native core tests, the component under wasmtime over SQLite, the tower layer and the example server
-	$(CARGO) test --locked
-	$(CARGO) build --locked -p idempotency-ledger --features tower --example serve
-	$(CARGO) test --locked -p idempotency-ledger --features tower,opentelemetry,testing --lib --test layer --test exactly_once --test telemetry --test function --test testing --test tracing_events
+	$(CARGO) test --locked --features $(RUST_FEATURES)
 
 SEEDS ?= 0..1000
 STEPS ?= 2000
@@ -92,8 +100,7 @@ serve-python: $(COMPONENT_WASM) ## Example FastAPI server on the Python package 
 
 RACE_KEYS ?= 200
 test-postgres: $(COMPONENT_WASM) ## PostgreSQL: a throwaway local server, every host's suites on it, a 4-process race; then again through PgBouncer (transaction mode)
-	$(CARGO) build --locked -p idempotency-ledger-host-test --features postgres-tests --tests --bin pg-race-worker
-	$(CARGO) build --locked -p idempotency-ledger --features tower --example serve
+	$(RUST_DEBUG_BUILD)
 	$(MAKE) -C bindings/python venv
 	$(MAKE) --no-print-directory -C bindings/js build
 	./scripts/postgres.sh run -- sh -c '$(MAKE) --no-print-directory postgres-suites && ./scripts/pgbouncer.sh run -- $(MAKE) --no-print-directory pooler-suites'
@@ -106,7 +113,7 @@ test-postgres: $(COMPONENT_WASM) ## PostgreSQL: a throwaway local server, every 
 POOLER_PARTS ?= contract,load,exactly-once
 pooler-suites:
 	@test -n "$$IDEMPOTENCY_PG_POOLER" || { echo "error: IDEMPOTENCY_PG_POOLER is not set (use make test-postgres, or scripts/pgbouncer.sh run -- ...)" >&2; exit 1; }
-	IDEMPOTENCY_TEST_BACKEND=postgres $(CARGO) test --locked -p idempotency-ledger-host-test --features postgres-tests \
+	IDEMPOTENCY_TEST_BACKEND=postgres $(CARGO) test --locked --features $(PG_FEATURES) \
 	  --test spec --test vectors --test concurrency --test failures --test hostile
 	FAULTS_RUST_PROFILE=debug $(FAULTS_PY) faults/run.py short --db postgres --parts $(POOLER_PARTS)
 
@@ -114,9 +121,8 @@ pooler-suites:
 # concurrency, failure and hostile tests as over SQLite, in the postgres dialect.
 postgres-suites:
 	@test -n "$$IDEMPOTENCY_PG_URL" || { echo "error: IDEMPOTENCY_PG_URL is not set (use make test-postgres)" >&2; exit 1; }
-	IDEMPOTENCY_TEST_BACKEND=postgres $(CARGO) test --locked -p idempotency-ledger-host-test --features postgres-tests \
+	IDEMPOTENCY_TEST_BACKEND=postgres $(CARGO) test --locked --features $(PG_FEATURES) \
 	  --test spec --test vectors --test concurrency --test failures --test hostile --test postgres
-	$(CARGO) test --locked -p idempotency-ledger-cli --features postgres-tests --test postgres
 	$(MAKE) -C bindings/python test-postgres
 	$(MAKE) -C bindings/js test-postgres
 	bindings/python/.venv/bin/python host-test/pg_race.py --rust-worker target/debug/pg-race-worker --keys $(RACE_KEYS)
@@ -157,7 +163,7 @@ faults-build: $(COMPONENT_WASM) ## Build the three example servers as their serv
 # In make test the Rust server is the debug build test-rust made (a release
 # build of wasmtime would cost CI minutes); faults and soak use the release one.
 test-faults: $(COMPONENT_WASM) ## Faults, short: SIGKILL at chosen points, database faults, 4 s of load and the exactly-once probes per host, on SQLite and PostgreSQL
-	$(CARGO) build --locked -p idempotency-ledger --features tower --example serve
+	$(RUST_DEBUG_BUILD)
 	$(MAKE) --no-print-directory -C bindings/js build
 	$(MAKE) --no-print-directory -C bindings/python venv
 	FAULTS_RUST_PROFILE=debug $(FAULTS_PY) faults/run.py short --db sqlite
@@ -177,7 +183,7 @@ failover: faults-build ## Failover under load: make failover HOST=rust|python|no
 # In make test: the Rust server (debug build) through one failover with
 # synchronous replication in the exactly-once mode, and the read-only switchover.
 test-failover: $(COMPONENT_WASM) ## Failover, short: Rust, synchronous replication: the primary killed (exactly-once mode), the old primary read-only
-	$(CARGO) build --locked -p idempotency-ledger --features tower --example serve
+	$(RUST_DEBUG_BUILD)
 	$(MAKE) --no-print-directory -C bindings/python venv
 	FAULTS_RUST_PROFILE=debug $(FAULTS_PY) faults/run.py failover --host rust --sync on --kinds kill,readonly --orders exactly-once \
 	  --clients 4 --warm-seconds 1 --outage-seconds 1 --after-seconds 3 --grace-seconds 2 --pg-ports $(FAILOVER_PORTS)

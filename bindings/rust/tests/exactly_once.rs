@@ -320,3 +320,38 @@ async fn an_async_transaction_that_cannot_begin_runs_nothing_and_frees_the_key()
     let rows: i64 = rusqlite::Connection::open(&path).expect("open").query_row("SELECT COUNT(*) FROM idempotency_keys", [], |r| r.get(0)).expect("count");
     assert_eq!(rows, 0, "the reservation was released");
 }
+
+/// A renewal that finds the lease gone (another owner took the reservation
+/// over) tells the running handler at once through its `LeaseWatch`, and
+/// the handler's completion is then fenced out (docs/SPEC.md 10.1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_lease_is_told_to_the_running_handler() {
+    use idempotency_ledger::{Feed, Next};
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("l.sqlite");
+    // A 300 ms TTL: renewals every 100 ms.
+    let settings = Settings { pending_ttl_ms: Some(300), ..Settings::default() };
+    let ledger = AsyncLedger::new(Runtime::shared().expect("runtime"), AsyncSqlite::open(&path).expect("sqlite"), settings, SystemClock)
+        .await
+        .expect("ledger");
+    let request = order("lost");
+    let (mut next, mut exchange) = ledger.start(Some("acct"), request.head());
+    while let Next::ReadBody { .. } = next {
+        next = exchange.feed(Feed::Body(&request.body)).await;
+    }
+    assert!(matches!(next, Next::RunHandler(_)), "{next:?}");
+    let mut lease = exchange.lease().expect("renewal is on: the handler gets a lease");
+    assert!(!lease.is_lost());
+    // What a takeover commits: the reservation's next generation.
+    rusqlite::Connection::open(&path)
+        .expect("open")
+        .execute("UPDATE idempotency_keys SET generation = generation + 1 WHERE key = 'lost'", [])
+        .expect("taken over");
+    tokio::time::timeout(Duration::from_secs(5), lease.lost()).await.expect("the next renewal tells the handler");
+    assert!(lease.is_lost());
+    let answer = wit::MutationResponse { status: 201, headers: vec![], body: wit::ResponseBody::Bytes(b"{}".to_vec()) };
+    match exchange.feed(Feed::Handler(wit::HandlerResult::Answered(answer))).await {
+        Next::Respond(answer) => assert_eq!(answer.outcome, Outcome::FencedOut, "{answer:?}"),
+        other => panic!("{other:?}"),
+    }
+}
