@@ -174,9 +174,10 @@ def _run_cursor(cursor: Any, statements: Sequence[Statement]) -> list[StatementR
     return results
 
 
-class SqliteConnectionBatch:
-    """Batches on one `sqlite3.Connection` (serialised by a lock): each is one
-    `BEGIN IMMEDIATE` ... `COMMIT` transaction, rolled back on any error."""
+class _OneConnectionBatch:
+    """Batches on one connection the caller brought: serialised by a lock
+    (which a handler's transaction, `_Held`, takes too) and refused in a
+    forked child. A subclass runs one batch on the connection (`_run`)."""
 
     #: One connection: a handler's transaction holds it (renewals skip it meanwhile).
     one_connection = True
@@ -186,75 +187,75 @@ class SqliteConnectionBatch:
         self._lock = threading.Lock()
         self._fork = _Forked()
 
+    def __call__(self, statements: Sequence[Statement]) -> list[StatementResult]:
+        self._fork.check()
+        with self._lock:
+            return self._run(self.connection, statements)
+
+    def _run(self, conn: Any, statements: Sequence[Statement]) -> list[StatementResult]:
+        raise NotImplementedError
+
+
+class SqliteConnectionBatch(_OneConnectionBatch):
+    """Batches on one `sqlite3.Connection` (serialised by a lock): each is one
+    `BEGIN IMMEDIATE` ... `COMMIT` transaction, rolled back on any error."""
+
     def transaction(self) -> SqliteTransaction:
         """A transactional handler's transaction on this connection."""
         return SqliteTransaction(self)
 
-    def __call__(self, statements: Sequence[Statement]) -> list[StatementResult]:
-        self._fork.check()
-        with self._lock:
-            conn = self.connection
+    def _run(self, conn: Any, statements: Sequence[Statement]) -> list[StatementResult]:
+        try:
+            factory = conn.text_factory
+        except sqlite3.Error as error:
+            raise BatchFailure("database", driver_code(error), str(error)) from error
+        conn.text_factory = _text_factory
+        began = False
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            began = True
+            results: list[StatementResult] = []
+            for sql, params in statements:
+                before = conn.total_changes
+                rows = conn.execute(sql, params).fetchall()
+                results.append((rows, conn.total_changes - before))
+            conn.execute("COMMIT")
+            return results
+        except BaseException as error:
             try:
-                factory = conn.text_factory
-            except sqlite3.Error as error:
+                if began and conn.in_transaction:  # never a transaction the caller left open
+                    conn.execute("ROLLBACK")
+            except Exception:
+                pass
+            if isinstance(error, sqlite3.Error):
                 raise BatchFailure("database", driver_code(error), str(error)) from error
-            conn.text_factory = _text_factory
-            began = False
+            raise
+        finally:
             try:
-                conn.execute("BEGIN IMMEDIATE")
-                began = True
-                results: list[StatementResult] = []
-                for sql, params in statements:
-                    before = conn.total_changes
-                    rows = conn.execute(sql, params).fetchall()
-                    results.append((rows, conn.total_changes - before))
-                conn.execute("COMMIT")
-                return results
-            except BaseException as error:
-                try:
-                    if began and conn.in_transaction:  # never a transaction the caller left open
-                        conn.execute("ROLLBACK")
-                except Exception:
-                    pass
-                if isinstance(error, sqlite3.Error):
-                    raise BatchFailure("database", driver_code(error), str(error)) from error
-                raise
-            finally:
-                try:
-                    conn.text_factory = factory
-                except sqlite3.Error:
-                    pass
+                conn.text_factory = factory
+            except sqlite3.Error:
+                pass
 
 
-class DbapiConnectionBatch:
+class DbapiConnectionBatch(_OneConnectionBatch):
     """Batches on any DB-API 2.0 connection (serialised by a lock): the
     statements on one cursor, then `commit()`; `rollback()` on any error."""
-
-    one_connection = True
-
-    def __init__(self, connection: Any) -> None:
-        self.connection = connection
-        self._lock = threading.Lock()
-        self._fork = _Forked()
 
     def transaction(self) -> DbapiTransaction:
         """A transactional handler's transaction on this connection."""
         return DbapiTransaction(self)
 
-    def __call__(self, statements: Sequence[Statement]) -> list[StatementResult]:
-        self._fork.check()
-        with self._lock:
-            conn = self.connection
+    def _run(self, conn: Any, statements: Sequence[Statement]) -> list[StatementResult]:
+        try:
+            results = _run_cursor(conn.cursor(), statements)
+            conn.commit()
+            return results
+        except Exception as error:
             try:
-                results = _run_cursor(conn.cursor(), statements)
-                conn.commit()
-                return results
-            except Exception as error:
-                try:
-                    conn.rollback()
-                except Exception:
-                    pass
-                raise BatchFailure("database", driver_code(error), str(error) or type(error).__name__) from error
+                conn.rollback()
+            except Exception:
+                pass
+            raise BatchFailure("database", driver_code(error), str(error) or type(error).__name__) from error
 
 
 def connection_batch(connection: Any, dialect: Optional[str], *, busy_timeout_ms: int = 5000) -> tuple[BatchFn, str]:

@@ -333,13 +333,7 @@ class PoolBatch:
             )
 
     def __call__(self, statements: Sequence[Statement]) -> list[StatementResult]:
-        if os.getpid() != self._pid and not self.pool.closed:
-            raise BatchFailure(
-                "unreachable",
-                None,
-                "this psycopg pool was opened before fork(); open the pool in each worker process "
-                "(ConnectionPool(..., open=False) and pool.open() after the fork)",
-            )
+        self._check_fork()
         conn = self._getconn()
         restore = False
         try:
