@@ -1,7 +1,7 @@
 """Type stubs for the native extension (the Rust host crate behind PyO3)."""
 
 from types import TracebackType
-from typing import Any, Callable, Iterable, Literal, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Literal, Mapping, Optional, Protocol, Sequence, Union, type_check_only
 
 from ._types import Outcome
 
@@ -34,10 +34,11 @@ class Ticket:
     def __eq__(self, other: object) -> bool: ...
     def __hash__(self) -> int: ...
 
-class Response:
-    """An HTTP response to send exactly as it is."""
+@type_check_only
+class _ReadsAsResponse(Protocol):
+    """What `Response` and `Handled` both read of a response. Stub-only: each
+    class defines these itself (a `Handled` reads its `response`)."""
 
-    def __init__(self, status: int, headers: HeaderPairs, body: Union[bytes, bytearray, memoryview, None] = None) -> None: ...
     @property
     def status(self) -> int: ...
     @property
@@ -48,9 +49,14 @@ class Response:
     def text(self) -> str: ...
     def header(self, name: str) -> Optional[str]: ...
     def json(self) -> Any: ...
+
+class Response(_ReadsAsResponse):
+    """An HTTP response to send exactly as it is."""
+
+    def __init__(self, status: int, headers: HeaderPairs, body: Union[bytes, bytearray, memoryview, None] = None) -> None: ...
     def __eq__(self, other: object) -> bool: ...
 
-class Handled:
+class Handled(_ReadsAsResponse):
     """What `Ledger.handle` answered: the response to send and how the exchange ended."""
 
     @staticmethod
@@ -65,16 +71,6 @@ class Handled:
     def ticket(self) -> Optional[Ticket]: ...
     @property
     def close(self) -> bool: ...
-    @property
-    def status(self) -> int: ...
-    @property
-    def headers(self) -> Headers: ...
-    @property
-    def body(self) -> bytes: ...
-    @property
-    def text(self) -> str: ...
-    def header(self, name: str) -> Optional[str]: ...
-    def json(self) -> Any: ...
 
 class Config:
     """The settings in force: the WIT `config`, as the core validated it."""
