@@ -17,15 +17,10 @@ from django.http import HttpResponse, JsonResponse
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 
+from django_common import ALLOWED_HOSTS, DEBUG, INSTALLED_APPS, LOGGING_CONFIG, SECRET_KEY, USE_TZ  # noqa: F401 (Django reads them here)
 from idempotency_ledger.django import idempotent, nothing_changed
 
-DEBUG = False
-SECRET_KEY = "test-only"
-ALLOWED_HOSTS = ["*"]
 ROOT_URLCONF = "django_tx_app"
-USE_TZ = True
-INSTALLED_APPS: list[str] = []
-LOGGING_CONFIG = None
 if os.environ.get("APP_PG_URL"):
     _url = urlparse(os.environ["APP_PG_URL"])
     DATABASES: dict[str, Any] = {

@@ -58,6 +58,19 @@ def wsgi_server(app: Any) -> Iterator[str]:
         thread.join(30)
 
 
+def count(base: str) -> int:
+    """How many times the test app at `base` ran its views (its /count view: executions.py)."""
+    import httpx
+
+    return int(httpx.get(base + "/count", timeout=30).json()["count"])
+
+
+def chunked(data: bytes) -> Iterator[bytes]:
+    """`data` as a body of two chunks (sent chunked: no Content-Length)."""
+    yield data[:5]
+    yield data[5:]
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from conftest import rows
-from servers import free_port, process_server
+from servers import chunked, count, free_port, process_server
 
 HERE = Path(__file__).resolve().parent
 SERVERS = ["gunicorn", "runserver", "uvicorn"]
@@ -50,15 +50,6 @@ def send(base: str, path: str, key: str | None = None, user: str | None = "acct-
         headers["X-User"] = user
     # A connection per request: a refused chunked body is left unread on it.
     return httpx.post(base + path, headers=headers, timeout=30, **kwargs)
-
-
-def count(base: str) -> int:
-    return int(httpx.get(base + "/count", timeout=30).json()["count"])
-
-
-def chunked(data: bytes) -> Iterator[bytes]:
-    yield data[:5]
-    yield data[5:]
 
 
 def test_two_chunked_posts_with_one_key_are_never_a_wrong_replay(server: Any) -> None:

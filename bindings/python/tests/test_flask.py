@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from conftest import rows
-from servers import free_port, process_server
+from servers import chunked, count, free_port, process_server
 
 HERE = Path(__file__).resolve().parent
 
@@ -36,15 +36,6 @@ def send(base: str, path: str, key: str | None, **kwargs: Any) -> httpx.Response
     if key is not None:
         headers["Idempotency-Key"] = key
     return httpx.post(base + path, headers=headers, timeout=30, **kwargs)
-
-
-def count(base: str) -> int:
-    return int(httpx.get(base + "/count", timeout=30).json()["count"])
-
-
-def chunked(data: bytes) -> Iterator[bytes]:
-    yield data[:5]
-    yield data[5:]
 
 
 JSON = {"Content-Type": "application/json"}
