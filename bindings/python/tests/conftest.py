@@ -12,6 +12,7 @@ import contextlib
 import os
 import sqlite3
 import sys
+import threading
 import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
@@ -203,6 +204,35 @@ def post(ledger: Ledger, key: str | None, mutation: Callable[[], Any], *, body: 
     if key is not None:
         hs.append(("Idempotency-Key", key))
     return ledger.handle(principal, method, path, hs, body, mutation)
+
+
+def race(ledger: Ledger, key: str, mutation: Callable[[], Any], threads: int) -> list[Any]:
+    """`threads` threads post `key` at once; the handler that runs holds
+    its claim until every other request has been answered, then runs
+    `mutation`. Returns what each request was answered."""
+    barrier = threading.Barrier(threads)
+    release = threading.Event()
+    results: list[Any] = []
+    lock = threading.Lock()
+
+    def slow() -> Any:
+        release.wait(10)  # hold the claim while the others arrive
+        return mutation()
+
+    def worker() -> None:
+        barrier.wait()
+        r = post(ledger, key, slow)
+        with lock:
+            results.append(r)
+            if len(results) == threads - 1:
+                release.set()
+
+    racers = [threading.Thread(target=worker) for _ in range(threads)]
+    for t in racers:
+        t.start()
+    for t in racers:
+        t.join(60)
+    return results
 
 
 @contextlib.contextmanager

@@ -33,6 +33,7 @@ are checked.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sqlite3
@@ -603,35 +604,42 @@ def test_exchange_on_postgres(v: dict[str, Any], lines: Lines) -> None:
 # ------------------------------------------------------------------ sweep and config
 
 
-def _sweep(v: dict[str, Any], db: Database, lines: Lines) -> None:
-    assert set(v) <= {"id", "spec", "config", "rows", "now", "feed", "expect", "rows_after"}, set(v)
+@contextlib.contextmanager
+def _callback_ledger(v: dict[str, Any], db: Database, lines: Lines, clock: Optional[Callable[[], int]] = None) -> Iterator[tuple[_native.NativeLedger, list[Any]]]:
+    """A ledger on `db`'s production batch for a sweep or renewal vector,
+    with the batches it ran (by query name): the vector's scripted `feed`
+    answers each batch instead where it has one. The table holds the
+    vector's `rows` and the lines logged so far are dropped before the
+    body runs; `rows_after` is checked after it."""
     settings, dialect = _settings(v["config"])
+    assert dialect is None or "feed" in v, "only a scripted vector names its dialect"
     batches: list[Any] = []
 
     def run(statements: list[tuple[str, list[Any]]]) -> Any:
         batches.append([QUERIES[dialect or db.dialect].get(sql, sql) for sql, _ in statements])
-        if "feed" in v:
-            feed = v["feed"]
-            if _kind(feed) == "batch-done":
-                return results_of(feed["batch-done"])
-            raise failure_of(feed["batch-failed"])
-        return db.batch(statements)
+        scripted = Run.scripted(v)
+        return scripted() if scripted is not None else db.batch(statements)
 
-    assert dialect is None or "feed" in v, "only a scripted sweep names its dialect"
-    native = _native.NativeLedger.callback(run, dialect or db.dialect, settings)
+    native = _native.NativeLedger.callback(run, dialect or db.dialect, settings, clock)
     try:
         db.migrate()
         db.replace(v["rows"])
         lines.take()
-        report = native.sweep(v["now"])
-        got = {"deleted": report.deleted, "more": report.more, "log": (lines.take() or [None])[0]}
-        assert got == v["expect"], f"{v['id']}: {v['spec']}"
-        assert batches == [["sweep"]], batches
+        yield native, batches
         if v["rows_after"] is not None:
             assert db.rows() == v["rows_after"], f"{v['id']}: rows after"
     finally:
         native.close()
         db.close()
+
+
+def _sweep(v: dict[str, Any], db: Database, lines: Lines) -> None:
+    assert set(v) <= {"id", "spec", "config", "rows", "now", "feed", "expect", "rows_after"}, set(v)
+    with _callback_ledger(v, db, lines) as (native, batches):
+        report = native.sweep(v["now"])
+        got = {"deleted": report.deleted, "more": report.more, "log": (lines.take() or [None])[0]}
+        assert got == v["expect"], f"{v['id']}: {v['spec']}"
+        assert batches == [["sweep"]], batches
 
 
 @pytest.mark.parametrize("v", _vectors("sweep"))
@@ -652,31 +660,13 @@ def test_sweep_on_postgres(v: dict[str, Any], lines: Lines) -> None:
 
 def _renewal(v: dict[str, Any], db: Database, lines: Lines) -> None:
     assert set(v) <= {"id", "spec", "config", "rows", "ticket", "now", "feed", "expect", "rows_after"}, set(v)
-    settings, dialect = _settings(v["config"])
-    assert dialect is None or "feed" in v, "only a scripted renewal names its dialect"
-    batches: list[Any] = []
-
-    def run(statements: list[tuple[str, list[Any]]]) -> Any:
-        batches.append([QUERIES[dialect or db.dialect].get(sql, sql) for sql, _ in statements])
-        scripted = Run.scripted(v)
-        return scripted() if scripted is not None else db.batch(statements)
-
-    native = _native.NativeLedger.callback(run, dialect or db.dialect, settings, lambda: int(v["now"]))
-    try:
-        db.migrate()
-        db.replace(v["rows"])
-        lines.take()
+    with _callback_ledger(v, db, lines, lambda: int(v["now"])) as (native, batches):
         t = v["ticket"]
         state, line = native.renew(Ticket(t["principal"], t["key"], t["fingerprint"], t["generation"], t["created_at"]))
         log = None if line is None else {"level": line[0], "message": line[1]}
         assert {"state": state, "log": log} == v["expect"], f"{v['id']}: {v['spec']}"
         assert lines.take() == ([] if log is None else [log]), "the line is logged as the core worded it"
         assert batches == [["renew"]], batches
-        if v["rows_after"] is not None:
-            assert db.rows() == v["rows_after"], f"{v['id']}: rows after"
-    finally:
-        native.close()
-        db.close()
 
 
 @pytest.mark.parametrize("v", _vectors("renewal"))

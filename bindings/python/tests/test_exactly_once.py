@@ -98,6 +98,12 @@ class Kind:
             self.admin.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
             self.admin.close()
 
+    def __enter__(self) -> "Kind":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 KINDS = [
     "sqlite-path",
@@ -110,11 +116,8 @@ KINDS = [
 
 @pytest.fixture(params=KINDS)
 def kind(request: Any, tmp_path: Path) -> Iterator[Kind]:
-    made = Kind(request.param, tmp_path)
-    try:
+    with Kind(request.param, tmp_path) as made:
         yield made
-    finally:
-        made.close()
 
 
 #: The kinds with more than one connection: another request's batches (and
@@ -125,11 +128,8 @@ POOLED = [k for k in KINDS if (k if isinstance(k, str) else k.values[0]) not in 
 
 @pytest.fixture(params=POOLED)
 def pooled(request: Any, tmp_path: Path) -> Iterator[Kind]:
-    made = Kind(request.param, tmp_path)
-    try:
+    with Kind(request.param, tmp_path) as made:
         yield made
-    finally:
-        made.close()
 
 
 def post(ledger: Ledger, key: str, handler: Callable[[HandlerTransaction], Any], body: bytes = b"{}") -> Any:

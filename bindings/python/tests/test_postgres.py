@@ -25,8 +25,8 @@ import psycopg_pool
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from conftest import LEDGER_WORDS, PG_URL, REQUIRE_PG, T0, ManualClock, Mutation, PostgresStore, fingerprint, pg_schema_url, post
-from idempotency_ledger import Ledger, MutationResponse
+from conftest import LEDGER_WORDS, PG_URL, REQUIRE_PG, T0, ManualClock, Mutation, PostgresStore, fingerprint, pg_schema_url, post, race
+from idempotency_ledger import Ledger
 
 pytestmark = pytest.mark.postgres
 
@@ -439,17 +439,12 @@ def test_connection_killed_mid_batch_fails_closed_then_recovers(make: LedgerFact
     ledger = make(kind, max_size=1, busy_timeout_ms=30_000)
     m = Mutation()
     answer: dict[str, Any] = {}
-    blocker = psycopg.connect(pg.conninfo)
-    try:
-        blocker.execute("LOCK TABLE idempotency_keys IN ACCESS EXCLUSIVE MODE")
+    with pg.writers_blocked():
         t = threading.Thread(target=lambda: answer.setdefault("r", post(ledger, "k", m)))
         t.start()
         _wait_for(lambda: bool(_ledger_pids(pg, waiting_on_lock=True)), "the ledger's batch to wait on the lock")
         _terminate(pg, _ledger_pids(pg, waiting_on_lock=True))
         t.join(30)
-    finally:
-        blocker.rollback()
-        blocker.close()
     r = answer["r"]
     # The server rolls the batch back and ends the session with FATAL 57P01.
     # A driver that reads that error reports it (class 57: io, 500); one that
@@ -484,18 +479,13 @@ def test_exhausted_crate_pool_is_busy_503(make: LedgerFactory, pg: PostgresStore
     ledger = make("crate", max_size=1, busy_timeout_ms=60_000)
     first, second = Mutation(), Mutation()
     answer: dict[str, Any] = {}
-    blocker = psycopg.connect(pg.conninfo)
-    try:
-        blocker.execute("LOCK TABLE idempotency_keys IN ACCESS EXCLUSIVE MODE")
+    with pg.writers_blocked():
         t = threading.Thread(target=lambda: answer.setdefault("r", post(ledger, "first", first)))
         t.start()
         _wait_for(lambda: bool(_ledger_pids(pg, waiting_on_lock=True)), "the first batch to hold the only connection")
         began = time.monotonic()
         r = post(ledger, "second", second)
         waited = time.monotonic() - began
-    finally:
-        blocker.rollback()
-        blocker.close()
     t.join(30)
     assert (r.status, r.header("retry-after"), r.outcome, second.calls) == (503, "1", "ledger-busy", 0)
     assert 4.0 <= waited < 30, waited
@@ -681,29 +671,8 @@ def test_eight_threads_race_one_stale_takeover(make: LedgerFactory, pg: Postgres
         "fingerprint": fingerprint("POST", "/orders", [("Content-Type", "application/json")], FP_BODY),
         "response_status": None, "response_body": None, "response_headers": None, "created_at": 1, "updated_at": 1,
     }])
-    barrier = threading.Barrier(8)
-    release = threading.Event()
     mutation = Mutation(pg)
-    results: list[Any] = []
-    lock = threading.Lock()
-
-    def slow() -> MutationResponse:
-        release.wait(10)
-        return mutation()
-
-    def worker() -> None:
-        barrier.wait()
-        r = post(ledger, "stale", slow)
-        with lock:
-            results.append(r)
-            if len(results) == 7:
-                release.set()
-
-    threads = [threading.Thread(target=worker) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    results = race(ledger, "stale", mutation, 8)
     outcomes = sorted((r.outcome, r.status) for r in results)
     assert mutation.calls == 1 and pg.order_count() == 1, outcomes
     assert outcomes.count(("taken-over", 201)) == 1 and outcomes.count(("in-progress", 409)) == 7, outcomes

@@ -11,10 +11,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from conftest import ConnectionProxy, ManualClock, Mutation, Store, order_count, post, python_connection, rows
+from conftest import ConnectionProxy, ManualClock, Mutation, Store, order_count, post, python_connection, race, rows
 import sqlite3
 
-from idempotency_ledger import Ledger, MutationResponse
+from idempotency_ledger import Ledger
 
 THREADS = 8
 PER_THREAD = 25
@@ -58,29 +58,8 @@ def test_threads_racing_one_key_run_the_mutation_once(store: Store) -> None:
     """SQLite, then PostgreSQL: 8 threads, one pooled connection each at most."""
     ledger = store.ledger(max_size=THREADS) if store.kind == "postgres" else store.ledger()
     ledger.migrate()
-    barrier = threading.Barrier(THREADS)
-    results: list[Any] = []
-    lock = threading.Lock()
-    release = threading.Event()
     mutation = Mutation(store)
-
-    def slow() -> MutationResponse:
-        release.wait(10)  # hold the claim while the others arrive
-        return mutation()
-
-    def worker() -> None:
-        barrier.wait()
-        r = post(ledger, "same", slow)
-        with lock:
-            results.append(r)
-            if len(results) == THREADS - 1:
-                release.set()
-
-    threads = [threading.Thread(target=worker) for _ in range(THREADS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = race(ledger, "same", mutation, THREADS)
     outcomes = sorted((r.outcome, r.status) for r in results)
     assert mutation.calls == 1 and store.order_count() == 1
     executed = [r for r in results if r.outcome == "executed"]
