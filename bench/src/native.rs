@@ -7,7 +7,7 @@ use idempotency_ledger::{MutationResponse, Request};
 use idempotency_ledger_core::{self as core, driven, Action, Answer, Config, Event, HandlerResult, Session};
 
 use rusqlite::types::{Value as SqlValue, ValueRef};
-use rusqlite::{Connection, TransactionBehavior};
+use rusqlite::Connection;
 
 pub struct Native {
     sqlite: NativeSqlite,
@@ -24,7 +24,16 @@ impl driven::Ledger for NativeSqlite {
 }
 
 fn run(conn: &mut Connection, statements: &[core::Statement]) -> rusqlite::Result<Vec<core::StatementResult>> {
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    // BEGIN and COMMIT prepared once, as the host's SQLite backend does.
+    conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+    let ran = run_statements(conn, statements).and_then(|results| conn.prepare_cached("COMMIT")?.execute([]).map(|_| results));
+    if ran.is_err() && !conn.is_autocommit() {
+        let _ = conn.execute_batch("ROLLBACK");
+    }
+    ran
+}
+
+fn run_statements(tx: &Connection, statements: &[core::Statement]) -> rusqlite::Result<Vec<core::StatementResult>> {
     let mut results = Vec::with_capacity(statements.len());
     for statement in statements {
         let before = tx.total_changes();
@@ -55,7 +64,6 @@ fn run(conn: &mut Connection, statements: &[core::Statement]) -> rusqlite::Resul
         drop(rows);
         results.push(core::StatementResult { rows: collected, changes: tx.total_changes() - before });
     }
-    tx.commit()?;
     Ok(results)
 }
 

@@ -89,9 +89,9 @@ impl Exchange {
                     lent.set_renewer(renewer);
                 }
                 let (next, exchange) = if transactional {
-                    lent.start_transactional(principal.as_deref(), &head)
+                    lent.start_transactional(principal.as_deref(), head)
                 } else {
-                    lent.start(principal.as_deref(), &head)
+                    lent.start(principal.as_deref(), head)
                 };
                 let stepped = Stepped { run: HandlerRun::default(), ledger_ns: nanos(exchange.ledger_time()), in_transaction: false, next };
                 let held = (!stepped.next.is_final()).then_some(Held { lent, exchange });

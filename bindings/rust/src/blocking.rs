@@ -252,7 +252,7 @@ impl Ledger {
         B: FnOnce(&Request, &mut Tx<'_>) -> Result<MutationResponse, E>,
     {
         let transactional = matches!(handler, Handler::Transactional(_));
-        let (mut next, mut exchange) = self.start_with(principal, &request.head(), transactional);
+        let (mut next, mut exchange) = self.start_with(principal, request.head(), transactional);
         let mut handler = Some(handler);
         let mut produced: Option<MutationResponse> = None;
         let mut failed: Option<E> = None;
@@ -353,7 +353,7 @@ impl Ledger {
     /// Starts a request's exchange (no call for a method the core does not
     /// protect). Perform the returned [`Next`], then [`Ledger::feed`] what
     /// happened, until a final one.
-    pub fn start(&mut self, principal: Option<&str>, head: &wit::RequestHead) -> (Next, Exchange) {
+    pub fn start(&mut self, principal: Option<&str>, head: wit::RequestHead) -> (Next, Exchange) {
         self.start_with(principal, head, false)
     }
 
@@ -361,11 +361,11 @@ impl Ledger {
     /// `RunHandler` a transaction is open on this ledger's backend
     /// ([`Exchange::in_transaction`]) for the handler's writes; the ledger
     /// commits or rolls it back as the exchange says.
-    pub fn start_transactional(&mut self, principal: Option<&str>, head: &wit::RequestHead) -> (Next, Exchange) {
+    pub fn start_transactional(&mut self, principal: Option<&str>, head: wit::RequestHead) -> (Next, Exchange) {
         self.start_with(principal, head, true)
     }
 
-    fn start_with(&mut self, principal: Option<&str>, head: &wit::RequestHead, transactional: bool) -> (Next, Exchange) {
+    fn start_with(&mut self, principal: Option<&str>, head: wit::RequestHead, transactional: bool) -> (Next, Exchange) {
         let telemetry = Telemetry::start(&head.method, None, self.record_keys);
         let mut exchange = Exchange { epoch: self.epoch, telemetry, ..Exchange::default() };
         if !self.protects(&head.method) {
@@ -379,9 +379,9 @@ impl Ledger {
         (next, exchange)
     }
 
-    fn begin_exchange(&mut self, exchange: &mut Exchange, principal: Option<&str>, head: &wit::RequestHead, transactional: bool) -> Next {
+    fn begin_exchange(&mut self, exchange: &mut Exchange, principal: Option<&str>, head: wit::RequestHead, transactional: bool) -> Next {
         let start = wit::RequestStart {
-            head: head.clone(),
+            head,
             principal: principal.map(str::to_string),
             now: self.clock.now_ms(),
             mode: wit::IoMode::Driven,

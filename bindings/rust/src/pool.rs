@@ -352,7 +352,7 @@ mod tests {
         // Another caller meanwhile gets a ledger of its own.
         pool.with(|other| assert!(other.protects("POST"))).expect("with");
         assert_eq!(pool.idle(), 1);
-        let (next, mut exchange) = lent.start(Some("acct"), &head());
+        let (next, mut exchange) = lent.start(Some("acct"), head());
         assert!(matches!(next, Next::ReadBody { .. }), "{next:?}");
         assert!(matches!(lent.feed(&mut exchange, Feed::Body(b"{}")), Next::RunHandler(_)));
         // Abandoned before the handler answered: freed, nothing more runs, the row stays pending.
@@ -361,7 +361,7 @@ mod tests {
         drop(lent);
         assert_eq!(pool.idle(), 2, "back in the pool");
         let again = pool.with(|ledger| {
-            let (_, mut exchange) = ledger.start(Some("acct"), &head());
+            let (_, mut exchange) = ledger.start(Some("acct"), head());
             match ledger.feed(&mut exchange, Feed::Body(b"{}")) {
                 Next::Respond(answer) => answer.outcome,
                 other => panic!("{other:?}"),

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use rusqlite::types::{Value as SqlValue, ValueRef};
-use rusqlite::{Connection, TransactionBehavior};
+use rusqlite::Connection;
 
 use crate::wit::{BatchError, DatabaseError, StatementResult, Value};
 use crate::{SqlBackend, SqlStatement};
@@ -54,11 +54,21 @@ impl SqliteBackend {
         &self.conn
     }
 
+    /// One batch in one `BEGIN IMMEDIATE` transaction, rolled back when a
+    /// statement or the commit fails (as rusqlite's `Transaction` does). The
+    /// BEGIN and COMMIT are cached statements: parsed once per connection,
+    /// not on every batch.
     fn run(&mut self, statements: &[SqlStatement]) -> rusqlite::Result<Vec<StatementResult>> {
-        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let results = statements.iter().map(|s| run_statement(&tx, s)).collect::<rusqlite::Result<Vec<_>>>()?;
-        tx.commit()?;
-        Ok(results)
+        control(&self.conn, "BEGIN IMMEDIATE")?;
+        let ran = statements
+            .iter()
+            .map(|s| run_statement(&self.conn, s))
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .and_then(|results| control(&self.conn, "COMMIT").map(|()| results));
+        if ran.is_err() && !self.conn.is_autocommit() {
+            let _ = control(&self.conn, "ROLLBACK");
+        }
+        ran
     }
 }
 
@@ -70,7 +80,7 @@ impl SqlBackend for SqliteBackend {
     /// A deferred `BEGIN`: SQLite's writer lock is taken at the first write
     /// and held until the commit (docs/SPEC.md 10.3).
     fn begin(&mut self) -> Result<(), BatchError> {
-        self.conn.execute_batch("BEGIN").map_err(batch_error)
+        control(&self.conn, "BEGIN").map_err(batch_error)
     }
 
     fn execute_in_transaction(&mut self, statements: &[SqlStatement]) -> Result<Vec<StatementResult>, BatchError> {
@@ -78,18 +88,23 @@ impl SqlBackend for SqliteBackend {
     }
 
     fn commit(&mut self) -> Result<(), BatchError> {
-        self.conn.execute_batch("COMMIT").map_err(batch_error)
+        control(&self.conn, "COMMIT").map_err(batch_error)
     }
 
     fn rollback(&mut self) {
         if !self.conn.is_autocommit() {
-            let _ = self.conn.execute_batch("ROLLBACK");
+            let _ = control(&self.conn, "ROLLBACK");
         }
     }
 
     fn sqlite_connection(&mut self) -> Option<&rusqlite::Connection> {
         Some(&self.conn)
     }
+}
+
+/// A transaction control statement (BEGIN, COMMIT, ROLLBACK), prepared once.
+fn control(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([]).map(|_| ())
 }
 
 /// One statement on `conn`: its rows and the rows it changed.

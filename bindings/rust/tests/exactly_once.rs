@@ -220,7 +220,7 @@ fn a_stepped_exchange_tells_its_renewal_interval_and_its_time_in_the_ledger() {
         path_and_query: "/orders".into(),
         headers: vec![wit::Header { name: "Idempotency-Key".into(), value: key.into() }],
     };
-    let (next, mut exchange) = ledger.start_transactional(Some("acct"), &head("k1"));
+    let (next, mut exchange) = ledger.start_transactional(Some("acct"), head("k1"));
     assert!(matches!(next, Next::ReadBody { .. }), "{next:?}");
     assert_eq!(exchange.renew_every_ms(), None, "no handler runs yet");
     let next = ledger.feed(&mut exchange, Feed::Body(b"{}"));
@@ -238,7 +238,7 @@ fn a_stepped_exchange_tells_its_renewal_interval_and_its_time_in_the_ledger() {
     let settings = Settings { lease_renewal: Some(false), ..Settings::default() };
     let backend = SqliteBackend::open(&path).expect("sqlite");
     let mut off = Ledger::new(Runtime::shared().expect("runtime"), backend, settings, clock.clone()).expect("ledger");
-    let (_, mut exchange) = off.start(Some("acct"), &head("k2"));
+    let (_, mut exchange) = off.start(Some("acct"), head("k2"));
     assert!(matches!(off.feed(&mut exchange, Feed::Body(b"{}")), Next::RunHandler(_)));
     assert_eq!(exchange.renew_every_ms(), None, "renewal off");
     off.end(&mut exchange);

@@ -138,7 +138,7 @@ pub fn run(target: Target) -> Result<(), String> {
     step(5, "server A takes order-3 and is still inside the mutation 31 s later, past the 30 s pending TTL; it is alive, so it renews its lease every 10 s");
     let order_3 = order("order-3", r#"{"sku":"C-3","qty":5}"#);
     // The exchange loop a framework adapter runs, written out: start, read the body, run the handler, feed its end.
-    let (mut next, mut exchange) = server_a.start(Some(PRINCIPAL), &order_3.head());
+    let (mut next, mut exchange) = server_a.start(Some(PRINCIPAL), order_3.head());
     let ticket = loop {
         next = match next {
             Next::ReadBody { .. } => server_a.feed(&mut exchange, Feed::Body(&order_3.body)),
