@@ -31,36 +31,21 @@ SYNC="${SYNC:-on}"
 NAME=idempotency_replica
 
 say() { echo "pg-replica.sh: $*" >&2; }
+. "$(dirname "${BASH_SOURCE[0]}")/lib/pg-common.sh"
 
 primary_port() {
     if [ -n "${PG_PRIMARY_PORT:-}" ]; then echo "$PG_PRIMARY_PORT"; return; fi
     local url="${IDEMPOTENCY_PG_DIRECT_URL:-${IDEMPOTENCY_PG_URL:-}}"
     [ -n "$url" ] || { say "no primary: set IDEMPOTENCY_PG_URL (scripts/postgres.sh run -- $0 run -- ...) or PG_PRIMARY_PORT"; exit 2; }
-    local hostport="${url#*://}"
-    hostport="${hostport#*@}"
-    hostport="${hostport%%/*}"
-    hostport="${hostport%%\?*}"
-    case "$hostport" in *:*) echo "${hostport##*:}" ;; *) echo 5432 ;; esac
+    url_port "$url"
 }
 
 primary_dir() { echo "${PG_PRIMARY_DIR:-/tmp/idempotency-ledger-pg-$(primary_port)}"; }
 
 find_bindir() {
-    local d
-    for d in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V -r); do
-        [ -x "$d/pg_basebackup" ] && { echo "$d"; return 0; }
-    done
-    command -v pg_basebackup >/dev/null 2>&1 && { dirname "$(command -v pg_basebackup)"; return 0; }
+    pg_bindir_of pg_basebackup && return 0
     say "pg_basebackup not found (scripts/postgres.sh installs Debian's postgresql package)"
     return 1
-}
-
-as_pg() {
-    if [ "$(id -u)" = 0 ]; then
-        runuser -u postgres -- "$@"
-    else
-        "$@"
-    fi
 }
 
 url() { echo "postgresql://postgres@127.0.0.1:$REPLICA_PORT/postgres"; }
@@ -127,10 +112,7 @@ promote() {
 stop() {
     local bin
     bin="$(find_bindir 2>/dev/null)" || return 0
-    if [ -f "$REPLICA_DIR/data/postmaster.pid" ]; then
-        as_pg "$bin/pg_ctl" -D "$REPLICA_DIR/data" -m fast -w stop >/dev/null 2>&1 || true
-        [ "${1:-}" = quiet ] || say "stopped"
-    fi
+    pg_ctl_stop "$bin" "$REPLICA_DIR/data" "${1:-}"
 }
 
 case "${1:-}" in

@@ -55,6 +55,7 @@ if [ "$PGB_MODE" = session ]; then PGB_POOL_SIZE="${PGB_POOL_SIZE:-60}"; else PG
 PGB_DIR="${PGB_DIR:-/tmp/idempotency-ledger-pgbouncer-$PGB_PORT}"
 
 say() { echo "pgbouncer.sh: $*" >&2; }
+. "$(dirname "${BASH_SOURCE[0]}")/lib/pg-common.sh"
 
 case "$PGB_MODE" in transaction | session) ;; *) say "PGB_MODE must be transaction or session"; exit 2 ;; esac
 case "$PGB_AUTH" in trust | md5) ;; *) say "PGB_AUTH must be trust or md5"; exit 2 ;; esac
@@ -64,11 +65,7 @@ upstream_port() {
     if [ -n "${PGB_UPSTREAM_PORT:-}" ]; then echo "$PGB_UPSTREAM_PORT"; return; fi
     local url="${IDEMPOTENCY_PG_DIRECT_URL:-${IDEMPOTENCY_PG_URL:-}}"
     [ -n "$url" ] || { say "no upstream: set IDEMPOTENCY_PG_URL (scripts/postgres.sh run -- $0 run -- ...) or PGB_UPSTREAM_PORT"; exit 2; }
-    local hostport="${url#*://}"
-    hostport="${hostport#*@}"
-    hostport="${hostport%%/*}"
-    hostport="${hostport%%\?*}"
-    case "$hostport" in *:*) echo "${hostport##*:}" ;; *) echo 5432 ;; esac
+    url_port "$url"
 }
 
 url() {
@@ -82,29 +79,10 @@ url() {
 ensure_installed() {
     command -v pgbouncer >/dev/null 2>&1 && return 0
     [ -x /usr/sbin/pgbouncer ] && return 0
-    if [ "$(id -u)" != 0 ]; then
-        say "PgBouncer is not installed and we are not root: run 'apt-get install -y pgbouncer' first"
-        exit 1
-    fi
-    say "installing Debian's pgbouncer package"
-    export DEBIAN_FRONTEND=noninteractive
-    # The package's post-install would start its own instance; a policy-rc.d keeps it from starting.
-    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
-    (apt-get install -y --no-install-recommends pgbouncer >/dev/null 2>&1 ||
-        { apt-get update >/dev/null && apt-get install -y --no-install-recommends pgbouncer >/dev/null; }) ||
-        { rm -f /usr/sbin/policy-rc.d; say "apt-get install pgbouncer failed"; exit 1; }
-    rm -f /usr/sbin/policy-rc.d
+    apt_install_server pgbouncer PgBouncer
 }
 
 bouncer_bin() { command -v pgbouncer 2>/dev/null || echo /usr/sbin/pgbouncer; }
-
-as_pg() {
-    if [ "$(id -u)" = 0 ]; then
-        runuser -u postgres -- "$@"
-    else
-        "$@"
-    fi
-}
 
 # md5 of password + user, as pg_authid stores it.
 md5_secret() { printf 'md5%s' "$(printf '%s%s' "$PGB_PASSWORD" postgres | md5sum | cut -d' ' -f1)"; }

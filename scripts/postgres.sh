@@ -22,41 +22,14 @@ PG_DIR="${PG_DIR:-/tmp/idempotency-ledger-pg-$PG_PORT}"
 URL="postgresql://postgres@127.0.0.1:$PG_PORT/postgres"
 
 say() { echo "postgres.sh: $*" >&2; }
+. "$(dirname "${BASH_SOURCE[0]}")/lib/pg-common.sh"
 
-find_bindir() {
-    local d
-    for d in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V -r); do
-        [ -x "$d/initdb" ] && { echo "$d"; return 0; }
-    done
-    command -v initdb >/dev/null 2>&1 && { dirname "$(command -v initdb)"; return 0; }
-    return 1
-}
+find_bindir() { pg_bindir_of initdb; }
 
 ensure_installed() {
     if find_bindir >/dev/null; then return 0; fi
-    if [ "$(id -u)" != 0 ]; then
-        say "PostgreSQL is not installed and we are not root: run 'apt-get install -y postgresql' first"
-        exit 1
-    fi
-    say "installing Debian's postgresql package"
-    export DEBIAN_FRONTEND=noninteractive
-    # The package's post-install creates and starts a default cluster; we do
-    # not use it, and a policy-rc.d keeps it from starting.
-    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
-    (apt-get install -y --no-install-recommends postgresql >/dev/null 2>&1 ||
-        { apt-get update >/dev/null && apt-get install -y --no-install-recommends postgresql >/dev/null; }) ||
-        { rm -f /usr/sbin/policy-rc.d; say "apt-get install postgresql failed"; exit 1; }
-    rm -f /usr/sbin/policy-rc.d
+    apt_install_server postgresql PostgreSQL
     find_bindir >/dev/null || { say "postgresql installed but no initdb found"; exit 1; }
-}
-
-# Runs a server binary as the postgres user when root.
-as_pg() {
-    if [ "$(id -u)" = 0 ]; then
-        runuser -u postgres -- "$@"
-    else
-        "$@"
-    fi
 }
 
 start() {
@@ -97,10 +70,7 @@ make_certificates() {
 stop() {
     local bin
     bin="$(find_bindir 2>/dev/null)" || return 0
-    if [ -f "$PG_DIR/data/postmaster.pid" ]; then
-        as_pg "$bin/pg_ctl" -D "$PG_DIR/data" -m fast -w stop >/dev/null 2>&1 || true
-        [ "${1:-}" = quiet ] || say "stopped"
-    fi
+    pg_ctl_stop "$bin" "$PG_DIR/data" "${1:-}"
 }
 
 case "${1:-}" in
