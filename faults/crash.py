@@ -133,6 +133,12 @@ class Crash:
 
         return wait_until(found, timeout, 0.005)
 
+    def post_in_background(self, label: str, delay: int) -> tuple[Key, Background, Optional[Row]]:
+        """A new key posted in the background, and its pending row once the claim shows (None if it never does)."""
+        k = self.new_key(label, delay=delay)
+        bg = k.background(self.server.port)
+        return k, bg, self.wait_row(k)
+
     def fresh_ok(self, k: Key, a: Answer, what: str) -> bool:
         ok = a.status == 201 and not a.replayed
         if ok:
@@ -365,9 +371,7 @@ class Crash:
         """The kill the moment the side effect shows: the completion races it."""
         srv = self.server
         base = self.count()
-        b = self.new_key("B", delay=300)
-        bg = b.background(srv.port)
-        row = self.wait_row(b)
+        b, bg, row = self.post_in_background("B", delay=300)
         self.check(row is not None, "B: no pending claim")
         if row is None:
             return
@@ -398,9 +402,7 @@ class Crash:
         assert self.proxy is not None
         srv = self.server
         base = self.count()
-        b = self.new_key("B", delay=500)
-        bg = b.background(srv.port)
-        row = self.wait_row(b)
+        b, bg, row = self.post_in_background("B", delay=500)
         self.check(row is not None, "B: no pending claim")
         if row is None:
             return

@@ -26,8 +26,9 @@ import random
 import subprocess
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import load
 from answers import ORDER_NOT_WRITTEN, post_order
@@ -208,6 +209,19 @@ class FaultRun:
 # ---------------------------------------------------------------- the faults
 
 
+@contextmanager
+def serving(server: Server, report: Report, fault: str) -> Iterator[Server]:
+    """The started server for one fault: stopped with SIGTERM once the fault
+    is done (its exit code checked), killed if anything failed before."""
+    try:
+        yield server
+        code = server.stop()
+        report.check(code == 0, f"{server.host.name}/{fault}: SIGTERM exit code {code}")
+    finally:
+        if server.alive():
+            server.kill()
+
+
 TMPFS_MIB = 256
 
 
@@ -220,45 +234,40 @@ def sqlite_full(server_factory: Callable[[str], Server], workdir: Path, report: 
     # keys a second from the fastest server): the fault is the filler, never
     # the ledger filling the disk by itself (checked after each cycle).
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_MIB}m", "tmpfs", str(mnt)], check=True)
-    server = None
     try:
         ledger = SqliteLedger(mnt / "ledger.sqlite")
-        server = server_factory(ledger.url()).start()
-        run = FaultRun("sqlite-full", server, ledger, report, ttl_ms, clients=clients, payload_size=2000, orders=orders)
-        filler = mnt / "filler"
-        fills = {"bytes": 0, "enospc_writes": 0}
+        with serving(server_factory(ledger.url()).start(), report, "sqlite-full") as server:
+            run = FaultRun("sqlite-full", server, ledger, report, ttl_ms, clients=clients, payload_size=2000, orders=orders)
+            filler = mnt / "filler"
+            fills = {"bytes": 0, "enospc_writes": 0}
 
-        def inject(r: FaultRun, cycle: int) -> None:
-            start = time.time()
-            fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                for size in (1 << 20, 65536, 4096, 512, 1):
-                    chunk = b"\0" * size
-                    while True:
-                        try:
-                            fills["bytes"] += os.write(fd, chunk)
-                        except OSError as e:
-                            if e.errno != errno.ENOSPC:
-                                raise
-                            break
-            finally:
-                os.close(fd)
-            time.sleep(timing.fault)
-            filler.unlink()
-            r.faults.add(start, time.time())
-            st = os.statvfs(mnt)
-            free_mib = st.f_bavail * st.f_frsize / 1048576
-            report.check(free_mib >= TMPFS_MIB / 4, f"sqlite-full: only {free_mib:.0f} MiB free after the filler was deleted: the ledger filled the {TMPFS_MIB} MiB tmpfs by itself (a harness sizing problem, not a fault that ends)")
+            def inject(r: FaultRun, cycle: int) -> None:
+                start = time.time()
+                fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                try:
+                    for size in (1 << 20, 65536, 4096, 512, 1):
+                        chunk = b"\0" * size
+                        while True:
+                            try:
+                                fills["bytes"] += os.write(fd, chunk)
+                            except OSError as e:
+                                if e.errno != errno.ENOSPC:
+                                    raise
+                                break
+                finally:
+                    os.close(fd)
+                time.sleep(timing.fault)
+                filler.unlink()
+                r.faults.add(start, time.time())
+                st = os.statvfs(mnt)
+                free_mib = st.f_bavail * st.f_frsize / 1048576
+                report.check(free_mib >= TMPFS_MIB / 4, f"sqlite-full: only {free_mib:.0f} MiB free after the filler was deleted: the ledger filled the {TMPFS_MIB} MiB tmpfs by itself (a harness sizing problem, not a fault that ends)")
 
-        figures = run.run(inject, timing, grace=1.0)
-        figures["filled_mib"] = round(fills["bytes"] / 1048576, 1)
-        figures["how"] = f"tmpfs of {TMPFS_MIB} MiB filled by a filler file (ENOSPC), then the filler deleted"
-        code = server.stop()
-        report.check(code == 0, f"{server.host.name}/sqlite-full: SIGTERM exit code {code}")
-        return figures
+            figures = run.run(inject, timing, grace=1.0)
+            figures["filled_mib"] = round(fills["bytes"] / 1048576, 1)
+            figures["how"] = f"tmpfs of {TMPFS_MIB} MiB filled by a filler file (ENOSPC), then the filler deleted"
+            return figures
     finally:
-        if server is not None and server.alive():
-            server.kill()
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
@@ -269,29 +278,25 @@ def sqlite_readonly(server_factory: Callable[[str], Server], workdir: Path, repo
         report.note("sqlite-readonly not run: chattr +i does not stop writes on this filesystem")
         return {"not_run": "no chattr +i"}
     ledger = SqliteLedger(d / "ledger.sqlite")
-    server = server_factory(ledger.url()).start()
     files = [str(ledger.path), str(ledger.path) + "-wal"]
     try:
-        run = FaultRun("sqlite-readonly", server, ledger, report, ttl_ms, clients=clients, orders=orders)
+        with serving(server_factory(ledger.url()).start(), report, "sqlite-readonly") as server:
+            run = FaultRun("sqlite-readonly", server, ledger, report, ttl_ms, clients=clients, orders=orders)
 
-        def inject(r: FaultRun, cycle: int) -> None:
-            start = time.time()
-            subprocess.run(["chattr", "+i", *files], check=True)
-            try:
-                time.sleep(timing.fault)
-            finally:
-                subprocess.run(["chattr", "-i", *files], check=True)
-            r.faults.add(start, time.time())
+            def inject(r: FaultRun, cycle: int) -> None:
+                start = time.time()
+                subprocess.run(["chattr", "+i", *files], check=True)
+                try:
+                    time.sleep(timing.fault)
+                finally:
+                    subprocess.run(["chattr", "-i", *files], check=True)
+                r.faults.add(start, time.time())
 
-        figures = run.run(inject, timing, grace=1.0)
-        figures["how"] = "chattr +i on the database file and its -wal (ext4: writes through open descriptors fail with EPERM), then chattr -i"
-        code = server.stop()
-        report.check(code == 0, f"{server.host.name}/sqlite-readonly: SIGTERM exit code {code}")
-        return figures
+            figures = run.run(inject, timing, grace=1.0)
+            figures["how"] = "chattr +i on the database file and its -wal (ext4: writes through open descriptors fail with EPERM), then chattr -i"
+            return figures
     finally:
         subprocess.run(["chattr", "-i", *files], capture_output=True)
-        if server.alive():
-            server.kill()
 
 
 def sqlite_readonly_open(server_factory: Callable[..., Server], workdir: Path, report: Report, ttl_ms: int, timing: Timing, clients: int) -> dict[str, Any]:
@@ -389,8 +394,7 @@ def sqlite_readonly_open(server_factory: Callable[..., Server], workdir: Path, r
 
 
 def pg_restart(server_factory: Callable[[str], Server], ledger: PgLedger, report: Report, ttl_ms: int, timing: Timing, clients: int, orders: Optional[OrdersMode] = None) -> dict[str, Any]:
-    server = server_factory(ledger.url()).start()
-    try:
+    with serving(server_factory(ledger.url()).start(), report, "pg-restart") as server:
         run = FaultRun("pg-restart", server, ledger, report, ttl_ms, clients=clients, orders=orders)
         log: list[str] = []
 
@@ -412,17 +416,11 @@ def pg_restart(server_factory: Callable[[str], Server], ledger: PgLedger, report
         figures = run.run(inject, timing, grace=5.0)
         figures["how"] = "cycles alternating pg_ctl stop -m immediate + an outage + pg_ctl restart (crash recovery), and pg_ctl restart -m fast"
         figures["pg_ctl"] = log
-        code = server.stop()
-        report.check(code == 0, f"{server.host.name}/pg-restart: SIGTERM exit code {code}")
         return figures
-    finally:
-        if server.alive():
-            server.kill()
 
 
 def pg_terminate(server_factory: Callable[[str], Server], ledger: PgLedger, report: Report, ttl_ms: int, timing: Timing, clients: int, orders: Optional[OrdersMode] = None) -> dict[str, Any]:
-    server = server_factory(ledger.url()).start()
-    try:
+    with serving(server_factory(ledger.url()).start(), report, "pg-terminate") as server:
         run = FaultRun("pg-terminate", server, ledger, report, ttl_ms, clients=clients, orders=orders)
         killed = {"backends": 0, "rounds": 0}
 
@@ -438,9 +436,4 @@ def pg_terminate(server_factory: Callable[[str], Server], ledger: PgLedger, repo
         figures = run.run(inject, timing, grace=3.0)
         figures["how"] = "pg_terminate_backend on every connection of the server, every 50-300 ms"
         figures["backends_terminated"] = killed["backends"]
-        code = server.stop()
-        report.check(code == 0, f"{server.host.name}/pg-terminate: SIGTERM exit code {code}")
         return figures
-    finally:
-        if server.alive():
-            server.kill()

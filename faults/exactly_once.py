@@ -212,6 +212,20 @@ class OrdersCrash(crash.Crash):
         acked = {k.ident} if any(a.status == 201 for a in k.answers) else set()
         self.figures.append(check_orders(self.report, self.ledger, self.mode, [k.ident], acked, f"{self.host}/{self.ledger.kind} {self.mode.name} {what} {k.label}"))
 
+    def kill_in_flight(self, k: crash.Key, bg: Background) -> None:
+        """SIGKILL while the key's request is in flight; an answer it still got is the key's."""
+        self.server.kill()
+        self.tally["kills"] += 1
+        bg.join(30)
+        if bg.answer is not None:
+            k.answers.append(bg.answer)
+
+    def restart_and_settle(self, k: crash.Key, what: str) -> None:
+        """Restarts the killed server, then settles the key as the kill left it."""
+        self.server.restart()
+        row, n = self.after_kill(k, what)
+        self.settle(k, row, n, what)
+
     # ------------------------------------------------------------- rounds
 
     def round_x(self) -> None:
@@ -242,9 +256,7 @@ class OrdersCrash(crash.Crash):
         assert isinstance(self.ledger, PgLedger)
         led = self.ledger
         srv = self.server
-        k = self.new_key("H", delay=200)
-        bg = k.background(srv.port)
-        row = self.wait_row(k)
+        k, bg, row = self.post_in_background("H", delay=200)
         self.check(row is not None, f"H {k.label}: no pending claim")
         if row is None:
             bg.join(30)
@@ -265,45 +277,25 @@ class OrdersCrash(crash.Crash):
         bg.join(30)
         self.check(bg.answer is None, f"H {k.label}: an answer came from a killed server")
         time.sleep(0.3)  # a completion flight sent before the kill may commit once the lock went (plain)
-        srv.restart()
-        row, n = self.after_kill(k, "H")
-        self.settle(k, row, n, "H")
+        self.restart_and_settle(k, "H")
 
     def round_w(self) -> None:
         """Plain: SIGKILL the moment the order's row shows (the completion races it)."""
-        srv = self.server
-        k = self.new_key("W", delay=100)
-        bg = k.background(srv.port)
-        row = self.wait_row(k)
+        k, bg, row = self.post_in_background("W", delay=100)
         self.check(row is not None, f"W {k.label}: no pending claim")
         seen = wait_until(lambda: order_rows(self.ledger, k.ident) >= 1, 10, 0.002)
         self.check(bool(seen), f"W {k.label}: the order's row never showed")
-        srv.kill()
-        self.tally["kills"] += 1
-        bg.join(30)
-        if bg.answer is not None:
-            k.answers.append(bg.answer)
-        srv.restart()
-        row, n = self.after_kill(k, "W")
-        self.settle(k, row, n, "W")
+        self.kill_in_flight(k, bg)
+        self.restart_and_settle(k, "W")
 
     def round_r(self) -> None:
         """SIGKILL at a random instant around the end of the handler's 100 ms
         (before the write, between the write and the commit, or after it)."""
-        srv = self.server
-        k = self.new_key("R", delay=100)
-        bg = k.background(srv.port)
-        row = self.wait_row(k, timeout=10)
+        k, bg, row = self.post_in_background("R", delay=100)
         self.check(row is not None, f"R {k.label}: no pending claim")
         time.sleep(random.uniform(0.085, 0.13))
-        srv.kill()
-        self.tally["kills"] += 1
-        bg.join(30)
-        if bg.answer is not None:
-            k.answers.append(bg.answer)
-        srv.restart()
-        row, n = self.after_kill(k, "R")
-        self.settle(k, row, n, "R")
+        self.kill_in_flight(k, bg)
+        self.restart_and_settle(k, "R")
 
     def round_load(self, seconds: float) -> None:
         """E under orders: a kill at a random instant under load, then every key retried."""
