@@ -259,20 +259,14 @@ impl Session {
         }
         let shaped = responses::shape(&self.config, response);
         let log = shaped.unstorable.map(|why| log::unstorable(&self.config, ticket, status, why));
-        let statement = Statement {
-            query: Query::Complete,
-            params: vec![
-                Value::Integer(i64::from(shaped.status)),
-                shaped.body.map_or(Value::Null, Value::Text),
-                Value::Text(shaped.headers_json),
-                Value::Integer(now),
-                text(&ticket.principal),
-                text(&ticket.key),
-                Value::Integer(ticket.generation),
-                Value::Integer(ticket.created_at),
-                text(&ticket.fingerprint),
-            ],
-        };
+        let mut params = vec![
+            Value::Integer(i64::from(shaped.status)),
+            shaped.body.map_or(Value::Null, Value::Text),
+            Value::Text(shaped.headers_json),
+            Value::Integer(now),
+        ];
+        params.extend(owned_row(ticket));
+        let statement = Statement { query: Query::Complete, params };
         Ok(CompletionPlan { statements: vec![statement], action: CompletionAction::Store, answer: shaped.answer, sweep_due, log })
     }
 
@@ -307,16 +301,7 @@ impl Session {
     }
 
     pub fn release_statements(&self, ticket: &Ticket) -> Vec<Statement> {
-        vec![Statement {
-            query: Query::Release,
-            params: vec![
-                text(&ticket.principal),
-                text(&ticket.key),
-                Value::Integer(ticket.generation),
-                Value::Integer(ticket.created_at),
-                text(&ticket.fingerprint),
-            ],
-        }]
+        vec![Statement { query: Query::Release, params: owned_row(ticket).into() }]
     }
 
     /// True when the row was released, false when the ticket no longer owned it.
@@ -373,17 +358,9 @@ impl Session {
     /// SPEC 10: the renewal of a running owner's lease.
     pub fn plan_renewal(&self, ticket: &Ticket, now: i64) -> Result<Vec<Statement>, ProtocolError> {
         check_ticket(ticket)?;
-        Ok(vec![Statement {
-            query: Query::Renew,
-            params: vec![
-                Value::Integer(now),
-                text(&ticket.principal),
-                text(&ticket.key),
-                Value::Integer(ticket.generation),
-                Value::Integer(ticket.created_at),
-                text(&ticket.fingerprint),
-            ],
-        }])
+        let mut params = vec![Value::Integer(now)];
+        params.extend(owned_row(ticket));
+        Ok(vec![Statement { query: Query::Renew, params }])
     }
 
     /// Reads a renewal batch's result (or failure): held, lost, or unknown,
@@ -505,6 +482,19 @@ fn check_ticket(ticket: &Ticket) -> Result<(), ProtocolError> {
 
 fn text(s: &str) -> Value {
     Value::Text(s.into())
+}
+
+/// The parameters of the `principal = ? AND key = ? AND generation = ? AND
+/// created_at = ? AND fingerprint = ?` that the completion, the release and
+/// the renewal name the ticket's row by (sql.rs), in that order.
+fn owned_row(ticket: &Ticket) -> [Value; 5] {
+    [
+        text(&ticket.principal),
+        text(&ticket.key),
+        Value::Integer(ticket.generation),
+        Value::Integer(ticket.created_at),
+        text(&ticket.fingerprint),
+    ]
 }
 
 fn malformed(message: String) -> ProtocolError {
