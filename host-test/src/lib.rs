@@ -21,18 +21,8 @@ pub use idempotency_ledger;
 pub mod convert;
 pub mod sim;
 
-pub const COLUMNS: [&str; 10] = [
-    "principal",
-    "key",
-    "fingerprint",
-    "status",
-    "generation",
-    "response_status",
-    "response_body",
-    "response_headers",
-    "created_at",
-    "updated_at",
-];
+/// The columns of `idempotency_keys`, in the schema's order.
+pub use idempotency_ledger_core::sql::COLUMNS;
 
 /// 2026-01-01T00:00:00Z, the tests' epoch.
 pub const T0: i64 = 1_767_225_600_000;
@@ -486,6 +476,25 @@ impl log::Log for Capture {
         LOG.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner()).push(format!("{} {}", record.level(), record.args()));
     }
     fn flush(&self) {}
+}
+
+/// Handles `request` as `principal` with a handler that only notes that it
+/// ran: the ledger's answer (`expect`: why there must be one, not the
+/// handler's error), and whether the handler ran.
+pub fn handle_watched(
+    ledger: &mut Ledger,
+    principal: &str,
+    request: &idempotency_ledger::Request,
+    expect: &str,
+) -> (idempotency_ledger::Handled, bool) {
+    let ran = std::cell::Cell::new(false);
+    let handled = ledger
+        .handle(principal, request, |_| {
+            ran.set(true);
+            Ok::<_, String>(idempotency_ledger::MutationResponse::text(200, "the handler ran"))
+        })
+        .expect(expect);
+    (handled, ran.get())
 }
 
 /// A request's head as the WIT carries it.

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use idempotency_ledger::wit::{BatchError, DatabaseError};
 use idempotency_ledger::{ManualClock, MutationResponse, Outcome, Request, Settings};
-use idempotency_ledger_host_test::{capture_logs, logged, TestDb, T0};
+use idempotency_ledger_host_test::{capture_logs, handle_watched, logged, TestDb, T0};
 
 /// The lines logged for `principal` (tests share the process's logger).
 fn lines_for(principal: &str) -> Vec<String> {
@@ -107,14 +107,8 @@ fn failed_claim_never_runs_the_mutation_and_the_ledger_recovers() {
     .enumerate()
     {
         probe.fail_batch(1, error.clone());
-        let ran = std::cell::Cell::new(false);
         let principal = format!("failed-claim-{i}");
-        let h = ledger
-            .handle(principal.as_str(), &order("k", "{}"), |_| {
-                ran.set(true);
-                created(&Request::default())
-            })
-            .expect("a decision failure is the core's answer, not the handler's error");
+        let (h, ran) = handle_watched(&mut ledger, &principal, &order("k", "{}"), "a decision failure is the core's answer, not the handler's error");
         assert_eq!((h.outcome, h.response.status, h.ticket.is_none()), (outcome, status, true), "{error:?}");
         assert_eq!(h.response.header("content-type"), Some("application/json"));
         let code = if outcome == Outcome::LedgerOutcomeUnknown { "idempotency_ledger_outcome_unknown" } else { "idempotency_ledger_unavailable" };
@@ -128,7 +122,7 @@ fn failed_claim_never_runs_the_mutation_and_the_ledger_recovers() {
         let lines = lines_for(&principal);
         assert_eq!(lines.len(), 1, "{error:?}: one line logged: {lines:?}");
         assert!(lines[0].starts_with("ERROR [idempotency] ") && lines[0].contains(classified), "{error:?}: {lines:?}");
-        assert!(!ran.get(), "{error:?}: no mutation without a won claim");
+        assert!(!ran, "{error:?}: no mutation without a won claim");
         assert!(db.rows().is_empty(), "{error:?}: the failed batch left nothing behind");
     }
     let h = ledger.handle("p", &order("k", "{}"), created).expect("the ledger works again");
@@ -186,17 +180,11 @@ fn a_panicking_backend_traps_and_the_next_request_works() {
     let clock = ManualClock::new(T0);
     let (mut ledger, probe) = db.instrumented(&clock, Settings::default());
     probe.panic_batch(1);
-    let ran = std::cell::Cell::new(false);
-    let trapped = ledger
-        .handle("p", &order("k", "{}"), |_| {
-            ran.set(true);
-            created(&Request::default())
-        })
-        .expect("the core's fault reply (asked at open), not the handler's error");
+    let (trapped, ran) = handle_watched(&mut ledger, "p", &order("k", "{}"), "the core's fault reply (asked at open), not the handler's error");
     // The component trapped inside its ledger import: the request's outcome
     // is unknown to it, and it answers with the reply `session.fault` gave.
     assert_eq!((trapped.outcome, trapped.response.status), (Outcome::InternalError, 500));
-    assert!(!ran.get());
+    assert!(!ran);
     let h = ledger.handle("p", &order("k", "{}"), created).expect("a fresh instance serves the next request");
     assert_eq!(h.outcome, Outcome::Executed);
     assert_eq!(probe.batches(), 3, "the trapped batch, then decide and complete");

@@ -5,7 +5,7 @@ use idempotency_ledger::wit::{BatchError, StatementResult, Value};
 use idempotency_ledger::{
     Error, Ledger, ManualClock, MutationResponse, Outcome, ProtocolError, Request, Settings, SqlBackend, SqlStatement,
 };
-use idempotency_ledger_host_test::{capture_logs, component_fingerprint, logged, runtime, TestDb, T0};
+use idempotency_ledger_host_test::{capture_logs, component_fingerprint, handle_watched, logged, runtime, TestDb, T0};
 use serde_json::json;
 
 fn req(key: &str, body: Vec<u8>) -> Request {
@@ -104,21 +104,15 @@ fn principal_too_long_or_with_nul_fails_closed_with_500() {
     capture_logs();
     let db = TestDb::new();
     let mut ledger = db.ledger(&ManualClock::new(T0));
-    let ran = std::cell::Cell::new(false);
     for (principal, why) in [("p".repeat(5000), "principal longer than 4096 bytes"), ("hostile\u{0}principal".into(), "principal contains a NUL")] {
-        let h = ledger
-            .handle(principal.as_str(), &req("k", vec![]), |_| {
-                ran.set(true);
-                Ok::<_, String>(MutationResponse::text(200, "x"))
-            })
-            .expect("the core's answer");
+        let (h, ran) = handle_watched(&mut ledger, &principal, &req("k", vec![]), "the core's answer");
+        assert!(!ran, "{why}: the mutation never runs");
         assert_eq!((h.outcome, h.response.status), (Outcome::PrincipalInvalid, 500), "{why}");
         assert!(
             logged().iter().any(|l| l.starts_with("ERROR") && l.contains("the host's principal is unusable") && l.contains(why)),
             "{why}: logged"
         );
     }
-    assert!(!ran.get());
     assert!(db.rows().is_empty());
 }
 
@@ -270,21 +264,15 @@ fn malformed_sql_results_fail_closed() {
         let db = TestDb::new();
         let backend = Tampering(db.backend(), tamper);
         let mut ledger = Ledger::new(runtime(), backend, Settings::default(), ManualClock::new(T0)).expect("ledger");
-        let ran = std::cell::Cell::new(false);
         let principal = format!("tampered: {what}");
-        let h = ledger
-            .handle(principal.as_str(), &req("k", vec![]), |_| {
-                ran.set(true);
-                Ok::<_, String>(MutationResponse::text(200, "x"))
-            })
-            .expect("the core's answer");
+        let (h, ran) = handle_watched(&mut ledger, &principal, &req("k", vec![]), "the core's answer");
         assert_eq!((h.outcome, h.response.status), (Outcome::LedgerFailed, 500), "{what}");
         let needle = format!("principal={principal:?}");
         assert!(
             logged().iter().any(|l| l.contains(&needle) && l.contains("decision failed") && l.contains("malformed ledger result")),
             "{what}: the core logs a malformed result"
         );
-        assert!(!ran.get(), "{what}: the mutation never runs on a malformed result");
+        assert!(!ran, "{what}: the mutation never runs on a malformed result");
     }
 }
 

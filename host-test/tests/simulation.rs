@@ -4,30 +4,33 @@
 //! conflicts, crashes inside transactions, renewals held, lost and failed,
 //! live owners kept past the TTL, silent ones taken over).
 
+use std::ops::Range;
+
 use idempotency_ledger_host_test::sim::{run_seeds, SimDb};
 
-#[test]
-fn simulation_native_core_32_seeds() {
+const STEPS: u64 = 2_000;
+
+/// Runs `seeds` on one engine (the component, or the native core) over a
+/// SQLite file: every step taken, every path of the scheduler reached.
+fn simulate(seeds: Range<u64>, component: bool) {
     let dir = tempfile::tempdir().expect("tmp");
-    match run_seeds(0..32, 2_000, false, SimDb::Sqlite(dir.path())) {
+    let (engine, reproduce) = if component { ("component", " COMPONENT=1") } else { ("native core", "") };
+    match run_seeds(seeds.clone(), STEPS, component, SimDb::Sqlite(dir.path())) {
         Ok(report) => {
-            println!("simulation (native core): seeds 0..32: {report}");
-            assert_eq!(report.steps, 64_000);
+            println!("simulation ({engine}): seeds {seeds:?}: {report}");
+            assert_eq!(report.steps, (seeds.end - seeds.start) * STEPS);
             assert!(report.unreached().is_empty(), "the scheduler must reach every path; not reached: {:?}", report.unreached());
         }
-        Err(failure) => panic!("{failure}\nreproduce: make simulate SEEDS=<seed>"),
+        Err(failure) => panic!("{failure}\nreproduce: make simulate SEEDS=<seed>{reproduce}"),
     }
 }
 
 #[test]
+fn simulation_native_core_32_seeds() {
+    simulate(0..32, false);
+}
+
+#[test]
 fn simulation_component_8_seeds() {
-    let dir = tempfile::tempdir().expect("tmp");
-    match run_seeds(1_000..1_008, 2_000, true, SimDb::Sqlite(dir.path())) {
-        Ok(report) => {
-            println!("simulation (component): seeds 1000..1008: {report}");
-            assert_eq!(report.steps, 16_000);
-            assert!(report.unreached().is_empty(), "the scheduler must reach every path; not reached: {:?}", report.unreached());
-        }
-        Err(failure) => panic!("{failure}\nreproduce: make simulate SEEDS=<seed> COMPONENT=1"),
-    }
+    simulate(1_000..1_008, true);
 }

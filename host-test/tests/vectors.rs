@@ -844,23 +844,35 @@ fn request_start(v: &Vector<'_>, mode: wit::IoMode) -> wit::RequestStart {
     wit::RequestStart { head: v.head.clone(), principal: v.principal.clone(), now: v.now, mode, transactional: v.transactional }
 }
 
+/// The vector's ledger over `backend`, and its exchange started in `mode`.
+fn start_exchange(v: &Vector<'_>, backend: impl SqlBackend + 'static, mode: wit::IoMode) -> Result<(Ledger, wit::Started), String> {
+    let mut ledger = Ledger::new(runtime(), backend, v.settings.clone(), ManualClock::new(v.now))
+        .map_err(|e| format!("{}: the ledger: {e}", v.id))?;
+    let started = start(&mut ledger, &request_start(v, mode));
+    Ok((ledger, started))
+}
+
+/// Checks the action against the step's `expect`; true at the `last` step,
+/// whose action must be a final one.
+fn check_step(what: &str, action: &wit::Action, step: &J, last: bool) -> Result<bool, String> {
+    check(what, action, &step["expect"])?;
+    if last && !is_final(action) {
+        return Err(format!("{what}: the last step is not a final action"));
+    }
+    Ok(last)
+}
+
 fn run_stepped(v: &Vector<'_>, way: Way) -> Result<Ran, String> {
     let mut db = v.database.then(|| Db::new(v.rows));
     let dialect = session_dialect(v, db.as_ref());
     let called = Arc::new(Mutex::new(false));
     let backend = NoImport { dialect, called: called.clone() };
-    let mut ledger = Ledger::new(runtime(), backend, v.settings.clone(), ManualClock::new(v.now))
-        .map_err(|e| format!("{}: the ledger: {e}", v.id))?;
-    let started = start(&mut ledger, &request_start(v, wit::IoMode::Stepped));
+    let (mut ledger, started) = start_exchange(v, backend, wit::IoMode::Stepped)?;
     let (mut action, exchange) = (started.action, started.exchange);
     let mut cause = None;
     for (n, step) in v.steps.iter().enumerate() {
         let what = format!("{} step {n} ({way:?})", v.id);
-        check(&what, &action, &step["expect"])?;
-        if n + 1 == v.steps.len() {
-            if !is_final(&action) {
-                return Err(format!("{what}: the last step is not a final action"));
-            }
+        if check_step(&what, &action, step, n + 1 == v.steps.len())? {
             break;
         }
         let now = i(&step["now"], &what);
@@ -975,19 +987,13 @@ fn run_driven(v: &Vector<'_>) -> Result<Ran, String> {
     let (_, queries) = sql_of(dialect);
     let script = Arc::new(Mutex::new(Script { id: v.id.clone(), steps: v.steps.to_vec(), next: 0, now: v.now, db, queries, failure: None }));
     let backend = Scripted { script: script.clone(), dialect };
-    let mut ledger = Ledger::new(runtime(), backend, v.settings.clone(), ManualClock::new(v.now))
-        .map_err(|e| format!("{}: the ledger: {e}", v.id))?;
-    let started = start(&mut ledger, &request_start(v, wit::IoMode::Driven));
+    let (mut ledger, started) = start_exchange(v, backend, wit::IoMode::Driven)?;
     let (mut action, exchange) = (started.action, started.exchange);
     let mut n = 0;
     loop {
         let step = v.steps.get(n).ok_or(format!("{}: the exchange went on past the last step", v.id))?;
         let what = format!("{} step {n} (Driven)", v.id);
-        check(&what, &action, &step["expect"])?;
-        if n + 1 == v.steps.len() {
-            if !is_final(&action) {
-                return Err(format!("{what}: the last step is not a final action"));
-            }
+        if check_step(&what, &action, step, n + 1 == v.steps.len())? {
             break;
         }
         if matches!(action, wit::Action::RunBatch(_)) {
@@ -1190,16 +1196,76 @@ struct SweepBackend {
 impl SqlBackend for SweepBackend {
     fn execute_batch(&mut self, statements: &[SqlStatement]) -> Result<Vec<wit::StatementResult>, wit::BatchError> {
         self.seen.lock().expect("seen").push(statements.to_vec());
-        match &self.feed {
-            None => self.database.execute_batch(statements),
-            Some(wit::Event::BatchDone(results)) => Ok(results.clone()),
-            Some(wit::Event::BatchFailed(error)) => Err(error.clone()),
-            Some(other) => panic!("a sweep is fed a batch result, not {other:?}"),
-        }
+        scripted_result(self.feed.as_ref(), "a sweep").unwrap_or_else(|| self.database.execute_batch(statements))
     }
 
     fn dialect(&self) -> Dialect {
         self.dialect
+    }
+}
+
+/// A sweep's or renewal's scripted batch result (its `feed`), if it has one;
+/// `what` names the run in the panic for a feed that is not a batch result.
+fn scripted_result(feed: Option<&wit::Event>, what: &str) -> Option<Result<Vec<wit::StatementResult>, wit::BatchError>> {
+    match feed? {
+        wit::Event::BatchDone(results) => Some(Ok(results.clone())),
+        wit::Event::BatchFailed(error) => Some(Err(error.clone())),
+        other => panic!("{what} is fed a batch result, not {other:?}"),
+    }
+}
+
+/// Asserts that the table ends as the vector's `rows_after`, where it names them.
+fn assert_rows_after(db: &Db, v: &J, id: &str, way: &str) {
+    if !v["rows_after"].is_null() {
+        assert_eq!(db.rows(), v["rows_after"], "{id}: rows_after ({way})");
+    }
+}
+
+/// A sweep's or renewal's stepped run: a fresh database holding `rows`, the
+/// dialect (the vector's, or the database's), and a ledger whose ledger
+/// import must stay unused (this runner runs the batch).
+fn stepped_ledger(rows: &J, named: Option<Dialect>, settings: Settings, now: i64) -> (Db, Dialect, Ledger) {
+    let db = Db::new(rows);
+    let dialect = named.unwrap_or(db.db.dialect());
+    let ledger = Ledger::new(runtime(), NoImport { dialect, called: Arc::default() }, settings, ManualClock::new(now)).expect("ledger");
+    (db, dialect, ledger)
+}
+
+/// A sweep's or renewal's driven run: a fresh database, and a ledger whose
+/// ledger import records each batch the component sends, then runs it there
+/// or answers with the `feed`.
+struct DrivenRun {
+    db: Db,
+    seen: Arc<Mutex<Vec<Vec<SqlStatement>>>>,
+    dialect: Dialect,
+    ledger: Ledger,
+}
+
+impl DrivenRun {
+    fn new(rows: &J, feed: Option<wit::Event>, dialect: Dialect, settings: Settings, now: i64) -> DrivenRun {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let db = Db::new(rows);
+        let backend = SweepBackend { database: db.db.backend(), feed, dialect, seen: seen.clone() };
+        let ledger = Ledger::new(runtime(), backend, settings, ManualClock::new(now)).expect("ledger");
+        DrivenRun { db, seen, dialect, ledger }
+    }
+
+    /// Asserts that the run answered `got` (in the vectors' JSON) as `v`
+    /// expects, sent the component one batch, the SQL of the stepped run's
+    /// `statements` (`what`: "sweep" or "renewal"), and left the table as
+    /// `rows_after`.
+    fn assert_like_stepped(&self, v: &J, id: &str, what: &str, statements: &[wit::Statement], got: J) {
+        assert_eq!(got, v["expect"], "{id} (driven)");
+        let (table, _) = sql_of(self.dialect);
+        let seen = self.seen.lock().expect("seen").clone();
+        assert_eq!(seen.len(), 1, "{id}: one batch");
+        let expected = sql_batch(&table, statements);
+        assert_eq!(
+            seen[0].iter().map(|s| (s.sql.to_string(), s.params.iter().map(value_json).collect::<Vec<_>>())).collect::<Vec<_>>(),
+            expected.iter().map(|s| (s.sql.to_string(), s.params.iter().map(value_json).collect::<Vec<_>>())).collect::<Vec<_>>(),
+            "{id}: the driven {what}'s batch is the stepped one"
+        );
+        assert_rows_after(&self.db, v, id, "driven");
     }
 }
 
@@ -1216,49 +1282,20 @@ fn sweeps_stepped_and_driven() {
         let feed = v.get("feed").map(|f| event_from(f, &id));
         assert!(named.is_none() || feed.is_some(), "{id}: only a sweep with a feed names a dialect");
         // Stepped: `sweep`, this runner runs the batch, `swept`.
-        let mut db = Db::new(&v["rows"]);
-        let dialect = named.unwrap_or(db.db.dialect());
-        let mut ledger = Ledger::new(runtime(), NoImport { dialect, called: Arc::default() }, settings.clone(), ManualClock::new(now))
-            .expect("ledger");
+        let (mut db, dialect, mut ledger) = stepped_ledger(&v["rows"], named, settings.clone(), now);
         let statements = call(&mut ledger, |core, store, session| core.idempotency_ledger_session().session().call_sweep(store, session, now));
         assert_eq!(statements_json(&statements)[0]["query"], "sweep", "{id}: a sweep batch");
-        let result = match &feed {
-            None => db.run(&statements),
-            Some(wit::Event::BatchDone(results)) => Ok(results.clone()),
-            Some(wit::Event::BatchFailed(error)) => Err(error.clone()),
-            Some(other) => panic!("{id}: a sweep is fed a batch result, not {other:?}"),
-        };
+        let result = scripted_result(feed.as_ref(), &format!("{id}: a sweep")).unwrap_or_else(|| db.run(&statements));
         let report = call(&mut ledger, |core, store, session| {
-            let result = match &result {
-                Ok(results) => Ok(results.as_slice()),
-                Err(error) => Err(error),
-            };
-            core.idempotency_ledger_session().session().call_swept(store, session, result)
+            core.idempotency_ledger_session().session().call_swept(store, session, result.as_deref())
         });
         assert_eq!(sweep_report_json(&report), v["expect"], "{id} (stepped)");
-        if !v["rows_after"].is_null() {
-            assert_eq!(db.rows(), v["rows_after"], "{id}: rows_after (stepped)");
-        }
+        assert_rows_after(&db, v, &id, "stepped");
         ran[0] += 1;
         // Driven: `run-sweep` through the ledger import (Ledger::sweep_at), the same batch.
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let db = Db::new(&v["rows"]);
-        let backend = SweepBackend { database: db.db.backend(), feed: feed.clone(), dialect, seen: seen.clone() };
-        let mut ledger = Ledger::new(runtime(), backend, settings, ManualClock::new(now)).expect("ledger");
-        let report = ledger.sweep_at(now).expect("the component does not trap");
-        assert_eq!(sweep_report_json(&report), v["expect"], "{id} (driven)");
-        let (table, _) = sql_of(dialect);
-        let seen = seen.lock().expect("seen").clone();
-        assert_eq!(seen.len(), 1, "{id}: one batch");
-        let expected = sql_batch(&table, &statements);
-        assert_eq!(
-            seen[0].iter().map(|s| (s.sql.to_string(), s.params.iter().map(value_json).collect::<Vec<_>>())).collect::<Vec<_>>(),
-            expected.iter().map(|s| (s.sql.to_string(), s.params.iter().map(value_json).collect::<Vec<_>>())).collect::<Vec<_>>(),
-            "{id}: the driven sweep's batch is the stepped one"
-        );
-        if !v["rows_after"].is_null() {
-            assert_eq!(db.rows(), v["rows_after"], "{id}: rows_after (driven)");
-        }
+        let mut driven = DrivenRun::new(&v["rows"], feed.clone(), dialect, settings, now);
+        let report = driven.ledger.sweep_at(now).expect("the component does not trap");
+        driven.assert_like_stepped(v, &id, "sweep", &statements, sweep_report_json(&report));
         ran[1] += 1;
     }
     let expected = u(&doc["counts"]["sweep"], "counts.sweep") as usize;
@@ -1293,51 +1330,22 @@ fn renewals_stepped_and_driven() {
         assert!(feed.is_none() || v["rows_after"] == v["rows"], "{id}: a scripted renewal changes no row");
         *states.entry(s(&v["expect"]["state"], &id)).or_insert(0) += 1;
         // Stepped: `renewal`, this runner runs the batch, `renewed`.
-        let mut db = Db::new(&v["rows"]);
-        let dialect = named.unwrap_or(db.db.dialect());
-        let mut ledger = Ledger::new(runtime(), NoImport { dialect, called: Arc::default() }, settings.clone(), ManualClock::new(now))
-            .expect("ledger");
+        let (mut db, dialect, mut ledger) = stepped_ledger(&v["rows"], named, settings.clone(), now);
         let statements =
             call(&mut ledger, |core, store, session| core.idempotency_ledger_session().session().call_renewal(store, session, &ticket, now));
         assert_eq!(statements.len(), 1, "{id}: one statement");
         assert_eq!(query_name(statements[0].query), "renew", "{id}: the renew query");
-        let result = match &feed {
-            None => db.run(&statements),
-            Some(wit::Event::BatchDone(results)) => Ok(results.clone()),
-            Some(wit::Event::BatchFailed(error)) => Err(error.clone()),
-            Some(other) => panic!("{id}: a renewal is fed a batch result, not {other:?}"),
-        };
+        let result = scripted_result(feed.as_ref(), &format!("{id}: a renewal")).unwrap_or_else(|| db.run(&statements));
         let lease = call(&mut ledger, |core, store, session| {
-            let result = match &result {
-                Ok(results) => Ok(results.as_slice()),
-                Err(error) => Err(error),
-            };
-            core.idempotency_ledger_session().session().call_renewed(store, session, &ticket, result)
+            core.idempotency_ledger_session().session().call_renewed(store, session, &ticket, result.as_deref())
         });
         assert_eq!(lease_json(&lease), v["expect"], "{id} (stepped)");
-        if !v["rows_after"].is_null() {
-            assert_eq!(db.rows(), v["rows_after"], "{id}: rows_after (stepped)");
-        }
+        assert_rows_after(&db, v, &id, "stepped");
         ran[0] += 1;
         // Driven: `session.renew` through the ledger import (Ledger::renew at the clock's now), the same batch.
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let db = Db::new(&v["rows"]);
-        let backend = SweepBackend { database: db.db.backend(), feed: feed.clone(), dialect, seen: seen.clone() };
-        let mut ledger = Ledger::new(runtime(), backend, settings, ManualClock::new(now)).expect("ledger");
-        let lease = ledger.renew(&ticket).expect("the component does not trap");
-        assert_eq!(lease_json(&lease), v["expect"], "{id} (driven)");
-        let (table, _) = sql_of(dialect);
-        let seen = seen.lock().expect("seen").clone();
-        assert_eq!(seen.len(), 1, "{id}: one batch");
-        let expected = sql_batch(&table, &statements);
-        assert_eq!(
-            seen[0].iter().map(|s| (s.sql.to_string(), s.params.iter().map(value_json).collect::<Vec<_>>())).collect::<Vec<_>>(),
-            expected.iter().map(|s| (s.sql.to_string(), s.params.iter().map(value_json).collect::<Vec<_>>())).collect::<Vec<_>>(),
-            "{id}: the driven renewal's batch is the stepped one"
-        );
-        if !v["rows_after"].is_null() {
-            assert_eq!(db.rows(), v["rows_after"], "{id}: rows_after (driven)");
-        }
+        let mut driven = DrivenRun::new(&v["rows"], feed.clone(), dialect, settings, now);
+        let lease = driven.ledger.renew(&ticket).expect("the component does not trap");
+        driven.assert_like_stepped(v, &id, "renewal", &statements, lease_json(&lease));
         ran[1] += 1;
     }
     let expected = u(&doc["counts"]["renewal"], "counts.renewal") as usize;

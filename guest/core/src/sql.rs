@@ -108,6 +108,20 @@ impl Query {
     }
 }
 
+/// The columns of `idempotency_keys`, in the order the schema creates them.
+pub const COLUMNS: [&str; 10] = [
+    "principal",
+    "key",
+    "fingerprint",
+    "status",
+    "generation",
+    "response_status",
+    "response_body",
+    "response_headers",
+    "created_at",
+    "updated_at",
+];
+
 pub const SQLITE: Statements = Statements {
     schema: &[
         "CREATE TABLE IF NOT EXISTS idempotency_keys (
@@ -207,6 +221,19 @@ mod tests {
             }
         }
         out
+    }
+
+    #[test]
+    fn columns_are_the_schemas_in_order() {
+        for schema in [SQLITE.schema[0], POSTGRES.schema[0]] {
+            let body = &schema[schema.find('(').expect("a column list") + 1..];
+            let names: alloc::vec::Vec<&str> = body
+                .split(',')
+                .filter_map(|part| part.split_whitespace().next())
+                .take_while(|name| *name != "PRIMARY")
+                .collect();
+            assert_eq!(names, COLUMNS, "{schema}");
+        }
     }
 
     #[test]

@@ -18,6 +18,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use idempotency_ledger_core::driven;
+use idempotency_ledger_core::sql::COLUMNS;
 use idempotency_ledger_core::{
     Action, Answer, BatchError, BodyProblem, Config, DatabaseError, Dialect, Event, HandlerResult, Header, Lease,
     LeaseState, LogLine, MutationResponse, OnServerError, Profile, ProtocolError, Query, RequestHead, Response,
@@ -355,19 +356,6 @@ fn event_from(v: &J, what: &str) -> Event {
 }
 
 // ---- a real SQLite file per vector ----
-
-const COLUMNS: [&str; 10] = [
-    "principal",
-    "key",
-    "fingerprint",
-    "status",
-    "generation",
-    "response_status",
-    "response_body",
-    "response_headers",
-    "created_at",
-    "updated_at",
-];
 
 static FILES: AtomicUsize = AtomicUsize::new(0);
 
@@ -742,6 +730,16 @@ fn host_event(step: &J, what: &str, way: Way, action: &Action, db: &mut Option<D
     }
 }
 
+/// Checks the action against the step's `expect`; true at the `last` step,
+/// whose action must be a final one.
+fn check_step(what: &str, action: &Action, step: &J, last: bool) -> Result<bool, String> {
+    check(what, action, &step["expect"])?;
+    if last && !action.is_final() {
+        return Err(format!("{what}: the last step is not a final action"));
+    }
+    Ok(last)
+}
+
 fn run_stepped(v: &Vector<'_>, way: Way) -> Result<Ran, String> {
     let session = &v.session;
     let mut db = v.database.then(|| Db::new(session, v.rows));
@@ -750,11 +748,7 @@ fn run_stepped(v: &Vector<'_>, way: Way) -> Result<Ran, String> {
     let mut cause = None;
     for (n, step) in v.steps.iter().enumerate() {
         let what = format!("{} step {n} ({way:?})", v.id);
-        check(&what, &action, &step["expect"])?;
-        if n + 1 == v.steps.len() {
-            if !action.is_final() {
-                return Err(format!("{what}: the last step is not a final action"));
-            }
+        if check_step(&what, &action, step, n + 1 == v.steps.len())? {
             break;
         }
         let now = i(&step["now"], &what);
@@ -815,11 +809,7 @@ fn run_driven(v: &Vector<'_>) -> Result<Ran, String> {
     loop {
         let step = v.steps.get(n).ok_or(format!("{}: the exchange went on past the last step", v.id))?;
         let what = format!("{} step {n} (Driven)", v.id);
-        check(&what, &action, &step["expect"])?;
-        if n + 1 == v.steps.len() {
-            if !action.is_final() {
-                return Err(format!("{what}: the last step is not a final action"));
-            }
+        if check_step(&what, &action, step, n + 1 == v.steps.len())? {
             break;
         }
         if matches!(action, Action::RunBatch(_)) {
@@ -917,21 +907,26 @@ fn stepped_only(doc: &J) -> usize {
     doc["exchange"].as_array().expect("exchange").iter().filter(|v| v.get("stepped_only").is_some()).count()
 }
 
+/// Runs every exchange vector stepped (`what` names the way in the
+/// messages), asserts that all ran and opened the handler transactions the
+/// file counts, and returns how many they opened.
+fn all_exchanges_stepped(way: Way, what: &str) -> usize {
+    let doc = doc();
+    let (ran, transactions) = run_exchanges(way);
+    assert_eq!(ran as u64, u(&doc["counts"]["exchange"], "counts.exchange"), "exchange vectors run ({what})");
+    assert_eq!(transactions, transactions_in(&doc, false), "handler transactions opened on SQLite ({what})");
+    transactions
+}
+
 #[test]
 fn exchanges_stepped() {
-    let doc = doc();
-    let (ran, transactions) = run_exchanges(Way::Stepped);
-    assert_eq!(ran as u64, u(&doc["counts"]["exchange"], "counts.exchange"), "exchange vectors run (stepped)");
-    assert_eq!(transactions, transactions_in(&doc, false), "handler transactions opened on SQLite (stepped)");
+    let transactions = all_exchanges_stepped(Way::Stepped, "stepped");
     assert!(transactions > 0, "the transactional database vectors ran real transactions");
 }
 
 #[test]
 fn exchanges_stepped_with_the_body_hashed_by_the_host() {
-    let doc = doc();
-    let (ran, transactions) = run_exchanges(Way::SteppedHashed);
-    assert_eq!(ran as u64, u(&doc["counts"]["exchange"], "counts.exchange"), "exchange vectors run (body-hashed)");
-    assert_eq!(transactions, transactions_in(&doc, false), "handler transactions opened on SQLite (body-hashed)");
+    all_exchanges_stepped(Way::SteppedHashed, "body-hashed");
 }
 
 #[test]
@@ -968,14 +963,27 @@ fn sweep_report_json(r: &idempotency_ledger_core::SweepReport) -> J {
     json!({ "deleted": r.deleted, "more": r.more, "log": r.log.as_ref().map(|l| log_json(std::slice::from_ref(l))[0].clone()) })
 }
 
+/// The vectors of a `name`d family (sweep, renewal), each with its id, after
+/// checking their fields (`required`, and an optional `feed`) and those of
+/// their `expect`.
+fn family<'a>(doc: &'a J, name: &str, required: &[&str], expect: &[&str]) -> Vec<(String, &'a J)> {
+    let vectors = doc[name].as_array().unwrap_or_else(|| panic!("{name}: not a list"));
+    vectors
+        .iter()
+        .map(|v| {
+            let id = s(&v["id"], "id");
+            fields(v, &id, required, &["feed"]);
+            fields(&v["expect"], &id, expect, &[]);
+            (id, v)
+        })
+        .collect()
+}
+
 #[test]
 fn sweeps_stepped_and_driven() {
     let doc = doc();
     let mut ran = [0, 0];
-    for v in doc["sweep"].as_array().expect("sweep") {
-        let id = s(&v["id"], "id");
-        fields(v, &id, &["id", "spec", "config", "rows", "now", "expect", "rows_after"], &["feed"]);
-        fields(&v["expect"], &id, &["deleted", "more", "log"], &[]);
+    for (id, v) in family(&doc, "sweep", &["id", "spec", "config", "rows", "now", "expect", "rows_after"], &["deleted", "more", "log"]) {
         let session = Session::open(config(&v["config"], None)).expect("session");
         let now = i(&v["now"], &id);
         let feed = v.get("feed").map(|f| event_from(f, &id));
@@ -1030,10 +1038,7 @@ fn lease_json(lease: &Lease) -> J {
 fn renewals_stepped_and_driven() {
     let doc = doc();
     let mut ran = [0, 0];
-    for v in doc["renewal"].as_array().expect("renewal") {
-        let id = s(&v["id"], "id");
-        fields(v, &id, &["id", "spec", "config", "rows", "ticket", "now", "expect", "rows_after"], &["feed"]);
-        fields(&v["expect"], &id, &["state", "log"], &[]);
+    for (id, v) in family(&doc, "renewal", &["id", "spec", "config", "rows", "ticket", "now", "expect", "rows_after"], &["state", "log"]) {
         let session = Session::open(config(&v["config"], None)).expect("session");
         let ticket = ticket_from(&v["ticket"], &id);
         let now = i(&v["now"], &id);
