@@ -117,13 +117,9 @@ impl Exchange {
 
     /// Reports a final action's outcome (once).
     fn report(&mut self, next: &Next) {
-        let outcome = match next {
-            Next::PassThrough => wit::Outcome::PassedThrough,
-            Next::Respond(answer) => answer.outcome,
-            Next::Propagate { outcome, .. } => *outcome,
-            _ => return,
-        };
-        self.telemetry.finish(outcome, self.ticket.as_ref());
+        if let Some(outcome) = next.outcome() {
+            self.telemetry.finish(outcome, self.ticket.as_ref());
+        }
     }
 
     /// True once a renewal found the lease lost (another request took the
@@ -297,16 +293,7 @@ impl Ledger {
                             None => return Ok(self.fault_handled(None)),
                         },
                     };
-                    return match ran {
-                        Ok(response) => Ok(Handled {
-                            response: response.into_response(),
-                            outcome: wit::Outcome::PassedThrough,
-                            ticket: None,
-                            close: false,
-                            sweep_due: false,
-                        }),
-                        Err(error) => Err(HandleError { error, ticket: None, outcome: wit::Outcome::PassedThrough, response: None }),
-                    };
+                    return crate::passed_through(ran);
                 }
                 Next::Respond(answer) => {
                     let response = match (answer.response, produced) {

@@ -188,7 +188,27 @@ pub enum Next {
 
 impl Next {
     pub fn is_final(&self) -> bool {
-        matches!(self, Next::PassThrough | Next::Respond(_) | Next::Propagate { .. })
+        self.outcome().is_some()
+    }
+
+    /// The exchange's outcome, once this is its final action.
+    pub fn outcome(&self) -> Option<Outcome> {
+        match self {
+            Next::PassThrough => Some(Outcome::PassedThrough),
+            Next::Respond(answer) => Some(answer.outcome),
+            Next::Propagate { outcome, .. } => Some(*outcome),
+            _ => None,
+        }
+    }
+}
+
+/// What a handler the ledger does not protect answered (pass-through):
+/// its own response, or its failure to re-raise, with no ticket.
+pub(crate) fn passed_through<E>(ran: Result<MutationResponse, E>) -> Result<Handled, HandleError<E>> {
+    let outcome = Outcome::PassedThrough;
+    match ran {
+        Ok(response) => Ok(Handled { response: response.into_response(), outcome, ticket: None, close: false, sweep_due: false }),
+        Err(error) => Err(HandleError { error, ticket: None, outcome, response: None }),
     }
 }
 

@@ -266,16 +266,7 @@ impl AsyncLedger {
                             Err(_) => own.rollback().await,
                         }
                     }
-                    return match ran {
-                        Ok(response) => Ok(Handled {
-                            response: response.into_response(),
-                            outcome: wit::Outcome::PassedThrough,
-                            ticket: None,
-                            close: false,
-                            sweep_due: false,
-                        }),
-                        Err(error) => Err(HandleError { error, ticket: None, outcome: wit::Outcome::PassedThrough, response: None }),
-                    };
+                    return crate::passed_through(ran);
                 }
                 Next::Respond(answer) => {
                     let ticket = exchange.ticket().cloned();
@@ -576,13 +567,9 @@ impl AsyncExchange {
 
     /// Reports a final action's outcome (once).
     fn report(&mut self, next: &Next) {
-        let outcome = match next {
-            Next::PassThrough => wit::Outcome::PassedThrough,
-            Next::Respond(answer) => answer.outcome,
-            Next::Propagate { outcome, .. } => *outcome,
-            _ => return,
-        };
-        self.telemetry.finish(outcome, self.ticket.as_ref());
+        if let Some(outcome) = next.outcome() {
+            self.telemetry.finish(outcome, self.ticket.as_ref());
+        }
     }
 
     async fn step(&mut self, event: wit::Event) -> Next {

@@ -366,33 +366,18 @@ impl Drop for PostgresBackend {
 
 impl SqlBackend for PostgresBackend {
     fn execute_batch(&mut self, statements: &[SqlStatement]) -> Result<Vec<StatementResult>, BatchError> {
-        if tokio::runtime::Handle::try_current().is_ok() {
-            // Waiting here would stall a runtime thread (and all its tasks).
-            return Err(BatchError::Host(
-                "the blocking PostgreSQL ledger was called on a tokio runtime thread; use AsyncLedger with \
-AsyncPostgres there (or call it from a thread outside the runtime)"
-                    .into(),
-            ));
-        }
-        let inner = &self.pool.inner;
-        if inner.pid != std::process::id() {
-            return Err(BatchError::Unreachable(
-                "this PostgreSQL pool was built before fork(); a child process builds its own".into(),
-            ));
-        }
-        let Some(runtime) = inner.runtime.as_ref() else {
-            return Err(BatchError::Unreachable("the PostgreSQL pool is shut down".into()));
-        };
+        let runtime = self.runtime()?;
         // Run on the runtime's single worker, the thread that also drives the
         // connections: every request of the batch is queued before the
         // connection task gets to write, so they leave in one write.
+        let inner = &self.pool.inner;
         let (pool, preamble, statements) = (inner.pool.clone(), inner.preamble.clone(), statements.to_vec());
-        let (reply, answer) = mpsc::sync_channel(1);
-        runtime.spawn(async move {
-            let _ = reply.send(run_batch(&pool, &preamble, &statements).await);
-        });
-        // A dropped task (runtime shut down mid-batch) may have sent the batch.
-        answer.recv().unwrap_or_else(|_| Err(BatchError::OutcomeUnknown("the PostgreSQL batch task stopped".into())))
+        wait_on(
+            runtime,
+            async move { run_batch(&pool, &preamble, &statements).await },
+            // A dropped task (runtime shut down mid-batch) may have sent the batch.
+            || Err(BatchError::OutcomeUnknown("the PostgreSQL batch task stopped".into())),
+        )
     }
 
     fn dialect(&self) -> Dialect {

@@ -36,14 +36,14 @@ pub(crate) fn connect_settings(url: &str) -> Result<(tokio_postgres::Config, Mak
                 "require" => SslMode::Require,
                 _ => SslMode::Prefer,
             });
-            builder.dangerous().with_custom_certificate_verifier(Arc::new(Unchecked(provider))).with_no_client_auth()
+            builder.dangerous().with_custom_certificate_verifier(Arc::new(NameUnchecked { provider, chain: None })).with_no_client_auth()
         }
         "verify-ca" | "verify-full" => {
             config.ssl_mode(SslMode::Require);
             let roots = Arc::new(roots(rootcert.as_deref()).map_err(bad)?);
-            let verifier = WebPkiServerVerifier::builder_with_provider(roots, provider).build().map_err(|e| bad(e.to_string()))?;
+            let chain = WebPkiServerVerifier::builder_with_provider(roots, provider.clone()).build().map_err(|e| bad(e.to_string()))?;
             let verifier: Arc<dyn ServerCertVerifier> =
-                if mode == "verify-ca" { Arc::new(ChainOnly(verifier)) } else { verifier };
+                if mode == "verify-ca" { Arc::new(NameUnchecked { provider, chain: Some(chain) }) } else { chain };
             builder.dangerous().with_custom_certificate_verifier(verifier).with_no_client_auth()
         }
         other => return Err(bad(format!("sslmode {other:?} is not one of disable, allow, prefer, require, verify-ca, verify-full"))),
@@ -137,50 +137,17 @@ fn roots(rootcert: Option<&str>) -> Result<RootCertStore, String> {
     Ok(store)
 }
 
-/// `prefer` / `require`: encrypted, the certificate not checked (libpq's meaning).
+/// A verifier that never checks the host name (libpq's `prefer`, `require`
+/// and `verify-ca`): with `chain`, the certificate must lead to one of its
+/// roots (`verify-ca`); without, it is not checked at all. The handshake
+/// signatures are always verified.
 #[derive(Debug)]
-struct Unchecked(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for Unchecked {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
+struct NameUnchecked {
+    provider: Arc<CryptoProvider>,
+    chain: Option<Arc<WebPkiServerVerifier>>,
 }
 
-/// `verify-ca`: the chain must lead to a root; the host name is not checked.
-#[derive(Debug)]
-struct ChainOnly(Arc<WebPkiServerVerifier>);
-
-impl ServerCertVerifier for ChainOnly {
+impl ServerCertVerifier for NameUnchecked {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -189,7 +156,8 @@ impl ServerCertVerifier for ChainOnly {
         ocsp: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        match self.0.verify_server_cert(end_entity, intermediates, server_name, ocsp, now) {
+        let Some(chain) = &self.chain else { return Ok(ServerCertVerified::assertion()) };
+        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp, now) {
             Err(rustls::Error::InvalidCertificate(CertificateError::NotValidForName))
             | Err(rustls::Error::InvalidCertificate(CertificateError::NotValidForNameContext { .. })) => {
                 Ok(ServerCertVerified::assertion())
@@ -204,7 +172,7 @@ impl ServerCertVerifier for ChainOnly {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
+        verify_tls12_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
     }
 
     fn verify_tls13_signature(
@@ -213,11 +181,11 @@ impl ServerCertVerifier for ChainOnly {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
+        verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
+        self.provider.signature_verification_algorithms.supported_schemes()
     }
 }
 

@@ -30,6 +30,22 @@ struct Cli {
     command: Command,
 }
 
+// The key `show` and `release` act on, and where (a plain comment: a doc
+// comment here would replace the subcommands' own help).
+#[derive(clap::Args)]
+struct OneKey {
+    /// The Idempotency-Key header's value.
+    key: String,
+    /// The principal the key belongs to.
+    #[arg(long)]
+    principal: String,
+    #[arg(long, value_name = "DATABASE")]
+    database: String,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Rows by status, stale pending rows, expired rows awaiting the sweep, the oldest row's age.
@@ -41,28 +57,11 @@ enum Command {
         json: bool,
     },
     /// One key's row, decoded: its state, fingerprint, generation, stored answer and times.
-    Show {
-        key: String,
-        /// The principal the key belongs to.
-        #[arg(long)]
-        principal: String,
-        #[arg(long, value_name = "DATABASE")]
-        database: String,
-        #[arg(long)]
-        json: bool,
-    },
+    Show(OneKey),
     /// Release a stuck key: deletes its row only while it is pending and still
     /// carries the generation read first (the core's fenced release), so a
     /// retry runs the request again. A completed row is never released.
-    Release {
-        key: String,
-        #[arg(long)]
-        principal: String,
-        #[arg(long, value_name = "DATABASE")]
-        database: String,
-        #[arg(long)]
-        json: bool,
-    },
+    Release(OneKey),
     /// Delete one bounded batch of expired rows (--all: batches until none is left).
     Sweep {
         #[arg(long, value_name = "DATABASE")]
@@ -117,8 +116,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Inspect { database, json } => inspect(&database, json),
-        Command::Show { key, principal, database, json } => show(&database, &principal, &key, json),
-        Command::Release { key, principal, database, json } => release(&database, &principal, &key, json),
+        Command::Show(OneKey { key, principal, database, json }) => show(&database, &principal, &key, json),
+        Command::Release(OneKey { key, principal, database, json }) => release(&database, &principal, &key, json),
         Command::Sweep { database, all, json } => sweep(&database, all, json),
         Command::Schema { dialect } => schema(dialect),
         Command::Fingerprint { method, path_and_query, headers, body_file } => fingerprint(method, path_and_query, &headers, body_file),
