@@ -123,6 +123,16 @@ export interface MutationResult {
 
 export type RunMutation = (bodyBytes: ArrayBuffer, request: Request, context: IdempotencyContext) => Promise<MutationResult | Response> | MutationResult | Response;
 
+/** handleIdempotentMutation, the same on every entry (what env.DB may be is the entry's). */
+export type HandleIdempotentMutation = (
+  request: Request,
+  env: object,
+  ctx: ExecutionContextLike | undefined,
+  principal: string | undefined,
+  runMutation: RunMutation,
+  options?: IdempotencyOptions,
+) => Promise<Response>;
+
 export interface ExecutionContextLike {
   waitUntil(promise: Promise<unknown>): void;
 }
@@ -244,6 +254,16 @@ export interface IdempotentFunctionOptions<A extends unknown[], Db> extends Idem
   payload?: (...args: A) => unknown;
   /** The synthetic path's last part, /functions/<name> (default fn.name). */
   name?: string;
+}
+
+/**
+ * idempotentFunction over the databases `Db` of an entry: `fn` at most once per (principal, key),
+ * an async function with the caller's arguments returning its (stored, replayed) result.
+ * `fn` gets one more argument after the caller's: the IdempotencyContext (its transaction when `transactional`, the lease's signal, the ticket).
+ */
+export interface IdempotentFunctionWrapper<Db> {
+  <A extends unknown[], R>(fn: (...args: [...A, IdempotencyContext]) => R | Promise<R>, options: IdempotentFunctionOptions<A, Db>): (...args: A) => Promise<R>;
+  <A extends unknown[], R>(fn: (...args: A) => R | Promise<R>, options: IdempotentFunctionOptions<A, Db>): (...args: A) => Promise<R>;
 }
 
 /** The parts of a Cloudflare Queues Message the consumer uses. */

@@ -1,5 +1,5 @@
 // Node.js entry (better-sqlite3 v12).
-import type { IdempotentFunctionOptions, AdapterOptions, PgPoolLike, Core, ExecutionContextLike, IdempotencyContext, IdempotencyLedger, IdempotencyOptions, LedgerDb, RunMutation, SqlStatement, StatementResult } from "./common.js";
+import type { AdapterOptions, PgPoolLike, Core, HandleIdempotentMutation, IdempotencyContext, IdempotencyLedger, IdempotencyOptions, IdempotentFunctionWrapper, LedgerDb, SqlStatement, StatementResult } from "./common.js";
 export * from "./common.js";
 
 /** The parts of a better-sqlite3 (v12) Database this package uses. */
@@ -11,14 +11,7 @@ export interface Database {
 }
 
 /** The same handler as on Workers; env.DB is a better-sqlite3 Database (or any LedgerDb). ctx is optional. */
-export declare function handleIdempotentMutation(
-  request: Request,
-  env: object,
-  ctx: ExecutionContextLike | undefined,
-  principal: string | undefined,
-  runMutation: RunMutation,
-  options?: IdempotencyOptions,
-): Promise<Response>;
+export declare const handleIdempotentMutation: HandleIdempotentMutation;
 
 export declare function ledgerFor(db: Database | PgPoolLike | LedgerDb, options?: IdempotencyOptions): IdempotencyLedger;
 export declare function migrate(db: Database | PgPoolLike | LedgerDb): void | Promise<void>;
@@ -36,15 +29,5 @@ export declare function getCore(): Core;
 /** A fresh component instance of its own. */
 export declare function newCore(): Core;
 
-/**
- * `fn` at most once per (principal, key): an async function with the caller's arguments returning its (stored, replayed) result.
- * `fn` gets one more argument after the caller's: the IdempotencyContext (its transaction when `transactional`, the lease's signal, the ticket).
- */
-export declare function idempotentFunction<A extends unknown[], R>(
-  fn: (...args: [...A, IdempotencyContext]) => R | Promise<R>,
-  options: IdempotentFunctionOptions<A, Database | PgPoolLike | LedgerDb>,
-): (...args: A) => Promise<R>;
-export declare function idempotentFunction<A extends unknown[], R>(
-  fn: (...args: A) => R | Promise<R>,
-  options: IdempotentFunctionOptions<A, Database | PgPoolLike | LedgerDb>,
-): (...args: A) => Promise<R>;
+/** `fn` at most once per (principal, key), its ledger on a better-sqlite3 Database, a pg.Pool or a LedgerDb. */
+export declare const idempotentFunction: IdempotentFunctionWrapper<Database | PgPoolLike | LedgerDb>;

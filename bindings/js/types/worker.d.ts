@@ -1,5 +1,5 @@
 // Cloudflare Workers entry (D1).
-import type { IdempotentFunctionOptions, AdapterOptions, PgPoolLike, ExecutionContextLike, IdempotencyContext, IdempotencyLedger, IdempotencyOptions, LedgerDb, RunMutation, Statement, StatementResult, Core } from "./common.js";
+import type { AdapterOptions, PgPoolLike, HandleIdempotentMutation, IdempotencyLedger, IdempotencyOptions, IdempotentFunctionWrapper, LedgerDb, Statement, StatementResult, Core } from "./common.js";
 export * from "./common.js";
 
 /** The parts of Cloudflare's D1Database this package uses. */
@@ -13,14 +13,7 @@ export interface D1DatabaseLike {
  * env.DB.batch() to decide and one to complete, schedules the sweep with
  * ctx.waitUntil, logs fenced-out completions with console.error.
  */
-export declare function handleIdempotentMutation(
-  request: Request,
-  env: object,
-  ctx: ExecutionContextLike | undefined,
-  principal: string | undefined,
-  runMutation: RunMutation,
-  options?: IdempotencyOptions,
-): Promise<Response>;
+export declare const handleIdempotentMutation: HandleIdempotentMutation;
 
 export declare function ledgerFor(db: D1DatabaseLike | PgPoolLike | LedgerDb, options?: IdempotencyOptions): IdempotencyLedger;
 /** Creates the ledger table and index (idempotent; one batch). Prefer `wrangler d1 migrations` with migrations/0001_idempotency_keys.sql. */
@@ -32,15 +25,5 @@ export declare function toD1Value(value: Statement["params"][number]): unknown;
 export declare function fromD1Value(value: unknown): Statement["params"][number];
 export declare function fromD1Results(results: unknown, expected: number): StatementResult[];
 
-/**
- * `fn` at most once per (principal, key): an async function with the caller's arguments returning its (stored, replayed) result.
- * `fn` gets one more argument after the caller's: the IdempotencyContext (its transaction when `transactional`, the lease's signal, the ticket).
- */
-export declare function idempotentFunction<A extends unknown[], R>(
-  fn: (...args: [...A, IdempotencyContext]) => R | Promise<R>,
-  options: IdempotentFunctionOptions<A, D1DatabaseLike | PgPoolLike | LedgerDb>,
-): (...args: A) => Promise<R>;
-export declare function idempotentFunction<A extends unknown[], R>(
-  fn: (...args: A) => R | Promise<R>,
-  options: IdempotentFunctionOptions<A, D1DatabaseLike | PgPoolLike | LedgerDb>,
-): (...args: A) => Promise<R>;
+/** `fn` at most once per (principal, key), its ledger on a D1 binding, a pg.Pool (Hyperdrive) or a LedgerDb. */
+export declare const idempotentFunction: IdempotentFunctionWrapper<D1DatabaseLike | PgPoolLike | LedgerDb>;
