@@ -517,12 +517,9 @@ async function nodeOverhead(n = count(1500), warm = count(300)) {
  * requests. Then the whole exchange, fresh and replay, as the adapters run it.
  */
 async function nodeBreakdown(n = count(3000), warm = count(500)) {
-  const { ledgerFor, migrate, mutationOf } = await import("../src/node.js");
+  const { ledgerFor, mutationOf, openLedgerDatabase } = await import("../src/node.js");
   const dir = mkdtempSync(join(tmpdir(), "idem-bench-steps-"));
-  const db = new Database(join(dir, "ledger.sqlite"));
-  db.pragma("journal_mode = WAL");
-  db.pragma("synchronous = NORMAL");
-  migrate(db);
+  const db = await openLedgerDatabase(join(dir, "ledger.sqlite"));
   const OPTIONS = { sweep: false };
   const ledger = ledgerFor(db, OPTIONS);
   const session = ledger.session;
@@ -621,12 +618,9 @@ async function telemetryCost(rounds = count(30), m = count(100)) {
   const { AsyncLocalStorageContextManager } = await import("@opentelemetry/context-async-hooks");
   const { InMemoryMetricExporter, AggregationTemporality, MeterProvider, PeriodicExportingMetricReader } = await import("@opentelemetry/sdk-metrics");
   const { BasicTracerProvider, InMemorySpanExporter, SimpleSpanProcessor } = await import("@opentelemetry/sdk-trace-base");
-  const { ledgerFor, migrate, mutationOf } = await import("../src/node.js");
+  const { ledgerFor, mutationOf, openLedgerDatabase } = await import("../src/node.js");
   const dir = mkdtempSync(join(tmpdir(), "idem-bench-otel-"));
-  const db = new Database(join(dir, "ledger.sqlite"));
-  db.pragma("journal_mode = WAL");
-  db.pragma("synchronous = NORMAL");
-  migrate(db);
+  const db = await openLedgerDatabase(join(dir, "ledger.sqlite"));
   const off = ledgerFor(db, { sweep: false, telemetry: false });
   const on = ledgerFor(db, { sweep: false });
   const body = Buffer.from(BODY);

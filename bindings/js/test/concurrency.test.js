@@ -1,21 +1,11 @@
 // 50 concurrent same-key requests into one workerd isolate (one component
 // instance shared by every request), with a real local D1.
 import assert from "node:assert/strict";
-import { join } from "node:path";
-import { after, before, test } from "node:test";
-import { PACKAGE_ROOT, startWorker } from "./helpers/workerd.js";
+import { test } from "node:test";
+import { startHarness } from "./helpers/harness.js";
 import { order, orderCount, send, stats, uniqueKey } from "./helpers/http.js";
 
-let mf;
-let db;
-
-before(async () => {
-  ({ mf, db } = await startWorker({ scriptPath: join(PACKAGE_ROOT, "test/fixtures/harness.js") }));
-});
-
-after(async () => {
-  await mf?.dispose();
-});
+const { mf, db } = await startHarness();
 
 test("50 concurrent same-key requests: exactly one mutation, the rest replays or 409 in-progress", async (t) => {
   const key = uniqueKey("same");

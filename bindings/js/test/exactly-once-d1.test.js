@@ -9,43 +9,14 @@
 // stored answer. With renewal on (timers in workerd), the live owner keeps
 // its key.
 import assert from "node:assert/strict";
-import { mkdtempSync, readFileSync } from "node:fs";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
-import * as esbuild from "esbuild";
-import { Miniflare } from "miniflare";
-import { schemaStatements } from "../src/node.js";
-import { COMPATIBILITY_DATE, PACKAGE_ROOT } from "./helpers/workerd.js";
+import { startBundledWorker } from "./helpers/bundled-worker.js";
 
 let mf;
 before(async () => {
-  // Bundled as wrangler bundles a Worker (Hono from node_modules, the core module kept as its own wasm module).
-  const built = await esbuild.build({
-    entryPoints: [join(PACKAGE_ROOT, "test/fixtures/exactly-once-worker.js")],
-    bundle: true,
-    format: "esm",
-    platform: "browser",
-    conditions: ["workerd", "worker", "browser"],
-    external: ["*.wasm"],
-    write: false,
-    logLevel: "warning",
-  });
-  mf = new Miniflare({
-    cf: false,
-    // The bundle sits where src/ is, so its import of ../generated/core.core.wasm names the core module.
-    modules: [
-      { type: "ESModule", path: join(PACKAGE_ROOT, "src/exactly-once-worker.bundle.js"), contents: built.outputFiles[0].text },
-      { type: "CompiledWasm", path: join(PACKAGE_ROOT, "generated/core.core.wasm"), contents: readFileSync(join(PACKAGE_ROOT, "generated/core.core.wasm")) },
-    ],
-    modulesRoot: PACKAGE_ROOT,
-    compatibilityDate: COMPATIBILITY_DATE,
-    d1Databases: { DB: "exactly-once" },
-    d1Persist: mkdtempSync(join(tmpdir(), "idem-d1-tx-")),
-  });
-  await mf.ready;
-  const db = await mf.getD1Database("DB");
-  await db.batch([...schemaStatements("sqlite").map((sql) => db.prepare(sql)), db.prepare("CREATE TABLE tx_orders (id TEXT PRIMARY KEY, owner TEXT NOT NULL)")]);
+  let db;
+  ({ mf, db } = await startBundledWorker("exactly-once-worker"));
+  await db.prepare("CREATE TABLE tx_orders (id TEXT PRIMARY KEY, owner TEXT NOT NULL)").run();
 });
 after(async () => {
   await mf?.dispose();

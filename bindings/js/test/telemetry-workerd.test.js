@@ -5,46 +5,14 @@
 // SDK, the core module kept as its own wasm module).
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
-import { readFileSync } from "node:fs";
-import { mkdtempSync } from "node:fs";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
 import { after, before, test } from "node:test";
-import * as esbuild from "esbuild";
-import { Miniflare } from "miniflare";
-import { schemaStatements } from "../src/node.js";
-import { COMPATIBILITY_DATE, PACKAGE_ROOT } from "./helpers/workerd.js";
+import { startBundledWorker } from "./helpers/bundled-worker.js";
 
 let mf;
 const keyHash = (principal, key) => createHash("sha256").update(`${principal}\n${key}`, "utf8").digest("hex").slice(0, 16);
 
 before(async () => {
-  const built = await esbuild.build({
-    entryPoints: [join(PACKAGE_ROOT, "test/fixtures/otel-worker.js")],
-    bundle: true,
-    format: "esm",
-    platform: "browser",
-    conditions: ["workerd", "worker", "browser"],
-    mainFields: ["browser", "module", "main"],
-    external: ["*.wasm"],
-    write: false,
-    logLevel: "warning",
-  });
-  // The bundle sits where src/ is, so its import of ../generated/core.core.wasm names the core module.
-  mf = new Miniflare({
-    cf: false,
-    modules: [
-      { type: "ESModule", path: join(PACKAGE_ROOT, "src/otel-worker.bundle.js"), contents: built.outputFiles[0].text },
-      { type: "CompiledWasm", path: join(PACKAGE_ROOT, "generated/core.core.wasm"), contents: readFileSync(join(PACKAGE_ROOT, "generated/core.core.wasm")) },
-    ],
-    modulesRoot: PACKAGE_ROOT,
-    compatibilityDate: COMPATIBILITY_DATE,
-    d1Databases: { DB: "otel" },
-    d1Persist: mkdtempSync(join(tmpdir(), "idem-otel-d1-")),
-  });
-  await mf.ready;
-  const db = await mf.getD1Database("DB");
-  await db.batch(schemaStatements("sqlite").map((sql) => db.prepare(sql)));
+  ({ mf } = await startBundledWorker("otel-worker"));
 });
 
 after(async () => {

@@ -72,29 +72,18 @@ describe("vectors on D1 in workerd", { skip: SKIP_VECTORS }, () => {
     assert.ok(transactions > 0, "the D1 runs kept handler writes for the completion's batch");
   });
 
-  test(`sweep vectors on D1 (${doc.counts?.sweep})`, async () => {
-    const results = await run("sweep", doc.sweep.map((v) => (checkFields("sweep", v), v)));
-    let ran = 0;
-    doc.sweep.forEach((v, i) => {
-      const result = results[i];
-      assert.equal(result.error, undefined, `${v.id} (D1): ${result.error}`);
-      assert.deepEqual(result.got, v.expect, `${v.id} (D1): ${v.spec}`);
-      if (v.rows_after !== null) assert.deepEqual(result.rows, v.rows_after, `${v.id} (D1): rows after`);
-      ran++;
+  for (const kind of ["sweep", "renewal"]) {
+    test(`${kind} vectors on D1 (${doc.counts?.[kind]})`, async () => {
+      const results = await run(kind, doc[kind].map((v) => (checkFields(kind, v), v)));
+      let ran = 0;
+      doc[kind].forEach((v, i) => {
+        const result = results[i];
+        assert.equal(result.error, undefined, `${v.id} (D1): ${result.error}`);
+        assert.deepEqual(result.got, v.expect, `${v.id} (D1): ${v.spec}`);
+        if (v.rows_after !== null) assert.deepEqual(result.rows, v.rows_after, `${v.id} (D1): rows after`);
+        ran++;
+      });
+      assert.equal(ran, doc.counts[kind], `${kind}: vectors run != counts`);
     });
-    assert.equal(ran, doc.counts.sweep, "sweep: vectors run != counts");
-  });
-
-  test(`renewal vectors on D1 (${doc.counts?.renewal})`, async () => {
-    const results = await run("renewal", doc.renewal.map((v) => (checkFields("renewal", v), v)));
-    let ran = 0;
-    doc.renewal.forEach((v, i) => {
-      const result = results[i];
-      assert.equal(result.error, undefined, `${v.id} (D1): ${result.error}`);
-      assert.deepEqual(result.got, v.expect, `${v.id} (D1): ${v.spec}`);
-      if (v.rows_after !== null) assert.deepEqual(result.rows, v.rows_after, `${v.id} (D1): rows after`);
-      ran++;
-    });
-    assert.equal(ran, doc.counts.renewal, "renewal: vectors run != counts");
-  });
+  }
 });

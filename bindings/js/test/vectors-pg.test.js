@@ -138,27 +138,17 @@ describe("vectors on PostgreSQL", { skip: SKIP_PG || SKIP_VECTORS }, () => {
     assert.equal(pgs.pool.idleCount, pgs.pool.totalCount, "every connection went back to the pool");
   });
 
-  test(`sweep vectors on PostgreSQL (${doc.counts?.sweep})`, async () => {
-    let ran = 0;
-    for (const v of doc.sweep) {
-      checkFields("sweep", v);
-      await reset(v);
-      assert.deepEqual(await runSweep(v, sessionOf(core, v, "postgres"), ledgerDb), v.expect, `${v.id} (PostgreSQL): ${v.spec}`);
-      if (v.rows_after !== null) assert.deepEqual(await pgRows(other), v.rows_after, `${v.id} (PostgreSQL): rows after`);
-      ran++;
-    }
-    assert.equal(ran, doc.counts.sweep, "sweep: vectors run != counts");
-  });
-
-  test(`renewal vectors on PostgreSQL (${doc.counts?.renewal})`, async () => {
-    let ran = 0;
-    for (const v of doc.renewal) {
-      checkFields("renewal", v);
-      await reset(v);
-      assert.deepEqual(await runRenewal(v, sessionOf(core, v, "postgres"), ledgerDb), v.expect, `${v.id} (PostgreSQL): ${v.spec}`);
-      if (v.rows_after !== null) assert.deepEqual(await pgRows(other), v.rows_after, `${v.id} (PostgreSQL): rows after`);
-      ran++;
-    }
-    assert.equal(ran, doc.counts.renewal, "renewal: vectors run != counts");
-  });
+  for (const [kind, runVector] of [["sweep", runSweep], ["renewal", runRenewal]]) {
+    test(`${kind} vectors on PostgreSQL (${doc.counts?.[kind]})`, async () => {
+      let ran = 0;
+      for (const v of doc[kind]) {
+        checkFields(kind, v);
+        await reset(v);
+        assert.deepEqual(await runVector(v, sessionOf(core, v, "postgres"), ledgerDb), v.expect, `${v.id} (PostgreSQL): ${v.spec}`);
+        if (v.rows_after !== null) assert.deepEqual(await pgRows(other), v.rows_after, `${v.id} (PostgreSQL): rows after`);
+        ran++;
+      }
+      assert.equal(ran, doc.counts[kind], `${kind}: vectors run != counts`);
+    });
+  }
 });

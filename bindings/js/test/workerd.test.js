@@ -2,24 +2,15 @@
 // (miniflare, cf: false, offline) with a real local D1. The harness wraps the
 // real D1 binding to count round trips; nothing here fakes the database.
 import assert from "node:assert/strict";
-import { after, before, describe, test } from "node:test";
-import { join } from "node:path";
+import { describe, test } from "node:test";
 import { createHash } from "node:crypto";
 import { schemaStatements } from "../src/node.js";
-import { PACKAGE_ROOT, startWorker } from "./helpers/workerd.js";
+import { startWorker } from "./helpers/workerd.js";
+import { HARNESS_SCRIPT, startHarness } from "./helpers/harness.js";
 import { T0, ledgerRow, order, orderCount, send, stats, uniqueKey, waitFor } from "./helpers/http.js";
 import { chunkedUpload } from "./helpers/upload.js";
 
-let mf;
-let db;
-
-before(async () => {
-  ({ mf, db } = await startWorker({ scriptPath: join(PACKAGE_ROOT, "test/fixtures/harness.js") }));
-});
-
-after(async () => {
-  await mf?.dispose();
-});
+const { mf, db } = await startHarness();
 
 const sku = () => uniqueKey("sku");
 const KEY_INVALID_MESSAGE = "Idempotency-Key must be 1-255 printable ASCII characters.";
@@ -522,7 +513,7 @@ describe("issue 21.8: a chunked request refused with 413 leaves the Worker servi
         s.close(() => resolve(port));
       });
     });
-    const served = await startWorker({ scriptPath: join(PACKAGE_ROOT, "test/fixtures/harness.js"), port: free });
+    const served = await startWorker({ scriptPath: HARNESS_SCRIPT, port: free });
     try {
       const headers = { authorization: "Bearer tok-a", "x-test-request-cap": "1024", "content-type": "application/json" };
       for (let round = 0; round < 5; round++) {

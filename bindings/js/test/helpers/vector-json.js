@@ -410,6 +410,24 @@ export const ticketOf = (t) => ({ principal: t.principal, key: t.key, fingerprin
 const leaseJson = (lease) => ({ state: lease.state, log: lease.log ? logJson(lease.log) : null });
 
 /**
+ * What one stepped batch of a vector returned, as a WIT result: the scripted
+ * `feed` when the vector has one, else `runBatch()`'s rows (its batch error
+ * when it throws one).
+ */
+async function batchResult(v, runBatch) {
+  if (v.feed !== undefined) {
+    const event = eventOf(v.feed);
+    return event.tag === "batch-failed" ? { tag: "err", val: event.val } : { tag: "ok", val: event.val };
+  }
+  try {
+    return { tag: "ok", val: await runBatch() };
+  } catch (error) {
+    if (!error?.batchError) throw error;
+    return { tag: "err", val: error.batchError };
+  }
+}
+
+/**
  * Runs one renewal vector stepped: `session.renewal(ticket, now)` as one
  * batch on `db` (its `renewalBatch` when it has one; or the scripted
  * `feed`), then `session.renewed`: the lease in the vectors' spelling.
@@ -417,19 +435,8 @@ const leaseJson = (lease) => ({ state: lease.state, log: lease.log ? logJson(lea
 export async function runRenewal(v, session, db) {
   const ticket = ticketOf(v.ticket);
   const statements = session.renewal(ticket, v.now);
-  let result;
-  if (v.feed !== undefined) {
-    const event = eventOf(v.feed);
-    result = event.tag === "batch-failed" ? { tag: "err", val: event.val } : { tag: "ok", val: event.val };
-  } else {
-    try {
-      // On the LedgerDb's renewal connection where it has one (what the package runs renewals on).
-      result = { tag: "ok", val: await (db.renewalBatch ?? db.batch)(withSql(session, statements)) };
-    } catch (error) {
-      if (!error?.batchError) throw error;
-      result = { tag: "err", val: error.batchError };
-    }
-  }
+  // On the LedgerDb's renewal connection where it has one (what the package runs renewals on).
+  const result = await batchResult(v, () => (db.renewalBatch ?? db.batch)(withSql(session, statements)));
   return leaseJson(session.renewed(ticket, result));
 }
 
@@ -450,18 +457,6 @@ export function runRenewalDriven(v, session, db) {
 /** Runs one sweep vector: { deleted, more, log } in the vectors' spelling. */
 export async function runSweep(v, session, db) {
   const statements = session.sweep(v.now);
-  let result;
-  if (v.feed !== undefined) {
-    const event = eventOf(v.feed);
-    result = event.tag === "batch-failed" ? { tag: "err", val: event.val } : { tag: "ok", val: event.val };
-  } else {
-    try {
-      result = { tag: "ok", val: await db.batch(statements.map((s) => ({ query: s.query, sql: session.sql[s.query], params: s.params }))) };
-    } catch (error) {
-      if (!error?.batchError) throw error;
-      result = { tag: "err", val: error.batchError };
-    }
-  }
-  const report = session.swept(result);
+  const report = session.swept(await batchResult(v, () => db.batch(withSql(session, statements))));
   return { deleted: Number(report.deleted), more: report.more, log: report.log ? logJson(report.log) : null };
 }
