@@ -418,6 +418,18 @@ struct CuttingProxy {
 }
 
 impl CuttingProxy {
+    /// A proxy in front of `db`'s schema, and a pool of two connections
+    /// through it in plain text, so the proxy can see the batches (the
+    /// default `prefer` would encrypt).
+    fn in_front_of(db: &TestDb) -> (CuttingProxy, PostgresPool) {
+        let schema = &db.pg().expect("postgres").name;
+        let (upstream, _) = via_port(schema, 0);
+        let proxy = CuttingProxy::start(upstream);
+        let (_, url) = via_port(schema, proxy.port);
+        let pool = PostgresPool::connect(&format!("{url}&sslmode=disable"), 2).expect("pool");
+        (proxy, pool)
+    }
+
     fn start(upstream: String) -> CuttingProxy {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind proxy");
         let port = listener.local_addr().expect("addr").port();
@@ -488,12 +500,7 @@ impl CuttingProxy {
 fn a_decision_batch_cut_after_sending_is_outcome_unknown_and_says_so() {
     capture_logs();
     let db = TestDb::postgres();
-    let schema = db.pg().expect("postgres").name.clone();
-    let (upstream, _) = via_port(&schema, 0);
-    let proxy = CuttingProxy::start(upstream);
-    let (_, url) = via_port(&schema, proxy.port);
-    // Plain text, so the proxy can see the batch (the default `prefer` would encrypt).
-    let pool = PostgresPool::connect(&format!("{url}&sslmode=disable"), 2).expect("pool");
+    let (proxy, pool) = CuttingProxy::in_front_of(&db);
     let clock = ManualClock::new(T0);
     let mut ledger = Ledger::new(runtime(), pool.backend(), Settings::default(), clock.clone()).expect("ledger");
     ledger.handle("acct", &order("warm-up"), created).expect("warm-up: statements prepared");
@@ -527,11 +534,7 @@ fn a_decision_batch_cut_after_sending_is_outcome_unknown_and_says_so() {
 fn a_completion_batch_cut_after_sending_is_reported_as_unknown() {
     capture_logs();
     let db = TestDb::postgres();
-    let schema = db.pg().expect("postgres").name.clone();
-    let (upstream, _) = via_port(&schema, 0);
-    let proxy = CuttingProxy::start(upstream);
-    let (_, url) = via_port(&schema, proxy.port);
-    let pool = PostgresPool::connect(&format!("{url}&sslmode=disable"), 2).expect("pool");
+    let (proxy, pool) = CuttingProxy::in_front_of(&db);
     let mut ledger = Ledger::new(runtime(), pool.backend(), Settings::default(), ManualClock::new(T0)).expect("ledger");
     ledger.handle("acct", &order("warm-up"), created).expect("warm-up");
     let h = ledger
