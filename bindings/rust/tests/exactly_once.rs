@@ -37,17 +37,23 @@ fn order(key: &str) -> Request {
     Request::new("POST", "/orders").header("Idempotency-Key", key).header("Content-Type", "application/json").body(b"{}".to_vec())
 }
 
+/// A fresh directory with a SQLite file holding the `orders` table, and a
+/// clock at `T0`.
+fn orders_database() -> (tempfile::TempDir, std::path::PathBuf, ManualClock) {
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("l.sqlite");
+    create_table(&path);
+    (dir, path, ManualClock::new(T0))
+}
+
 fn create_table(path: &std::path::Path) {
     rusqlite::Connection::open(path).expect("open").execute_batch("CREATE TABLE orders (key TEXT NOT NULL)").expect("orders table");
 }
 
 #[test]
 fn a_transactional_handlers_writes_commit_with_its_answer_and_replays_write_nothing() {
-    let dir = tempfile::tempdir().expect("tmp");
-    let path = dir.path().join("l.sqlite");
-    let clock = ManualClock::new(T0);
+    let (_dir, path, clock) = orders_database();
     let mut ledger = ledger(&path, &clock);
-    create_table(&path);
     for _ in 0..3 {
         let handled = ledger
             .handle_transactional("acct", &order("k1"), |_, tx| {
@@ -62,11 +68,8 @@ fn a_transactional_handlers_writes_commit_with_its_answer_and_replays_write_noth
 
 #[test]
 fn a_handler_that_fails_leaves_no_write_and_its_key_runs_again() {
-    let dir = tempfile::tempdir().expect("tmp");
-    let path = dir.path().join("l.sqlite");
-    let clock = ManualClock::new(T0);
+    let (_dir, path, clock) = orders_database();
     let mut ledger = ledger(&path, &clock);
-    create_table(&path);
     let failed = ledger.handle_transactional("acct", &order("k2"), |_, tx| {
         tx.execute("INSERT INTO orders (key) VALUES (?)", vec![Value::Text("k2".into())]).expect("insert");
         Err::<MutationResponse, _>("payment refused")
@@ -87,12 +90,9 @@ fn a_handler_that_fails_leaves_no_write_and_its_key_runs_again() {
 
 #[test]
 fn a_taken_over_owner_is_rolled_back_and_answers_with_the_new_owners_answer() {
-    let dir = tempfile::tempdir().expect("tmp");
-    let path = dir.path().join("l.sqlite");
-    let clock = ManualClock::new(T0);
+    let (_dir, path, clock) = orders_database();
     let mut stalled = ledger(&path, &clock);
     let mut other = ledger(&path, &clock);
-    create_table(&path);
     let stalled_answer = stalled
         .handle_transactional("acct", &order("k3"), |_, tx| {
             // Past the TTL (no renewer on a bare ledger): another server takes the key over and completes it.

@@ -269,23 +269,38 @@ fn a_duplicate_in_progress_is_told_to_retry_in_a_second() {
     assert_eq!(header(&second.1, "retry-after"), Some("1"), "a short retry, not the 30 s until takeover");
 }
 
+/// Starts the example server (`make serve-rust`, built by `cargo test`) on a
+/// free port with these settings, and waits until it accepts connections.
+fn start_example_server(settings: &[(&str, &std::ffi::OsStr)], stderr: std::process::Stdio) -> (std::process::Child, SocketAddr) {
+    let exe = std::env::current_exe().expect("exe");
+    let serve = exe.parent().and_then(|deps| deps.parent()).expect("target dir").join("examples/serve");
+    assert!(serve.exists(), "cargo test builds the example first: {}", serve.display());
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+    let child = std::process::Command::new(&serve)
+        .env("PORT", port.to_string())
+        .envs(settings.iter().copied())
+        .stdout(std::process::Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .expect("start the example server");
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while TcpStream::connect(addr).is_err() {
+        assert!(std::time::Instant::now() < deadline, "the server did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (child, addr)
+}
+
 /// `make serve-rust`'s server as a real process: the example server contract.
 #[test]
 fn the_example_server_keeps_its_contract() {
-    let exe = std::env::current_exe().expect("exe");
-    let examples = exe.parent().and_then(|deps| deps.parent()).expect("target dir").join("examples/serve");
-    assert!(examples.exists(), "cargo test builds the example first: {}", examples.display());
     let dir = tempfile::tempdir().expect("tmp");
-    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
-    let child = std::process::Command::new(&examples)
-        .env("PORT", port.to_string())
-        .env("DATABASE_URL", dir.path().join("serve.sqlite"))
-        .env("IDEMPOTENCY_MAX_BODY_BYTES", "4096")
-        .env("IDEMPOTENCY_WAIT_MS", "2000")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("start the example server");
+    let (child, addr) = start_example_server(
+        &[("DATABASE_URL", dir.path().join("serve.sqlite").as_os_str()), ("IDEMPOTENCY_MAX_BODY_BYTES", "4096".as_ref()), ("IDEMPOTENCY_WAIT_MS", "2000".as_ref())],
+        std::process::Stdio::piped(),
+    );
+    let port = addr.port();
     // Killed if an assertion fails first (SIGTERM is the test's own last step).
     struct Reaped(std::process::Child);
     impl Drop for Reaped {
@@ -295,12 +310,6 @@ fn the_example_server_keeps_its_contract() {
         }
     }
     let mut child = Reaped(child);
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while TcpStream::connect(addr).is_err() {
-        assert!(std::time::Instant::now() < deadline, "the server did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
     let auth = ("authorization", "Bearer tok-1");
     let (status, _, body) = http(addr, "POST", "/orders", &[JSON, ("idempotency-key", "a")], b"{}");
     assert_eq!(status, 401, "the app's own auth comes first");
@@ -353,29 +362,16 @@ fn the_example_server_keeps_its_contract() {
 /// runs the order once.
 #[test]
 fn the_example_server_writes_each_order_exactly_once_across_a_crash() {
-    let exe = std::env::current_exe().expect("exe");
-    let serve = exe.parent().and_then(|deps| deps.parent()).expect("target dir").join("examples/serve");
     let dir = tempfile::tempdir().expect("tmp");
     let database = dir.path().join("serve.sqlite");
     let start = || {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
-        let child = std::process::Command::new(&serve)
-            .env("PORT", port.to_string())
-            .env("DATABASE_URL", &database)
-            .env("ORDERS_IN_DATABASE", "1")
-            .env("IDEMPOTENCY_TRANSACTIONAL", "1")
-            .env("IDEMPOTENCY_PENDING_TTL_MS", "500")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("start the example server");
-        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while TcpStream::connect(addr).is_err() {
-            assert!(std::time::Instant::now() < deadline, "the server did not start");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        (child, addr)
+        let settings: [(&str, &std::ffi::OsStr); 4] = [
+            ("DATABASE_URL", database.as_os_str()),
+            ("ORDERS_IN_DATABASE", "1".as_ref()),
+            ("IDEMPOTENCY_TRANSACTIONAL", "1".as_ref()),
+            ("IDEMPOTENCY_PENDING_TTL_MS", "500".as_ref()),
+        ];
+        start_example_server(&settings, std::process::Stdio::null())
     };
     let auth = ("authorization", "Bearer tok-1");
     let (mut child, addr) = start();
