@@ -208,6 +208,11 @@ impl TestDb {
         Ledger::new(runtime(), self.backend(), settings, clock.clone()).expect("ledger")
     }
 
+    /// `N` ledgers on this database and one clock: servers that share it.
+    pub fn ledgers<const N: usize>(&self, clock: &ManualClock) -> [Ledger; N] {
+        std::array::from_fn(|_| self.ledger(clock))
+    }
+
     /// A ledger whose backend counts batches and can be told to fail them.
     pub fn instrumented(&self, clock: &ManualClock, settings: Settings) -> (Ledger, Probe) {
         let probe = Probe::default();

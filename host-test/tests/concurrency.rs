@@ -168,8 +168,7 @@ fn swept_and_reclaimed_row_fences_out_the_original_owner() {
     // completion must not land on the new row.
     let db = TestDb::new();
     let clock = ManualClock::new(T0);
-    let mut a = db.ledger(&clock);
-    let mut b = db.ledger(&clock);
+    let [mut a, mut b] = db.ledgers(&clock);
     let result = a.handle("acct-1", &order("k"), |_| {
         clock.advance(Duration::from_millis(86_400_001));
         assert_eq!(b.sweep().expect("sweep").deleted, 1);

@@ -195,8 +195,7 @@ fn fenced_out_completion_is_logged_with_principal_key_and_generation() {
     capture_logs();
     let db = TestDb::new();
     let clock = ManualClock::new(T0);
-    let mut a = db.ledger(&clock);
-    let mut b = db.ledger(&clock);
+    let [mut a, mut b] = db.ledgers(&clock);
     let h = a
         .handle("acct-9", &order("fence-me", "{}"), |req| {
             clock.advance(Duration::from_secs(31));

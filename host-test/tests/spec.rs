@@ -788,8 +788,7 @@ fn spec9_release_never_frees_a_row_taken_over_or_completed() {
     // reports that it changed nothing: its release is fenced out.
     let db = TestDb::new();
     let clock = ManualClock::new(T0);
-    let mut a = db.ledger(&clock);
-    let mut b = db.ledger(&clock);
+    let [mut a, mut b] = db.ledgers(&clock);
     let orders = Orders::new();
     let stale = a
         .handle(P, &order("k", "{}"), |req| {
