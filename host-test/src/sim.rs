@@ -353,16 +353,9 @@ impl Engine for Component {
     }
 
     fn swept(&mut self, result: Result<&[StatementResult], &BatchError>) -> Result<core::SweepReport, String> {
-        let result = match result {
-            Ok(results) => Ok(results_to_wit(results)),
-            Err(error) => Err(batch_error_to_wit(error)),
-        };
+        let result = result.map(results_to_wit).map_err(batch_error_to_wit);
         let report = self.call(|core, store, session| {
-            let result = match &result {
-                Ok(results) => Ok(results.as_slice()),
-                Err(error) => Err(error),
-            };
-            core.idempotency_ledger_session().session().call_swept(store, session, result)
+            core.idempotency_ledger_session().session().call_swept(store, session, result.as_deref())
         })?;
         Ok(sweep_report_to_core(report))
     }
@@ -376,16 +369,9 @@ impl Engine for Component {
 
     fn renewed(&mut self, ticket: &core::Ticket, result: Result<&[StatementResult], &BatchError>) -> Result<core::Lease, String> {
         let ticket = ticket_to_wit(ticket);
-        let result = match result {
-            Ok(results) => Ok(results_to_wit(results)),
-            Err(error) => Err(batch_error_to_wit(error)),
-        };
+        let result = result.map(results_to_wit).map_err(batch_error_to_wit);
         let lease = self.call(|core, store, session| {
-            let result = match &result {
-                Ok(results) => Ok(results.as_slice()),
-                Err(error) => Err(error),
-            };
-            core.idempotency_ledger_session().session().call_renewed(store, session, &ticket, result)
+            core.idempotency_ledger_session().session().call_renewed(store, session, &ticket, result.as_deref())
         })?;
         Ok(lease_to_core(lease))
     }
