@@ -254,10 +254,7 @@ impl Ledger {
         let mut failed: Option<E> = None;
         loop {
             next = match next {
-                Next::ReadBody { cap } => {
-                    let feed = if request.body.len() as u64 > cap { Feed::BodyTooLarge } else { Feed::Body(&request.body) };
-                    self.feed(&mut exchange, feed)
-                }
+                Next::ReadBody { cap } => self.feed(&mut exchange, request.body_feed(cap)),
                 Next::RunHandler(_) => {
                     let ran = match handler.take().expect("the exchange runs the handler once") {
                         Handler::Plain(run) => run(request),

@@ -37,6 +37,16 @@ impl Request {
     pub fn head(&self) -> wit::RequestHead {
         head(&self.method, &self.path_and_query, self.headers.iter().map(|(n, v)| (n.as_str(), v.as_str())))
     }
+
+    /// What to feed for `Next::ReadBody { cap }` when the whole body is at
+    /// hand: the body, or `BodyTooLarge` past the cap.
+    pub fn body_feed(&self, cap: u64) -> crate::Feed<'_> {
+        if self.body.len() as u64 > cap {
+            crate::Feed::BodyTooLarge
+        } else {
+            crate::Feed::Body(&self.body)
+        }
+    }
 }
 
 pub(crate) fn head<'a>(

@@ -159,31 +159,29 @@ fn write_value(out: &mut String, value: &Value) {
             (None, None, None) => out.push_str("null"),
         },
         Value::String(s) => write_string(out, s),
-        Value::Array(items) => {
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                write_value(out, item);
-            }
-            out.push(']');
-        }
+        Value::Array(items) => write_separated(out, ['[', ']'], items, write_value),
         Value::Object(members) => {
             let mut names: Vec<&String> = members.keys().collect();
             names.sort_by(|a, b| a.encode_utf16().cmp(b.encode_utf16()));
-            out.push('{');
-            for (i, name) in names.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
+            write_separated(out, ['{', '}'], names, |out, name| {
                 write_string(out, name);
                 out.push(':');
                 write_value(out, &members[name]);
-            }
-            out.push('}');
+            });
         }
     }
+}
+
+/// `items` written by `write`, comma-separated, between `brackets`.
+fn write_separated<T>(out: &mut String, brackets: [char; 2], items: impl IntoIterator<Item = T>, mut write: impl FnMut(&mut String, T)) {
+    out.push(brackets[0]);
+    for (i, item) in items.into_iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        write(out, item);
+    }
+    out.push(brackets[1]);
 }
 
 /// `JSON.stringify`'s escaping: quote, backslash, the five named controls,

@@ -230,10 +230,7 @@ impl AsyncLedger {
         let mut failed: Option<E> = None;
         loop {
             next = match next {
-                Next::ReadBody { cap } => {
-                    let feed = if request.body.len() as u64 > cap { Feed::BodyTooLarge } else { Feed::Body(&request.body) };
-                    exchange.feed(feed).await
-                }
+                Next::ReadBody { cap } => exchange.feed(request.body_feed(cap)).await,
                 Next::RunHandler(_) => {
                     let run = handler.take().expect("the exchange runs the handler once");
                     let tx = exchange.transaction().unwrap_or_else(|| self.no_transaction());
