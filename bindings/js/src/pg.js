@@ -201,6 +201,7 @@ export function pgLedger(pool, { connectTimeoutMs = 5000, lockTimeoutMs = 5000 }
   if (!pool || typeof pool.connect !== "function") throw new TypeError("pgLedger needs a pg.Pool");
   if (!Number.isSafeInteger(lockTimeoutMs) || lockTimeoutMs < 0) throw new TypeError("lockTimeoutMs must be a non-negative integer");
   lockTimeoutMs = Math.max(1, lockTimeoutMs);
+  const broken = brokenClients(pool);
 
   async function checkout() {
     let timer;
@@ -247,6 +248,7 @@ export function pgLedger(pool, { connectTimeoutMs = 5000, lockTimeoutMs = 5000 }
       await turn();
       client.removeListener("error", onLost);
       client.removeListener("end", onLost);
+      lost ??= broken.has(client) ? new Error("the connection broke while the pool handed it out") : null;
       if (lost === null) return client;
       client.release(lost); // pg-pool discards a client released with an error
     }
@@ -411,6 +413,25 @@ export function pgLedger(pool, { connectTimeoutMs = 5000, lockTimeoutMs = 5000 }
   }
 
   return { dialect: "postgres", pool, batch, begin };
+}
+
+const BROKEN = Symbol("idempotency-ledger: clients whose connection broke");
+
+/**
+ * The pool's clients that emitted 'error', seen by an 'error' listener every
+ * new client gets at its 'connect' (once per pool). pg-pool removes its own
+ * listener when it hands a client out, in the same turn as a server's
+ * goodbye can arrive on a fresh connection (a backend terminated right after
+ * it started): without a listener of its own, that 'error' would end the
+ * process. Such a client is dropped for another by `openClient`.
+ */
+function brokenClients(pool) {
+  if (!pool[BROKEN]) {
+    const broken = new WeakSet();
+    pool.on("connect", (client) => client.on("error", () => broken.add(client)));
+    pool[BROKEN] = broken;
+  }
+  return pool[BROKEN];
 }
 
 /** True for a node-postgres Pool (duck-typed). */
