@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 
 REPLAY_HEADER = "Idempotency-Replayed"
 # The header of the example-server contract that ends the server right after
-# the order's insert (../shared/EXAMPLE-SERVERS.md, "Orders in the ledger's database").
+# the order's insert (README.md, "The two commands": the example servers' settings).
 EXIT_AFTER_WRITE = "X-Exit-After-Write"
 
 

@@ -6,8 +6,8 @@ The example servers keep their orders in the ledger's database when asked
 commit with the fenced completion (`IDEMPOTENCY_TRANSACTIONAL=1`), can die
 right after the write (`X-Exit-After-Write: 1`, exit status 3) and renew a
 running handler's lease (`IDEMPOTENCY_LEASE_RENEWAL=on|off`); the names are
-the contract's (../shared/EXAMPLE-SERVERS.md, "Orders in the ledger's
-database"). Every payload carries its key (`ref`), so the harness counts the
+the example servers' (README.md, "The two commands": the settings they
+read). Every payload carries its key (`ref`), so the harness counts the
 `orders` rows per key (orders.py): in the transactional mode every crash and
 fault must leave 0 duplicate orders and 0 acknowledged orders missing;
 without it (`plain`) the duplicates are measured.

@@ -55,7 +55,7 @@ def _row(values: Sequence[Any]) -> Row:
 class Order:
     """One row of the `orders` table. The contract fixes the table's name and
     that it holds at least the order id, the principal and the request JSON
-    (../shared/EXAMPLE-SERVERS.md); `ref` is the key the harness put into the
+    (README.md, the example servers' settings); `ref` is the key the harness put into the
     request JSON, so rows are counted per (principal, key)."""
 
     id: Optional[str]

@@ -1,5 +1,5 @@
-"""Orders in the ledger's database (issue 23.4; ../shared/EXAMPLE-SERVERS.md,
-"Orders in the ledger's database"): the example servers' settings for it,
+"""Orders in the ledger's database (issue 23.4; README.md, the example
+servers' `ORDERS_IN_DATABASE`): the example servers' settings for it,
 and the check that counts ORDERS, not executions.
 
 With `ORDERS_IN_DATABASE=1` each execution of POST /orders inserts one row
