@@ -1,4 +1,4 @@
-// The recipe's reference handler for Workers + D1 (shared/seed/000_50a8967c6260e0e0.txt),
+// The original design's reference handler for Workers + D1 (the "recipe" docs/SPEC.md names),
 // ported to plain JS for the bench: the TypeScript types are dropped, nothing
 // else changed. One statement per round trip (claim, then SELECT, then
 // takeover, then the fenced completion), fingerprint with Web Crypto, sweep in
