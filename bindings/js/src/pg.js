@@ -248,7 +248,7 @@ export function pgLedger(pool, { connectTimeoutMs = 5000, lockTimeoutMs = 5000 }
       await turn();
       client.removeListener("error", onLost);
       client.removeListener("end", onLost);
-      lost ??= broken.has(client) ? new Error("the connection broke while the pool handed it out") : null;
+      if (lost === null && broken.has(client)) lost = new Error("the connection broke while the pool handed it out");
       if (lost === null) return client;
       client.release(lost); // pg-pool discards a client released with an error
     }
