@@ -86,15 +86,22 @@ serde_json = { version = "1", default-features = false, features = ["alloc", "st
 idempotency-ledger = { path = "crates/idempotency-ledger-$VERSION" }
 
 EOF
-  # The repository workspace's dev profile overrides (cranelift optimised), so
+  # The repository workspace's dev profile (debug info, cranelift optimised), so
   # the dependencies it compiled are the same units and are reused.
   $PYTHON - <<'EOF'
 import tomllib
-profiles = tomllib.load(open("Cargo.toml", "rb")).get("profile", {})
-for name, settings in profiles.get("dev", {}).get("package", {}).items():
-    print(f"[profile.dev.package.{name}]")
+import json
+def toml_value(value):
+    return str(value).lower() if isinstance(value, bool) else json.dumps(value)
+dev = tomllib.load(open("Cargo.toml", "rb")).get("profile", {}).get("dev", {})
+print("[profile.dev]")
+for key, value in dev.items():
+    if key != "package":
+        print(f"{key} = {toml_value(value)}")
+for name, settings in dev.get("package", {}).items():
+    print(f"[profile.dev.package.{json.dumps(name)}]")
     for key, value in settings.items():
-        print(f"{key} = {value!r}".replace("'", '"'))
+        print(f"{key} = {toml_value(value)}")
 EOF
 } >"$WORK/rust/Cargo.toml"
 cp packaging/smoke/rust/main.rs "$WORK/rust/src/main.rs"
