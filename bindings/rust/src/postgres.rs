@@ -51,7 +51,8 @@ pub struct PoolSettings {
     pub wait_timeout: Duration,
     /// How long a statement waits for a lock held by another transaction
     /// before the batch is busy (SQLSTATE 55P03; default 5 s): PostgreSQL's
-    /// `lock_timeout`, set for every connection and in every batch.
+    /// `lock_timeout`, set in every batch's transaction (`SET LOCAL`, so a
+    /// transaction pooler's server connections keep no session setting).
     pub lock_timeout: Duration,
 }
 
