@@ -319,7 +319,7 @@ INJECTED = [
 
 
 # What the Rust crate's pool discards after the failed batch (bindings/rust/src/postgres.rs `discards`).
-CRATE_DISCARDS = {"25006", "08006"}
+DISCARDS = {"25006", "08006"}
 
 
 @pytest.mark.parametrize("sqlstate,reason", INJECTED)
@@ -351,10 +351,11 @@ def test_sqlstate_is_classified_by_the_core_and_the_ledger_carries_on(
     pg.sql("DELETE FROM inject")
     ok = post(ledger, "k", m)
     assert (ok.outcome, ok.status, m.calls) == ("executed", 201, 1)
-    if kind == "crate" and sqlstate in CRATE_DISCARDS:
-        # The crate's pool drops a connection whose server refuses writes on it
-        # (25006: a standby, as a primary that failed over becomes) or reports
-        # it broken (class 08): the next request runs on a new one.
+    if sqlstate in DISCARDS:
+        # Both pools (the crate's, and a psycopg_pool the ledger borrows from)
+        # drop a connection whose server refuses writes on it (25006: a
+        # standby, as a primary that failed over becomes) or reports it broken
+        # (class 08): the next request runs on a new one.
         after = _ledger_pids(pg)
         assert len(after) == 1 and after != pids
     else:

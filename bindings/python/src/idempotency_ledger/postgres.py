@@ -158,6 +158,15 @@ def run_on(conn: "psycopg.Connection[Any]", statements: Sequence[Statement], pre
         raise
 
 
+def _discards(failure: BatchFailure) -> bool:
+    """The connection must leave the pool: its server refuses writes on it
+    (25006: a standby, as a primary that failed over becomes), or reports it
+    broken (class 08) or shutting down (57P01-57P03). The same rule as the
+    Rust crate's pool."""
+    kind, code = failure.args[0], failure.args[1]
+    return kind == "database" and isinstance(code, str) and (code == "25006" or code.startswith("08") or code in ("57P01", "57P02", "57P03"))
+
+
 def _give_back(pool: ConnectionPool[Any], conn: "psycopg.Connection[Any]", restore_autocommit: bool) -> None:
     """Returns `conn` to the pool idle, or closed (the pool then replaces it)."""
     try:
@@ -341,10 +350,15 @@ class PoolBatch:
                 conn.autocommit = True
                 restore = True
             return run_on(conn, statements, self._prelude)
-        except BatchFailure:
+        except BatchFailure as failure:
+            if _discards(failure):
+                conn.close()  # closed, the pool replaces it instead of lending it again
             raise
         except Exception as error:
-            raise _failure(error, False) from error
+            failure = _failure(error, False)
+            if _discards(failure):
+                conn.close()
+            raise failure from error
         finally:
             _give_back(self.pool, conn, restore)
 
