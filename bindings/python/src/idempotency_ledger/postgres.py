@@ -355,10 +355,10 @@ class PoolBatch:
                 conn.close()  # closed, the pool replaces it instead of lending it again
             raise
         except Exception as error:
-            failure = _failure(error, False)
-            if _discards(failure):
+            classified = _failure(error, False)
+            if _discards(classified):
                 conn.close()
-            raise failure from error
+            raise classified from error
         finally:
             _give_back(self.pool, conn, restore)
 
