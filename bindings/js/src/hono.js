@@ -7,7 +7,7 @@ import { matchedRoutes } from "hono/route";
 import { drainRequestBody, mutationOf, readFetchBody, requestHead, toFetchResponse } from "./fetch.js";
 import { handlerContext, neverAborted, raisedResult } from "./ledger.js";
 import { adapterOptions, nodeHead, principalValue } from "./middleware.js";
-import { closeAfterAnswer, readNodeBody } from "./node-http.js";
+import { closeAfterAnswer, holdResponse, readNodeBody, sendCore } from "./node-http.js";
 
 function waitUntilOf(c) {
   // Under @hono/node-server (its HttpBindings: c.env.incoming) there is no
@@ -52,6 +52,23 @@ function bodyCacheOf(bytes) {
   });
   return cache;
 }
+
+/**
+ * The ServerResponse @hono/node-server writes the app's answer to (its
+ * HttpBindings: `c.env.outgoing`), when the body was read from its request
+ * and nothing was written to it yet.
+ */
+function outgoingOf(c, incoming) {
+  const outgoing = c.env?.outgoing;
+  const usable = incoming && outgoing && typeof outgoing.writeHead === "function" && typeof outgoing.getHeaders === "function" && !outgoing.headersSent;
+  return usable ? outgoing : undefined;
+}
+
+/** The WIT handler-result of a response held on a ServerResponse. */
+const heldResult = (captured) => ({ tag: "answered", val: { status: captured.status, headers: captured.headers, body: { tag: "bytes", val: captured.body } } });
+
+/** What the middleware's race sees once the handler's answer was left to @hono/node-server. */
+const HANDED_OFF = Symbol("handed off");
 
 /**
  * The body, never more than `cap` bytes held, and how the handler reads it
@@ -109,6 +126,23 @@ function honoRoute(c, ours, option) {
   return undefined;
 }
 
+/**
+ * Sends what the exchange ended with once the handler's answer was held on
+ * `outgoing`: the held answer, or the core's in its place (its answer to a
+ * completion that failed or was fenced out, or to a rolled-back handler).
+ */
+function sendHeld(outgoing, held, action) {
+  if (action.tag === "respond" && action.val.send.tag === "handler") {
+    if (held.ended) held.send();
+    return;
+  }
+  held.restore();
+  if (outgoing.destroyed) return;
+  if (action.tag === "respond") sendCore(outgoing, action.val.send.val, action.val.close);
+  else if (action.tag === "propagate") sendCore(outgoing, action.val.response, false);
+  else outgoing.destroy(new Error(`the exchange ended with ${action.tag} after its handler answered`));
+}
+
 /** The Hono variable a handler reads its context from: `c.get("idempotency")` -> { transaction, signal, ticket }. */
 export const CONTEXT_VARIABLE = "idempotency";
 
@@ -148,9 +182,33 @@ export function makeHonoIdempotency(api) {
       const principal = principalValue(await principalOf(c));
       const incoming = incomingOf(c, request);
       const ours = c.req.routeIndex;
+      // On Node the handler's Response is not read here: the middleware
+      // returns it, @hono/node-server writes it as it writes any response
+      // (a string or bytes straight to the socket) into `outgoing`, held
+      // there, and the exchange completes with the bytes written before the
+      // held answer (or the core's instead) goes out. Reading a Response's
+      // body means building Fetch's own Response and stream around it,
+      // which costs more than the rest of the exchange. Elsewhere (Workers,
+      // app.request()) the Response is read and rebuilt.
+      const outgoing = outgoingOf(c, incoming);
+      let held = null;
+      let handOff = null;
+      const handedOff = outgoing === undefined ? null : new Promise((resolve) => (handOff = resolve));
+      const holdAnswer = () =>
+        new Promise((resolve) => {
+          held = holdResponse(outgoing, (captured) => resolve(heldResult(captured)));
+          // A connection that closed before the answer was written: nothing
+          // to store, and nobody to send it to.
+          outgoing.once("close", () => {
+            if (held.ended) return;
+            held.restore();
+            resolve(raisedResult(new Error("the connection closed before the response was written")));
+          });
+          handOff();
+        });
       let produced = null;
       let thrown;
-      const { action, handlerRan: ran } = await ledger.exchange(
+      const exchanged = ledger.exchange(
         incoming ? nodeHead(incoming) : requestHead(request),
         principal,
         {
@@ -165,6 +223,7 @@ export function makeHonoIdempotency(api) {
             }
             if (!handlerRan(c, ours)) return { tag: "declined" };
             if (c.error !== undefined) return raisedResult(c.error);
+            if (outgoing !== undefined) return holdAnswer();
             produced = await mutationOf(c.res, { rebuild: true });
             c.res = undefined; // replaced, not merged into
             c.res = produced.response;
@@ -173,6 +232,20 @@ export function makeHonoIdempotency(api) {
         },
         { waitUntil: waitUntilOf(c), route: () => honoRoute(c, ours, options.route), transactional },
       );
+      const settled = handedOff === null ? await exchanged : await Promise.race([exchanged, handedOff.then(() => HANDED_OFF)]);
+      if (settled === HANDED_OFF) {
+        // c.res (the handler's) is what @hono/node-server writes, into the
+        // held `outgoing`; the exchange goes on from there.
+        exchanged.then(
+          ({ action }) => sendHeld(outgoing, held, action),
+          (failure) => {
+            held.restore();
+            outgoing.destroy(failure);
+          },
+        );
+        return undefined;
+      }
+      const { action, handlerRan: ran } = settled;
       if (action.tag === "pass-through") return passThrough();
       if (action.tag === "propagate" && ran) {
         // Hono's onError already made the framework's response (c.res); an

@@ -165,6 +165,67 @@ describe("exactly once on better-sqlite3", () => {
     a.close();
   });
 
+  test("over HTTP, a fenced-out handler's answer is never sent: Hono, Express and node:http send the new owner's stored answer instead", async () => {
+    for (const name of ["hono", "express", "node"]) {
+      const a = freshDb();
+      a.exec(CREATE_ORDERS);
+      const b = new Database(a.name, { timeout: 5000 });
+      const clock = testClock({ frozen: true });
+      const recA = recorder();
+      const optionsA = { db: a, principal: () => "acct", now: clock.now, transactional: true, leaseRenewal: false, logger: recA.logger, onOutcome: recA.onOutcome };
+      const optionsB = { now: clock.now, transactional: true, logger: recorder().logger };
+      const body = '{"sku":"A"}';
+      // Server A's handler stalls past the TTL; server B takes the key over and completes it first.
+      const takeOver = async () => {
+        clock.advance(30_001);
+        const request = new Request("http://api.test/orders", { method: "POST", headers: { "idempotency-key": `k-${name}`, "content-type": "application/json" }, body });
+        const byB = await ledgerFor(b, optionsB).handle(request, "acct", async (_body, _req, ctx) => {
+          ctx.transaction.db.prepare("INSERT INTO orders (id, owner) VALUES (?, ?)").run(orderId(), "B");
+          return { status: 201, body: '{"by":"B"}', headers: { "content-type": "application/json" } };
+        });
+        assert.equal(byB.outcome, "taken-over");
+      };
+      const writeA = (db) => db.prepare("INSERT INTO orders (id, owner) VALUES (?, ?)").run(orderId(), "A");
+      let base;
+      if (name === "hono") {
+        const app = new Hono();
+        app.post("/orders", honoIdempotency(optionsA), async (c) => {
+          await takeOver();
+          writeA(c.get("idempotency").transaction.db);
+          c.header("x-by", "A");
+          return c.json({ by: "A" }, 202);
+        });
+        base = await honoServer(app);
+      } else if (name === "express") {
+        const app = express();
+        const idem = expressIdempotency(optionsA);
+        app.post("/orders", idem, async (req, res) => {
+          await takeOver();
+          writeA(req.idempotency.transaction.db);
+          res.set("x-by", "A").status(202).json({ by: "A" });
+        });
+        app.use(idem.errors);
+        base = await listen(createServer(app));
+      } else {
+        base = await listen(
+          createServer(
+            idempotentHandler(optionsA, async (req, res) => {
+              await takeOver();
+              writeA(req.idempotency.transaction.db);
+              res.writeHead(202, { "content-type": "application/json", "x-by": "A" }).end('{"by":"A"}');
+            }),
+          ),
+        );
+      }
+      const answer = await post(base, { key: `k-${name}`, body });
+      assert.deepEqual([answer.status, answer.text, answer.headers.get("x-by")], [201, '{"by":"B"}', null], `${name}: the stored answer, never the fenced-out handler's`);
+      assert.deepEqual(recA.outcomes, ["fenced-out"], name);
+      assert.deepEqual(a.prepare("SELECT owner FROM orders").all().map((r) => r.owner), ["B"], `${name}: A's write was rolled back`);
+      b.close();
+      a.close();
+    }
+  });
+
   test("while a handler's transaction is open, the ledger's other batches on that Database wait for it, at most the busy timeout (then 503 busy)", async () => {
     const db = freshDb();
     db.pragma("busy_timeout = 300");
