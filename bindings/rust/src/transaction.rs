@@ -100,6 +100,10 @@ struct Lease {
 struct Leases {
     next: u64,
     active: BTreeMap<u64, Lease>,
+    /// When the scheduler thread, waiting, wakes by itself (`None`: only
+    /// when notified). It holds the lock except while it waits, so this is
+    /// the wait it is in whenever another thread can read it.
+    wakes_at: Option<Instant>,
 }
 
 /// The process's lease renewals: the leases and the thread that runs them when due.
@@ -129,10 +133,13 @@ impl Schedule {
         let mut leases = self.lock();
         let id = leases.next;
         leases.next += 1;
-        let first = leases.active.values().all(|other| other.due > lease.due);
+        // Woken only when it would otherwise sleep past this lease's due
+        // time: a handler that starts while a lease due earlier is known (or
+        // the scheduler already wakes sooner) costs no thread wake-up.
+        let wake = leases.wakes_at.is_none_or(|at| lease.due < at);
         leases.active.insert(id, lease);
         drop(leases);
-        if first {
+        if wake {
             self.changed.notify_all();
         }
         id
@@ -153,8 +160,14 @@ impl Schedule {
             let now = Instant::now();
             let next = leases.active.iter().filter(|(_, lease)| !lease.in_flight).min_by_key(|(_, lease)| lease.due).map(|(id, lease)| (*id, lease.due));
             leases = match next {
-                None => self.changed.wait(leases).unwrap_or_else(|poisoned| poisoned.into_inner()),
-                Some((_, due)) if due > now => self.changed.wait_timeout(leases, due - now).unwrap_or_else(|poisoned| poisoned.into_inner()).0,
+                None => {
+                    leases.wakes_at = None;
+                    self.changed.wait(leases).unwrap_or_else(|poisoned| poisoned.into_inner())
+                }
+                Some((_, due)) if due > now => {
+                    leases.wakes_at = Some(due);
+                    self.changed.wait_timeout(leases, due - now).unwrap_or_else(|poisoned| poisoned.into_inner()).0
+                }
                 Some((id, _)) => {
                     let lease = leases.active.get_mut(&id).expect("found above");
                     lease.in_flight = true;
@@ -264,5 +277,62 @@ mod nonblocking {
         pub async fn lost(&mut self) {
             let _ = self.0.wait_for(|lost| *lost).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    fn ticket(key: &str) -> Ticket {
+        Ticket { principal: "p".into(), key: key.into(), fingerprint: "f".into(), generation: 1, created_at: 0 }
+    }
+
+    /// Waits (at most 5 s) until `count` reaches 1.
+    fn renewed_once(count: &AtomicUsize) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if count.load(Ordering::SeqCst) > 0 {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        false
+    }
+
+    fn counting() -> (Renewer, Arc<AtomicUsize>) {
+        let count = Arc::new(AtomicUsize::new(0));
+        let seen = count.clone();
+        (
+            Arc::new(move |_: &Ticket| {
+                seen.fetch_add(1, Ordering::SeqCst);
+                None
+            }),
+            count,
+        )
+    }
+
+    // The scheduler is woken only when a new lease is due before it wakes by
+    // itself: a lease due sooner than the one it sleeps for, and one due
+    // later than a lease already stopped, are both renewed.
+    #[test]
+    fn a_lease_is_renewed_whether_due_before_or_after_the_wait_the_scheduler_is_in() {
+        let (first, first_count) = counting();
+        let mut long = Renewal::start(first, ticket("long"), Duration::from_secs(3600));
+        std::thread::sleep(Duration::from_millis(50)); // the scheduler now sleeps for the long one
+        let (sooner, sooner_count) = counting();
+        let mut short = Renewal::start(sooner, ticket("short"), Duration::from_millis(20));
+        assert!(renewed_once(&sooner_count), "a lease due before the scheduler's wait ends is renewed");
+        short.stop();
+        long.stop();
+        assert_eq!(first_count.load(Ordering::SeqCst), 0);
+
+        let (brief, _) = counting();
+        let mut stopped = Renewal::start(brief, ticket("stopped"), Duration::from_millis(30));
+        stopped.stop();
+        let (later, later_count) = counting();
+        let _later = Renewal::start(later, ticket("later"), Duration::from_millis(80));
+        assert!(renewed_once(&later_count), "a lease due after a stopped one's due time is renewed");
     }
 }
