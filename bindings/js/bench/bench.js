@@ -79,6 +79,30 @@ function previousStartCost() {
 }
 report.previous = previousStartCost();
 
+/**
+ * The previous run's Node middleware figures, from the same table of
+ * bench/RESULTS.md: row label -> "overhead, ratio" as printed there (the
+ * ratio only where that run had the column).
+ */
+function previousNodeOverhead() {
+  const path = join(PACKAGE_ROOT, "../../bench/RESULTS.md");
+  if (!existsSync(path)) return {};
+  const text = readFileSync(path, "utf8");
+  const start = text.indexOf("### Per request on Node");
+  if (start === -1) return {};
+  const section = text.slice(start, text.indexOf("\n### ", start + 1) === -1 ? undefined : text.indexOf("\n### ", start + 1));
+  const found = {};
+  for (const line of section.split("\n")) {
+    const cells = line.split("|").map((c) => c.trim());
+    if (!/^(Hono|Express), /.test(cells[1] ?? "")) continue;
+    const overhead = cells.find((c) => /^\*\*[+−-][\d.]+ ms\*\*$/.test(c))?.replaceAll("*", "");
+    const ratio = cells.find((c) => /^\*\*[\d.]+x\*\*$/.test(c))?.replaceAll("*", "");
+    if (overhead) found[cells[1]] = ratio ? `${overhead}, ${ratio}` : overhead;
+  }
+  return found;
+}
+report.previousNodeOverhead = previousNodeOverhead();
+
 // ---------------------------------------------------------------------------
 // 1. Start cost in workerd.
 
@@ -947,8 +971,9 @@ md.push(
   for (const fw of FRAMEWORKS) {
     for (const path of ["fresh", "replay"]) {
       const r = o.result[fw][path];
+      const label = `${fw === "hono" ? "Hono" : "Express"}, ${path === "fresh" ? "fresh key" : "replay (same request again)"}`;
       rows.push([
-        `${fw === "hono" ? "Hono" : "Express"}, ${path === "fresh" ? "fresh key" : "replay (same request again)"}`,
+        label,
         ms(r.bare.median),
         ms(r.bare.p99),
         ms(r.ledger.median),
@@ -957,10 +982,11 @@ md.push(
         r.overhead <= TARGET[path] ? `met (≤ +${TARGET[path]} ms)` : `**not met** (> +${TARGET[path]} ms)`,
         `**${(r.overhead / batchesMs[path]).toFixed(2)}x**`,
         r.overhead / batchesMs[path] <= RATIO_TARGET ? `met (≤ ${RATIO_TARGET}x)` : `**not met** (> ${RATIO_TARGET}x)`,
+        report.previousNodeOverhead[label] ?? "-",
       ]);
     }
   }
-  table(["app, request", "without", "without p99", "with the middleware", "with p99", "overhead", "target", "overhead / the path's SQLite batches", "target"], rows);
+  table(["app, request", "without", "without p99", "with the middleware", "with p99", "overhead", "target", "overhead / the path's SQLite batches", "target", "previous run: overhead, ratio"], rows);
   const b = report.nodeBreakdown;
   md.push(
     `Where the middleware's time goes (in-process, no HTTP, better-sqlite3 file): the steps of one exchange (\`IdempotencyLedger.exchange\`) performed one by one, mean per call over ${b.requests} requests. ` +

@@ -263,6 +263,25 @@ def _package_sqlite_version() -> str:
     return sqlite3.sqlite_version
 
 
+def previous_figures() -> dict[str, str]:
+    """The run this one replaces, from bench/RESULTS.md: per row label of
+    the `Ledger.handle` and ASGI tables, what that run printed ("package /
+    plain" ratio; "fresh, replay" overheads)."""
+    path = Path(__file__).resolve().parents[3] / "bench" / "RESULTS.md"
+    if not path.exists():
+        return {}
+    text = path.read_text(encoding="utf-8")
+    python = text[text.find("## Python host"):] if "## Python host" in text else ""
+    found: dict[str, str] = {}
+    for line in python.splitlines():
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        if len(cells) >= 5 and cells[4].endswith("x") and cells[0] in LABELS.values():
+            found[cells[0]] = cells[4]
+        elif len(cells) >= 5 and cells[2].startswith("**") and cells[4].startswith("**"):
+            found[cells[0]] = f"{cells[2].strip('*')}, {cells[4].strip('*')}"
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=5)
@@ -277,6 +296,7 @@ def main() -> None:
         imports, first, cold_n = cold_start(tmp)
         asgi = asgi_over_http(tmp, args.asgi_pairs, 200)
     took = time.perf_counter() - started
+    previous = previous_figures()
     out = []
     out.append("## Python host (native extension: PyO3 over the Rust host crate, wasmtime, Rust SQLite backend)")
     out.append("")
@@ -294,15 +314,15 @@ def main() -> None:
     out.append("")
     out.append("Body 233 bytes; the mutation returns a constant 201. Target: at most 1.5x plain Python per path.")
     out.append("")
-    out.append("| path | package median / p99 (µs) | own sqlite3 connection (callback) median / p99 (µs) | plain Python median / p99 (µs) | package / plain (median) | callback / plain (median) |")
-    out.append("| --- | ---: | ---: | ---: | ---: | ---: |")
+    out.append("| path | package median / p99 (µs) | own sqlite3 connection (callback) median / p99 (µs) | plain Python median / p99 (µs) | package / plain (median) | callback / plain (median) | previous run: package / plain |")
+    out.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for path in PATHS:
         p = samples[("package", path)]
         c = samples[("package, own sqlite3 connection", path)]
         b = samples[("plain Python", path)]
         pm, cm, bm = statistics.median(p), statistics.median(c), statistics.median(b)
         out.append(
-            f"| {LABELS[path]} | {fmt(pm)} / {fmt(pct(p, 0.99))} | {fmt(cm)} / {fmt(pct(c, 0.99))} | {fmt(bm)} / {fmt(pct(b, 0.99))} | {pm / bm:.2f}x | {cm / bm:.2f}x |"
+            f"| {LABELS[path]} | {fmt(pm)} / {fmt(pct(p, 0.99))} | {fmt(cm)} / {fmt(pct(c, 0.99))} | {fmt(bm)} / {fmt(pct(b, 0.99))} | {pm / bm:.2f}x | {cm / bm:.2f}x | {previous.get(LABELS[path], '-')} |"
         )
     out.append("")
     gp, gb = statistics.median(get["package"]), statistics.median(get["plain"])
@@ -325,16 +345,16 @@ def main() -> None:
         "Targets (issue 24): at most +0.25 ms fresh, +0.08 ms replay."
     )
     out.append("")
-    out.append("| variant | fresh median (ms) | fresh overhead | replay median (ms) | replay overhead | targets |")
-    out.append("| --- | ---: | ---: | ---: | ---: | --- |")
+    out.append("| variant | fresh median (ms) | fresh overhead | replay median (ms) | replay overhead | targets | previous run: fresh, replay overhead |")
+    out.append("| --- | ---: | ---: | ---: | ---: | --- | --- |")
     bare_fresh, bare_replay = statistics.median(asgi["bare"]["fresh"]), statistics.median(asgi["bare"]["replay"])
     for v, label in (("bare", "without the middleware"), ("ledger", "the middleware (default: on the event loop)"), ("ledger-thread", "the middleware, `inline=False` (worker threads)")):
         f, r = statistics.median(asgi[v]["fresh"]), statistics.median(asgi[v]["replay"])
         if v == "bare":
-            out.append(f"| {label} | {f:.3f} | | {r:.3f} | | |")
+            out.append(f"| {label} | {f:.3f} | | {r:.3f} | | | |")
             continue
         met = "met" if f - bare_fresh <= 0.25 and r - bare_replay <= 0.08 else "**not met**"
-        out.append(f"| {label} | {f:.3f} | **{f - bare_fresh:+.3f} ms** | {r:.3f} | **{r - bare_replay:+.3f} ms** | {met} |")
+        out.append(f"| {label} | {f:.3f} | **{f - bare_fresh:+.3f} ms** | {r:.3f} | **{r - bare_replay:+.3f} ms** | {met} | {previous.get(label, '-')} |")
     out.append("")
     out.append("### Cold start (a fresh interpreter each time)")
     out.append("")
