@@ -11,7 +11,17 @@ use idempotency_ledger::wit::{BatchError, StatementResult};
 use idempotency_ledger::{
     Dialect, Handled, LedgerPool, ManualClock, MutationResponse, Outcome, Request, Settings, SqlBackend, SqlStatement,
 };
-use idempotency_ledger_host_test::{runtime, TestDb, T0};
+use idempotency_ledger_host_test::{runtime, Opener, TestDb, T0};
+
+/// Opens this thread's ledger and waits at `barrier`, also when opening
+/// failed (then it panics after the wait): a thread that died before the
+/// barrier would leave the others waiting there forever, hanging the suite
+/// instead of failing it.
+fn open_at_barrier(opener: &Opener, clock: ManualClock, barrier: &Barrier) -> idempotency_ledger::Ledger {
+    let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| opener.ledger(clock)));
+    barrier.wait();
+    opened.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+}
 
 /// The retention `settings` resolve to (the component's default unless set).
 fn retention_ms(settings: &Settings) -> u64 {
@@ -40,8 +50,7 @@ fn sixteen_threads_same_request_exactly_one_execution() {
                 let (opener, clock, barrier, executions, key) =
                     (db.opener(), clock.clone(), barrier.clone(), executions.clone(), key.clone());
                 thread::spawn(move || {
-                    let mut ledger = opener.ledger(clock);
-                    barrier.wait();
+                    let mut ledger = open_at_barrier(&opener, clock, &barrier);
                     ledger
                         .handle("acct-1", &order(&key), |_| {
                             let n = executions.fetch_add(1, Ordering::SeqCst) + 1;
@@ -95,8 +104,7 @@ fn many_keys_in_parallel_each_execute_once() {
         .map(|t| {
             let (opener, clock, barrier, executions) = (db.opener(), clock.clone(), barrier.clone(), executions.clone());
             thread::spawn(move || {
-                let mut ledger = opener.ledger(clock);
-                barrier.wait();
+                let mut ledger = open_at_barrier(&opener, clock, &barrier);
                 let mut bodies = Vec::new();
                 for k in 0..KEYS {
                     let key = format!("k-{}", (k + t * 5) % KEYS);
