@@ -33,13 +33,33 @@ export function migrate(db) {
 export const idempotentHandler = makeIdempotentHandler(api);
 
 /**
+ * Turns the file to WAL (a no-op when it is already). The switch needs the
+ * file's exclusive lock, and where two connections would deadlock upgrading
+ * their locks (processes of one server opening a new file together) SQLite
+ * answers SQLITE_BUSY at once instead of waiting for the timeout: so retry,
+ * within the same busy timeout.
+ */
+async function enableWal(db, busyTimeoutMs) {
+  const deadline = Date.now() + busyTimeoutMs;
+  for (let pauseMs = 1; ; pauseMs = Math.min(pauseMs * 2, 20)) {
+    try {
+      db.pragma("journal_mode = WAL");
+      return;
+    } catch (error) {
+      if (error?.code !== "SQLITE_BUSY" || Date.now() >= deadline) throw error;
+      await new Promise((resolve) => setTimeout(resolve, pauseMs));
+    }
+  }
+}
+
+/**
  * Opens (creating and migrating) a SQLite ledger file in WAL mode with a busy
  * timeout, so several connections and processes can share it.
  */
 export async function openLedgerDatabase(path, { busyTimeoutMs = 5000 } = {}) {
   const { default: Database } = await import("better-sqlite3");
   const db = new Database(path, { timeout: busyTimeoutMs });
-  db.pragma("journal_mode = WAL");
+  await enableWal(db, busyTimeoutMs);
   db.pragma("synchronous = NORMAL");
   migrate(db);
   return db;

@@ -4,6 +4,7 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, describe, test } from "node:test";
+import { Worker } from "node:worker_threads";
 import Database from "better-sqlite3";
 import {
   IdempotencyError,
@@ -72,6 +73,28 @@ describe("Node adapter (better-sqlite3)", () => {
     assert.deepEqual(tables.map((t) => t.name), ["idempotency_keys", "idx_idempotency_keys_updated_at"]);
     assert.equal(schemaStatements().length, 2);
     db.close();
+  });
+
+  test("openLedgerDatabase: workers opening one new file at once all open it (SQLite's busy at the switch to WAL is waited out)", async () => {
+    const workers = 8;
+    const paths = Array.from({ length: 30 }, (_, round) => join(dir, `together-${round}.sqlite`));
+    const gate = new SharedArrayBuffer(4 * paths.length);
+    const outcomes = await Promise.all(
+      Array.from({ length: workers }, () => {
+        const worker = new Worker(new URL("./helpers/open-at-barrier.js", import.meta.url), { workerData: { paths, gate, workers } });
+        return new Promise((resolve, reject) => {
+          worker.once("message", resolve);
+          worker.once("error", reject);
+        }).finally(() => worker.terminate());
+      }),
+    );
+    assert.equal(outcomes.flat().length, workers * paths.length);
+    assert.deepEqual(outcomes.flat().filter((o) => !o.opened), []);
+    for (const path of paths) {
+      const db = new Database(path);
+      assert.equal(db.pragma("journal_mode", { simple: true }), "wal");
+      db.close();
+    }
   });
 
   test("the same handler API: executes once, replays, one batch to decide and one to complete", async () => {

@@ -40,7 +40,7 @@ impl SqliteBackend {
             ));
         }
         conn.busy_timeout(busy_timeout)?;
-        conn.pragma_update(None, "journal_mode", "WAL")?;
+        enable_wal(&conn, busy_timeout)?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         Ok(SqliteBackend { conn })
     }
@@ -69,6 +69,27 @@ impl SqliteBackend {
             let _ = control(&self.conn, "ROLLBACK");
         }
         ran
+    }
+}
+
+/// Turns the file to WAL (a no-op when it is already). The switch needs the
+/// file's exclusive lock, and where two connections would deadlock upgrading
+/// their locks (workers of one server opening a new file together) SQLite
+/// answers busy at once instead of waiting in the busy handler: so retry,
+/// within the same busy timeout as a batch.
+fn enable_wal(conn: &Connection, busy_timeout: Duration) -> rusqlite::Result<()> {
+    let deadline = std::time::Instant::now() + busy_timeout;
+    let mut pause = Duration::from_millis(1);
+    loop {
+        match conn.pragma_update(None, "journal_mode", "WAL") {
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if e.code == rusqlite::ErrorCode::DatabaseBusy && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(20));
+            }
+            done => return done,
+        }
     }
 }
 
@@ -160,4 +181,40 @@ pub(crate) fn batch_error(error: rusqlite::Error) -> BatchError {
         _ => None,
     };
     BatchError::Database(DatabaseError { code, message: error.to_string() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Barrier};
+
+    /// Workers of one server starting together on a new file: turning the
+    /// file to WAL needs its exclusive lock, and SQLite answers busy at once
+    /// (without waiting in the busy handler) when two connections would
+    /// otherwise deadlock upgrading their locks.
+    #[test]
+    fn connections_opening_one_new_file_at_once_all_open() {
+        const OPENERS: usize = 8;
+        for round in 0..40 {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("ledger.db");
+            let barrier = Arc::new(Barrier::new(OPENERS));
+            let openers: Vec<_> = (0..OPENERS)
+                .map(|_| {
+                    let (path, barrier) = (path.clone(), barrier.clone());
+                    std::thread::spawn(move || {
+                        barrier.wait();
+                        SqliteBackend::open(&path).map(|_| ())
+                    })
+                })
+                .collect();
+            for opener in openers {
+                let opened = opener.join().unwrap();
+                assert!(opened.is_ok(), "round {round}: {opened:?}");
+            }
+            let conn = Connection::open(&path).unwrap();
+            let mode: String = conn.pragma_query_value(None, "journal_mode", |row| row.get(0)).unwrap();
+            assert_eq!(mode, "wal");
+        }
+    }
 }
