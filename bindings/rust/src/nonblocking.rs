@@ -714,7 +714,7 @@ pub struct AsyncSqlite {
 /// after their transaction).
 const IDLE_TRANSACTION_WORKERS: usize = 8;
 
-type IdleWorkers = Arc<Mutex<Vec<mpsc::Sender<TxJob>>>>;
+type IdleWorkers = Arc<Mutex<Vec<TxWorker>>>;
 
 type Job = (Vec<SqlStatement>, oneshot::Sender<Result<Vec<wit::StatementResult>, wit::BatchError>>);
 
@@ -807,160 +807,243 @@ impl AsyncBackend for AsyncSqlite {
         Dialect::Sqlite
     }
 
-    /// A connection of its own on a thread of its own for the request (the
-    /// shared one keeps serving other requests' batches), in a deferred
-    /// transaction: SQLite's writer lock is taken at the first write and held
-    /// until the commit (docs/SPEC.md 10.3). The thread and its connection
-    /// are kept for the next transactional handler once the transaction
-    /// ended.
+    /// A connection of its own for the request (the shared one keeps
+    /// serving other requests' batches), in a deferred transaction: SQLite's
+    /// writer lock is taken at the first write and held until the commit
+    /// (docs/SPEC.md 10.3). Like the shared connection, its statements run
+    /// inline on the task that awaits them while they need no wait, and on
+    /// the connection's own thread (waiting with the busy timeout) when the
+    /// write lock is held elsewhere. The connection and its thread are kept
+    /// for the next transactional handler once the transaction ended.
     fn begin(&self) -> BoxFuture<'_, Result<Box<dyn AsyncTransaction>, wit::BatchError>> {
         Box::pin(async move {
             let idle = self.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).pop();
-            let jobs = match idle {
-                Some(jobs) => jobs,
+            let worker = match idle {
+                Some(worker) => worker,
                 None => {
                     let path = self.path.clone().ok_or_else(|| wit::BatchError::Host("AsyncSqlite::from_backend has no file to open transactions on".into()))?;
-                    transaction_worker(path).await?
+                    TxWorker::start(path).await?
                 }
             };
-            let (reply, answer) = oneshot::channel();
-            jobs.send(TxJob::Begin(reply)).map_err(|_| wit::BatchError::Host("the SQLite transaction thread stopped".into()))?;
-            match answer.await {
-                Ok(Ok(())) => Ok(Box::new(SqliteTransaction { jobs: Some(jobs), idle: self.idle.clone() }) as Box<dyn AsyncTransaction>),
-                Ok(Err(error)) => {
-                    give_back(&self.idle, jobs);
-                    Err(error)
+            let mut tx = SqliteTransaction { worker: Some(worker), idle: self.idle.clone(), in_flight: false };
+            match tx.run(TxOp::Begin).await {
+                Ok(_) => Ok(Box::new(tx) as Box<dyn AsyncTransaction>),
+                Err(failure) => {
+                    // Nothing is open: the worker is free again (one whose thread is gone is not kept).
+                    if let (Some(worker), TxFailure::Batch(_)) = (tx.worker.take(), &failure) {
+                        give_back(&self.idle, worker);
+                    }
+                    Err(failure.into())
                 }
-                Err(_) => Err(wit::BatchError::Host("the SQLite transaction thread stopped".into())),
             }
         })
     }
 }
 
-/// Starts a transaction worker: a thread with a connection of its own to
-/// `path`, serving one transaction after another until its last sender is
-/// dropped.
-async fn transaction_worker(path: Arc<PathBuf>) -> Result<mpsc::Sender<TxJob>, wit::BatchError> {
-    let (jobs, queue) = mpsc::channel::<TxJob>();
-    let (ready, opened) = oneshot::channel();
-    std::thread::Builder::new()
-        .name("idempotency-sqlite-tx".into())
-        .spawn(move || {
-            let mut backend = match SqliteBackend::open(&*path) {
-                Ok(backend) => {
-                    let _ = ready.send(Ok(()));
-                    backend
+/// A connection for transactional handlers and the thread that runs its
+/// statements when they must wait for SQLite's write lock. The connection's
+/// busy timeout is 0 while the inline path may use it; the thread sets the
+/// configured one around each step it runs.
+struct TxWorker {
+    conn: Arc<Mutex<SqliteBackend>>,
+    jobs: mpsc::Sender<TxJob>,
+}
+
+impl TxWorker {
+    /// Starts a thread that opens a connection to `path` and then serves one
+    /// transaction after another until the worker is dropped.
+    async fn start(path: Arc<PathBuf>) -> Result<TxWorker, wit::BatchError> {
+        let (jobs, queue) = mpsc::channel::<TxJob>();
+        let (ready, opened) = oneshot::channel();
+        std::thread::Builder::new()
+            .name("idempotency-sqlite-tx".into())
+            .spawn(move || {
+                let opened = SqliteBackend::open(&*path).and_then(|backend| {
+                    let busy_timeout: u64 = backend.connection().pragma_query_value(None, "busy_timeout", |row| row.get(0))?;
+                    backend.connection().busy_timeout(Duration::ZERO)?;
+                    Ok((Arc::new(Mutex::new(backend)), Duration::from_millis(busy_timeout)))
+                });
+                let (shared, busy_timeout) = match opened {
+                    Ok((shared, busy_timeout)) => {
+                        let _ = ready.send(Ok(shared.clone()));
+                        (shared, busy_timeout)
+                    }
+                    Err(e) => {
+                        let _ = ready.send(Err(crate::sqlite::batch_error(e)));
+                        return;
+                    }
+                };
+                for (op, reply) in queue {
+                    let mut backend = shared.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                    let result = catch_unwind(AssertUnwindSafe(|| {
+                        backend.connection().busy_timeout(busy_timeout).map_err(crate::sqlite::batch_error)?;
+                        let result = op.run(&mut backend, false);
+                        let _ = backend.connection().busy_timeout(Duration::ZERO);
+                        result
+                    }))
+                    .unwrap_or_else(|_| Err(wit::BatchError::Host("the SQLite backend panicked".into())));
+                    drop(backend);
+                    let _ = reply.send(result);
                 }
-                Err(e) => {
-                    let _ = ready.send(Err(crate::sqlite::batch_error(e)));
-                    return;
-                }
-            };
-            for job in queue {
-                match job {
-                    TxJob::Begin(reply) => {
-                        let _ = reply.send(backend.begin());
-                    }
-                    TxJob::Execute(statements, reply) => {
-                        let _ = reply.send(backend.execute_in_transaction(&statements));
-                    }
-                    TxJob::Commit(reply) => {
-                        let committed = backend.commit();
-                        if committed.is_err() {
-                            backend.rollback();
-                        }
-                        let _ = reply.send(committed);
-                    }
-                    TxJob::Rollback(reply) => {
-                        backend.rollback();
-                        let _ = reply.send(());
-                    }
-                }
-            }
-            // No sender left: an open transaction rolls back as the connection closes.
-            backend.rollback();
-        })
-        .map_err(|e| wit::BatchError::Host(format!("cannot start a SQLite transaction thread: {e}")))?;
-    opened.await.map_err(|_| wit::BatchError::Host("the SQLite transaction thread stopped".into()))??;
-    Ok(jobs)
+                // No sender left: an open transaction rolls back as the connection closes.
+                shared.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).rollback();
+            })
+            .map_err(|e| wit::BatchError::Host(format!("cannot start a SQLite transaction thread: {e}")))?;
+        let conn = opened.await.map_err(|_| wit::BatchError::Host("the SQLite transaction thread stopped".into()))??;
+        Ok(TxWorker { conn, jobs })
+    }
 }
 
 /// A worker whose transaction ended goes back to the idle list (or ends,
-/// when the list is full).
-fn give_back(idle: &IdleWorkers, jobs: mpsc::Sender<TxJob>) {
+/// when the list is full). Only a worker with no step queued: the next
+/// transaction may run its steps inline at once.
+fn give_back(idle: &IdleWorkers, worker: TxWorker) {
     let mut idle = idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     if idle.len() < IDLE_TRANSACTION_WORKERS {
-        idle.push(jobs);
+        idle.push(worker);
     }
 }
 
-/// What a transactional handler's SQLite thread is asked to do.
-enum TxJob {
-    Begin(oneshot::Sender<Result<(), wit::BatchError>>),
-    Execute(Vec<SqlStatement>, oneshot::Sender<Result<Vec<wit::StatementResult>, wit::BatchError>>),
-    Commit(oneshot::Sender<Result<(), wit::BatchError>>),
-    Rollback(oneshot::Sender<()>),
+/// One step of a transactional handler's transaction.
+enum TxOp {
+    Begin,
+    Execute(Vec<SqlStatement>),
+    Commit,
+    Rollback,
+}
+
+type TxJob = (TxOp, oneshot::Sender<Result<Vec<wit::StatementResult>, wit::BatchError>>);
+
+impl TxOp {
+    /// `inline`: a busy COMMIT stays open, to be run again by the thread;
+    /// there (and for any other failure) a failed commit rolls back, so the
+    /// transaction is over either way.
+    fn run(&self, backend: &mut SqliteBackend, inline: bool) -> Result<Vec<wit::StatementResult>, wit::BatchError> {
+        match self {
+            TxOp::Begin => backend.begin().map(|()| Vec::new()),
+            TxOp::Execute(statements) => backend.execute_in_transaction(statements),
+            TxOp::Commit => backend.commit().map(|()| Vec::new()).inspect_err(|error| {
+                if !(inline && is_busy(error)) {
+                    backend.rollback();
+                }
+            }),
+            TxOp::Rollback => {
+                backend.rollback();
+                Ok(Vec::new())
+            }
+        }
+    }
+}
+
+/// How a step failed to reach the thread.
+enum TxFailure {
+    Batch(wit::BatchError),
+    /// The thread is gone: the step was not sent.
+    NotSent,
+    /// The thread went away with the step: it may or may not have run.
+    NoAnswer,
 }
 
 /// A transactional handler's transaction on a worker's SQLite connection;
 /// its worker goes back to the idle list when it ends (a drop rolls back).
 struct SqliteTransaction {
-    jobs: Option<mpsc::Sender<TxJob>>,
+    worker: Option<TxWorker>,
     idle: IdleWorkers,
+    /// A step was sent to the thread and its answer not received (the
+    /// request was cancelled while it waited).
+    in_flight: bool,
 }
 
 impl SqliteTransaction {
-    fn jobs(&self) -> Result<&mpsc::Sender<TxJob>, wit::BatchError> {
-        self.jobs.as_ref().ok_or_else(|| wit::BatchError::Host("the SQLite transaction has ended".into()))
+    /// `op` inline when the connection is free and it needs no wait: BEGIN
+    /// (deferred) and ROLLBACK never wait, a statement or COMMIT only for the
+    /// write lock. A busy answer means nothing of it took effect (SQLite
+    /// answers busy at the first write, which needs the lock, and keeps the
+    /// transaction open), so the thread runs it again, waiting.
+    async fn run(&mut self, op: TxOp) -> Result<Vec<wit::StatementResult>, TxFailure> {
+        let worker = self.worker.as_ref().ok_or_else(|| TxFailure::Batch(wit::BatchError::Host("the SQLite transaction has ended".into())))?;
+        let inline = match worker.conn.try_lock() {
+            Ok(mut backend) => Some(catch_unwind(AssertUnwindSafe(|| op.run(&mut backend, true)))),
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => Some(catch_unwind(AssertUnwindSafe(|| op.run(&mut poisoned.into_inner(), true)))),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        };
+        match inline {
+            Some(Ok(Err(error))) if is_busy(&error) => {}
+            Some(Ok(result)) => return result.map_err(TxFailure::Batch),
+            Some(Err(_)) => return Err(TxFailure::Batch(wit::BatchError::Host("the SQLite backend panicked".into()))),
+            None => {}
+        }
+        let (reply, answer) = oneshot::channel();
+        worker.jobs.send((op, reply)).map_err(|_| TxFailure::NotSent)?;
+        self.in_flight = true;
+        let answered = answer.await.map_err(|_| TxFailure::NoAnswer)?;
+        self.in_flight = false;
+        answered.map_err(TxFailure::Batch)
+    }
+}
+
+impl From<TxFailure> for wit::BatchError {
+    fn from(failure: TxFailure) -> Self {
+        match failure {
+            TxFailure::Batch(error) => error,
+            TxFailure::NotSent | TxFailure::NoAnswer => wit::BatchError::Host("the SQLite transaction thread stopped".into()),
+        }
     }
 }
 
 impl Drop for SqliteTransaction {
     fn drop(&mut self) {
-        // Dropped open (a cancelled request): the worker rolls it back before
-        // any later transaction, its jobs being served in order.
-        if let Some(jobs) = self.jobs.take() {
-            let (reply, _) = oneshot::channel();
-            if jobs.send(TxJob::Rollback(reply)).is_ok() {
-                give_back(&self.idle, jobs);
+        // Dropped open (a cancelled request): rolled back before any later
+        // transaction. With a step still queued or running on the thread,
+        // the rollback is queued after it and the worker is not reused (its
+        // thread ends once the queue is done).
+        if let Some(worker) = self.worker.take() {
+            if self.in_flight {
+                let (reply, _) = oneshot::channel();
+                let _ = worker.jobs.send((TxOp::Rollback, reply));
+                return;
             }
+            match worker.conn.try_lock() {
+                Ok(mut backend) => backend.rollback(),
+                Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner().rollback(),
+                Err(std::sync::TryLockError::WouldBlock) => return,
+            }
+            give_back(&self.idle, worker);
         }
     }
 }
 
 impl AsyncTransaction for SqliteTransaction {
     fn execute(&mut self, statements: Vec<SqlStatement>) -> BoxFuture<'_, Result<Vec<wit::StatementResult>, wit::BatchError>> {
-        let (reply, answer) = oneshot::channel();
-        let sent = self.jobs().and_then(|jobs| jobs.send(TxJob::Execute(statements, reply)).map_err(|_| wit::BatchError::Host("the SQLite transaction thread stopped".into())));
-        Box::pin(async move {
-            sent?;
-            answer.await.map_err(|_| wit::BatchError::Host("the SQLite transaction thread stopped".into()))?
-        })
+        Box::pin(async move { self.run(TxOp::Execute(statements)).await.map_err(wit::BatchError::from) })
     }
 
     fn commit(mut self: Box<Self>) -> BoxFuture<'static, Result<(), wit::BatchError>> {
-        let (reply, answer) = oneshot::channel();
-        let jobs = self.jobs.take();
-        let idle = self.idle.clone();
         Box::pin(async move {
-            let jobs = jobs.ok_or_else(|| wit::BatchError::Host("the SQLite transaction has ended".into()))?;
-            jobs.send(TxJob::Commit(reply)).map_err(|_| wit::BatchError::Host("the SQLite transaction thread stopped".into()))?;
-            let committed = answer.await.map_err(|_| wit::BatchError::OutcomeUnknown("the SQLite transaction thread stopped while committing".into()))?;
-            // Committed, or rolled back after a failed commit: the worker is free.
-            give_back(&idle, jobs);
+            let committed = match self.run(TxOp::Commit).await {
+                Ok(_) => Ok(()),
+                Err(TxFailure::Batch(error)) => Err(error),
+                Err(TxFailure::NotSent) => Err(wit::BatchError::Host("the SQLite transaction thread stopped".into())),
+                Err(TxFailure::NoAnswer) => Err(wit::BatchError::OutcomeUnknown("the SQLite transaction thread stopped while committing".into())),
+            };
+            // Committed, or rolled back after a failed commit: the worker is
+            // free (one whose thread is gone is not kept).
+            if let Some(worker) = self.worker.take() {
+                if committed.is_ok() || matches!(committed, Err(wit::BatchError::Database(_))) {
+                    give_back(&self.idle, worker);
+                }
+            }
             committed
         })
     }
 
     fn rollback(mut self: Box<Self>) -> BoxFuture<'static, ()> {
-        let (reply, answer) = oneshot::channel();
-        let jobs = self.jobs.take();
-        let idle = self.idle.clone();
         Box::pin(async move {
-            // Gone already (or going): its thread rolls back as it ends.
-            if let Some(jobs) = jobs {
-                if jobs.send(TxJob::Rollback(reply)).is_ok() && answer.await.is_ok() {
-                    give_back(&idle, jobs);
+            let rolled_back = self.run(TxOp::Rollback).await.is_ok();
+            if let Some(worker) = self.worker.take() {
+                // Its thread gone (or going): it rolls back as it ends.
+                if rolled_back {
+                    give_back(&self.idle, worker);
                 }
             }
         })

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use rusqlite::types::{Value as SqlValue, ValueRef};
+use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::Connection;
 
 use crate::wit::{BatchError, DatabaseError, StatementResult, Value};
@@ -148,14 +148,16 @@ fn run_statement(conn: &Connection, statement: &SqlStatement) -> rusqlite::Resul
     Ok(StatementResult { rows: collected, changes: conn.total_changes() - before })
 }
 
-fn value_to_sql(value: &Value) -> SqlValue {
-    match value {
-        Value::Null => SqlValue::Null,
-        Value::Integer(i) => SqlValue::Integer(*i),
-        Value::Real(r) => SqlValue::Real(*r),
-        Value::Text(t) => SqlValue::Text(t.clone()),
-        Value::Blob(b) => SqlValue::Blob(b.clone()),
-    }
+/// A parameter bound as it is, borrowed: a stored answer's body is not
+/// copied to be bound.
+fn value_to_sql(value: &Value) -> ToSqlOutput<'_> {
+    ToSqlOutput::Borrowed(match value {
+        Value::Null => ValueRef::Null,
+        Value::Integer(i) => ValueRef::Integer(*i),
+        Value::Real(r) => ValueRef::Real(*r),
+        Value::Text(t) => ValueRef::Text(t.as_bytes()),
+        Value::Blob(b) => ValueRef::Blob(b),
+    })
 }
 
 fn value_from_sql(value: ValueRef<'_>) -> Value {

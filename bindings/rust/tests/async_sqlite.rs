@@ -115,3 +115,78 @@ async fn a_transaction_worker_is_reused_only_after_its_transaction_ended() {
     // The ledger's own batches still run (no transaction left open on any connection).
     sqlite.execute_batch(vec![insert(6)]).await.unwrap();
 }
+
+/// A transactional handler's statements run inline while the write lock is
+/// free; one that meets the lock held by another connection waits for it on
+/// its connection's thread, and the runtime keeps running other tasks.
+#[tokio::test(flavor = "current_thread")]
+async fn a_transactions_statement_that_meets_the_write_lock_waits_on_its_thread_without_blocking_the_runtime() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.sqlite");
+    let sqlite = AsyncSqlite::open(&path).unwrap();
+    sqlite.execute_batch(vec![SqlStatement { sql: Arc::from("CREATE TABLE t (id INTEGER PRIMARY KEY)"), params: vec![] }]).await.unwrap();
+
+    let mut inline = sqlite.begin().await.unwrap();
+    inline.execute(vec![insert(1)]).await.unwrap();
+    inline.commit().await.unwrap();
+
+    let mut tx = sqlite.begin().await.unwrap();
+    let holder = rusqlite::Connection::open(&path).unwrap();
+    holder.execute_batch("BEGIN IMMEDIATE; INSERT INTO t (id) VALUES (2)").unwrap();
+    let held = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        holder.execute_batch("COMMIT").unwrap();
+    });
+    let started = Instant::now();
+    let ticks = tokio::spawn(async {
+        let mut ticks = 0u32;
+        for _ in 0..20 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            ticks += 1;
+        }
+        ticks
+    });
+    tx.execute(vec![insert(3)]).await.expect("the statement ran once the lock was free");
+    assert!(started.elapsed() >= Duration::from_millis(250), "it waited for the lock: {:?}", started.elapsed());
+    tx.execute(vec![insert(4)]).await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(ticks.await.unwrap(), 20, "the runtime was never blocked");
+    held.join().unwrap();
+    assert_eq!(count(&path), 4, "each insert once: the refused inline try took no effect");
+}
+
+/// A request cancelled while its transaction's statement waits for the lock
+/// on the thread: the statement, once it runs, is rolled back with the
+/// transaction, and the next transaction gets a connection with nothing of
+/// it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_transaction_dropped_while_its_statement_waits_for_the_lock_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.sqlite");
+    let sqlite = AsyncSqlite::open(&path).unwrap();
+    sqlite.execute_batch(vec![SqlStatement { sql: Arc::from("CREATE TABLE t (id INTEGER PRIMARY KEY)"), params: vec![] }]).await.unwrap();
+
+    let mut tx = sqlite.begin().await.unwrap();
+    let holder = rusqlite::Connection::open(&path).unwrap();
+    holder.execute_batch("BEGIN IMMEDIATE; INSERT INTO t (id) VALUES (100)").unwrap();
+    let held = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        holder.execute_batch("COMMIT").unwrap();
+    });
+    let waited = tokio::time::timeout(Duration::from_millis(50), tx.execute(vec![insert(7)])).await;
+    assert!(waited.is_err(), "the statement was still waiting for the lock: {waited:?}");
+    drop(tx); // cancelled mid-statement
+
+    let mut next = sqlite.begin().await.unwrap();
+    next.execute(vec![insert(8)]).await.expect("the next transaction waits for the lock, then writes");
+    next.commit().await.unwrap();
+    held.join().unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await; // the cancelled one's thread finished its queue
+    let ids: Vec<i64> = {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        let mut select = conn.prepare("SELECT id FROM t ORDER BY id").unwrap();
+        select.query_map([], |r| r.get(0)).unwrap().map(Result::unwrap).collect()
+    };
+    assert_eq!(ids, vec![8, 100], "the cancelled transaction's statement was rolled back");
+    sqlite.execute_batch(vec![insert(9)]).await.expect("no connection was left holding the lock");
+}
