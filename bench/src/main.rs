@@ -275,6 +275,9 @@ fn main() {
 
     if wants("axum") {
         axum_bench::run(&mut md, &runtime, dir.path(), previous.as_ref());
+        if let Ok(url) = std::env::var("IDEMPOTENCY_PG_URL") {
+            axum_bench::run_postgres(&mut md, &runtime, &url, previous.as_ref());
+        }
     }
 
     // ---- scale ----
@@ -364,11 +367,21 @@ fn main() {
 }
 
 /// A fresh, migrated PostgreSQL ledger in its own schema (dropped first).
-fn pg_pool(url: &str, schema: &str, extra: &str) -> PostgresPool {
+/// `schema` dropped (with what is in it) and created empty.
+pub(crate) fn recreate_schema(url: &str, schema: &str) {
     let admin = PostgresPool::connect(url, 1).expect("postgres");
     for sql in [format!("DROP SCHEMA IF EXISTS {schema} CASCADE"), format!("CREATE SCHEMA {schema}")] {
         admin.backend().execute_batch(&[SqlStatement { sql: sql.into(), params: vec![] }]).expect("schema");
     }
+}
+
+pub(crate) fn drop_schema(url: &str, schema: &str) {
+    let admin = PostgresPool::connect(url, 1).expect("postgres");
+    let _ = admin.backend().execute_batch(&[SqlStatement { sql: format!("DROP SCHEMA IF EXISTS {schema} CASCADE").into(), params: vec![] }]);
+}
+
+fn pg_pool(url: &str, schema: &str, extra: &str) -> PostgresPool {
+    recreate_schema(url, schema);
     PostgresPool::connect(&idempotency_ledger::url_with_options(url, &format!("-c search_path={schema} {extra}")), 16).expect("postgres pool")
 }
 

@@ -65,4 +65,10 @@ impl Previous {
         self.value(heading, path, "layer adds / native")
             .or_else(|| Some(self.value(heading, path, "the layer adds")? / self.native_median(path)?))
     }
+
+    /// What the tower layer added over the bare axum app on PostgreSQL, over
+    /// the time of its batches on the request path.
+    pub fn axum_postgres_ratio(&self, path: &str) -> Option<f64> {
+        self.value("axum on PostgreSQL", path, "adds / batches")
+    }
 }
