@@ -279,7 +279,7 @@ export function instantiate(getCoreModule, imports) {
     const { Class, table } = classes.get(type);
     if (!table.reps.has(h)) throw new WebAssembly.RuntimeError(`unknown ${table.resource} handle ${h}`);
     const object = Object.create(Class.prototype);
-    Object.defineProperty(object, HANDLE, { value: h, writable: true });
+    object[HANDLE] = h; // a plain store (a symbol key is listed by nothing), not defineProperty: one per exchange started
     registry.register(object, { table, h }, object);
     return object;
   };
