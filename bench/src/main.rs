@@ -366,7 +366,6 @@ fn main() {
     }
 }
 
-/// A fresh, migrated PostgreSQL ledger in its own schema (dropped first).
 /// `schema` dropped (with what is in it) and created empty.
 pub(crate) fn recreate_schema(url: &str, schema: &str) {
     let admin = PostgresPool::connect(url, 1).expect("postgres");
@@ -380,6 +379,7 @@ pub(crate) fn drop_schema(url: &str, schema: &str) {
     let _ = admin.backend().execute_batch(&[SqlStatement { sql: format!("DROP SCHEMA IF EXISTS {schema} CASCADE").into(), params: vec![] }]);
 }
 
+/// A fresh, migrated PostgreSQL ledger in its own schema (dropped first).
 fn pg_pool(url: &str, schema: &str, extra: &str) -> PostgresPool {
     recreate_schema(url, schema);
     PostgresPool::connect(&idempotency_ledger::url_with_options(url, &format!("-c search_path={schema} {extra}")), 16).expect("postgres pool")
@@ -456,7 +456,7 @@ fn postgres_vs_sqlite(md: &mut String, runtime: &Runtime, url: &str, dir: &std::
         let _ = writeln!(md, "| {threads} | {sqlite:.0} | {pg_durable:.0} | {pg_relaxed:.0} |");
     }
     for schema in ["bench_durable", "bench_relaxed"] {
-        let _ = durable.backend().execute_batch(&[SqlStatement { sql: format!("DROP SCHEMA {schema} CASCADE").into(), params: vec![] }]);
+        drop_schema(url, schema);
     }
 }
 

@@ -746,16 +746,7 @@ impl AsyncSqlite {
             .name("idempotency-sqlite".into())
             .spawn(move || {
                 for (statements, reply) in queue {
-                    let mut backend = shared.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-                    let result = catch_unwind(AssertUnwindSafe(|| {
-                        backend.connection().busy_timeout(busy_timeout).map_err(crate::sqlite::batch_error)?;
-                        let result = backend.execute_batch(&statements);
-                        let _ = backend.connection().busy_timeout(Duration::ZERO);
-                        result
-                    }))
-                    .unwrap_or_else(|_| Err(wit::BatchError::Host("the SQLite backend panicked".into())));
-                    drop(backend);
-                    let _ = reply.send(result);
+                    let _ = reply.send(waiting(&shared, busy_timeout, |backend| backend.execute_batch(&statements)));
                 }
             })
             .map_err(|e| Error::Setup(format!("cannot start the SQLite thread: {e}")))?;
@@ -766,17 +757,43 @@ impl AsyncSqlite {
     /// write lock is taken at once; `None`: it must wait (nothing ran, or it
     /// rolled back).
     fn try_inline(&self, statements: &[SqlStatement]) -> Option<Result<Vec<wit::StatementResult>, wit::BatchError>> {
-        let mut backend = match self.conn.try_lock() {
-            Ok(backend) => backend,
-            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return None,
-        };
-        match catch_unwind(AssertUnwindSafe(|| backend.execute_batch(statements))) {
-            Ok(Err(error)) if is_busy(&error) => None,
-            Ok(result) => Some(result),
-            Err(_) => Some(Err(wit::BatchError::Host("the SQLite backend panicked".into()))),
-        }
+        inline(&self.conn, |backend| backend.execute_batch(statements))
     }
+}
+
+/// The connection, unless another task or its thread is using it (a
+/// poisoned lock is taken over: a panic left the connection itself intact).
+fn free(conn: &Mutex<SqliteBackend>) -> Option<MutexGuard<'_, SqliteBackend>> {
+    match conn.try_lock() {
+        Ok(backend) => Some(backend),
+        Err(std::sync::TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    }
+}
+
+/// `run` on the caller's thread, if the connection is free and SQLite need
+/// not wait (its busy timeout is 0 here); `None`: it must wait (nothing of
+/// it took effect: SQLite answers busy before the first write).
+fn inline<T>(conn: &Mutex<SqliteBackend>, run: impl FnOnce(&mut SqliteBackend) -> Result<T, wit::BatchError>) -> Option<Result<T, wit::BatchError>> {
+    let mut backend = free(conn)?;
+    match catch_unwind(AssertUnwindSafe(|| run(&mut backend))) {
+        Ok(Err(error)) if is_busy(&error) => None,
+        Ok(result) => Some(result),
+        Err(_) => Some(Err(wit::BatchError::Host("the SQLite backend panicked".into()))),
+    }
+}
+
+/// `run` on a connection's own thread, with the busy timeout set around it:
+/// it may wait for the write lock.
+fn waiting<T>(conn: &Mutex<SqliteBackend>, busy_timeout: Duration, run: impl FnOnce(&mut SqliteBackend) -> Result<T, wit::BatchError>) -> Result<T, wit::BatchError> {
+    let mut backend = conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    catch_unwind(AssertUnwindSafe(|| {
+        backend.connection().busy_timeout(busy_timeout).map_err(crate::sqlite::batch_error)?;
+        let result = run(&mut backend);
+        let _ = backend.connection().busy_timeout(Duration::ZERO);
+        result
+    }))
+    .unwrap_or_else(|_| Err(wit::BatchError::Host("the SQLite backend panicked".into())))
 }
 
 /// SQLITE_BUSY (any extended code): the batch did not commit (its
@@ -874,16 +891,7 @@ impl TxWorker {
                     }
                 };
                 for (op, reply) in queue {
-                    let mut backend = shared.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-                    let result = catch_unwind(AssertUnwindSafe(|| {
-                        backend.connection().busy_timeout(busy_timeout).map_err(crate::sqlite::batch_error)?;
-                        let result = op.run(&mut backend, false);
-                        let _ = backend.connection().busy_timeout(Duration::ZERO);
-                        result
-                    }))
-                    .unwrap_or_else(|_| Err(wit::BatchError::Host("the SQLite backend panicked".into())));
-                    drop(backend);
-                    let _ = reply.send(result);
+                    let _ = reply.send(waiting(&shared, busy_timeout, |backend| op.run(backend, false)));
                 }
                 // No sender left: an open transaction rolls back as the connection closes.
                 shared.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).rollback();
@@ -962,16 +970,8 @@ impl SqliteTransaction {
     /// transaction open), so the thread runs it again, waiting.
     async fn run(&mut self, op: TxOp) -> Result<Vec<wit::StatementResult>, TxFailure> {
         let worker = self.worker.as_ref().ok_or_else(|| TxFailure::Batch(wit::BatchError::Host("the SQLite transaction has ended".into())))?;
-        let inline = match worker.conn.try_lock() {
-            Ok(mut backend) => Some(catch_unwind(AssertUnwindSafe(|| op.run(&mut backend, true)))),
-            Err(std::sync::TryLockError::Poisoned(poisoned)) => Some(catch_unwind(AssertUnwindSafe(|| op.run(&mut poisoned.into_inner(), true)))),
-            Err(std::sync::TryLockError::WouldBlock) => None,
-        };
-        match inline {
-            Some(Ok(Err(error))) if is_busy(&error) => {}
-            Some(Ok(result)) => return result.map_err(TxFailure::Batch),
-            Some(Err(_)) => return Err(TxFailure::Batch(wit::BatchError::Host("the SQLite backend panicked".into()))),
-            None => {}
+        if let Some(done) = inline(&worker.conn, |backend| op.run(backend, true)) {
+            return done.map_err(TxFailure::Batch);
         }
         let (reply, answer) = oneshot::channel();
         worker.jobs.send((op, reply)).map_err(|_| TxFailure::NotSent)?;
@@ -1003,11 +1003,9 @@ impl Drop for SqliteTransaction {
                 let _ = worker.jobs.send((TxOp::Rollback, reply));
                 return;
             }
-            match worker.conn.try_lock() {
-                Ok(mut backend) => backend.rollback(),
-                Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner().rollback(),
-                Err(std::sync::TryLockError::WouldBlock) => return,
-            }
+            let Some(mut backend) = free(&worker.conn) else { return };
+            backend.rollback();
+            drop(backend);
             give_back(&self.idle, worker);
         }
     }

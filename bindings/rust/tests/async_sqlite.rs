@@ -16,6 +16,29 @@ fn count(path: &std::path::Path) -> i64 {
     rusqlite::Connection::open(path).unwrap().query_row("SELECT COUNT(*) FROM t", [], |r| r.get(0)).unwrap()
 }
 
+/// Another connection takes the write lock (inserting `id`) and commits
+/// after `ms` on a thread of its own.
+fn hold_write_lock(path: &std::path::Path, id: i64, ms: u64) -> std::thread::JoinHandle<()> {
+    let holder = rusqlite::Connection::open(path).unwrap();
+    holder.execute_batch(&format!("BEGIN IMMEDIATE; INSERT INTO t (id) VALUES ({id})")).unwrap();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(ms));
+        holder.execute_batch("COMMIT").unwrap();
+    })
+}
+
+/// A task of 20 ticks of 5 ms: all 20 only if the runtime was never blocked.
+fn ticking() -> tokio::task::JoinHandle<u32> {
+    tokio::spawn(async {
+        let mut ticks = 0u32;
+        for _ in 0..20 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            ticks += 1;
+        }
+        ticks
+    })
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn a_batch_that_meets_the_write_lock_waits_on_its_thread_without_blocking_the_runtime() {
     let dir = tempfile::tempdir().unwrap();
@@ -26,24 +49,12 @@ async fn a_batch_that_meets_the_write_lock_waits_on_its_thread_without_blocking_
     sqlite.execute_batch(vec![insert(1)]).await.unwrap();
 
     // Another connection takes the write lock and keeps it for 300 ms.
-    let holder = rusqlite::Connection::open(&path).unwrap();
-    holder.execute_batch("BEGIN IMMEDIATE; INSERT INTO t (id) VALUES (2)").unwrap();
-    let held = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(300));
-        holder.execute_batch("COMMIT").unwrap();
-    });
+    let held = hold_write_lock(&path, 2, 300);
 
     // The batch waits for the lock (the busy timeout, 5 s by default) while
     // this single-threaded runtime keeps running other tasks.
     let started = Instant::now();
-    let ticks = tokio::spawn(async {
-        let mut ticks = 0u32;
-        for _ in 0..20 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-            ticks += 1;
-        }
-        ticks
-    });
+    let ticks = ticking();
     let results = sqlite.execute_batch(vec![insert(3)]).await.expect("the batch ran once the lock was free");
     assert_eq!(results.len(), 1);
     assert!(started.elapsed() >= Duration::from_millis(250), "it waited for the lock: {:?}", started.elapsed());
@@ -131,21 +142,9 @@ async fn a_transactions_statement_that_meets_the_write_lock_waits_on_its_thread_
     inline.commit().await.unwrap();
 
     let mut tx = sqlite.begin().await.unwrap();
-    let holder = rusqlite::Connection::open(&path).unwrap();
-    holder.execute_batch("BEGIN IMMEDIATE; INSERT INTO t (id) VALUES (2)").unwrap();
-    let held = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(300));
-        holder.execute_batch("COMMIT").unwrap();
-    });
+    let held = hold_write_lock(&path, 2, 300);
     let started = Instant::now();
-    let ticks = tokio::spawn(async {
-        let mut ticks = 0u32;
-        for _ in 0..20 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-            ticks += 1;
-        }
-        ticks
-    });
+    let ticks = ticking();
     tx.execute(vec![insert(3)]).await.expect("the statement ran once the lock was free");
     assert!(started.elapsed() >= Duration::from_millis(250), "it waited for the lock: {:?}", started.elapsed());
     tx.execute(vec![insert(4)]).await.unwrap();
@@ -167,12 +166,7 @@ async fn a_transaction_dropped_while_its_statement_waits_for_the_lock_leaves_not
     sqlite.execute_batch(vec![SqlStatement { sql: Arc::from("CREATE TABLE t (id INTEGER PRIMARY KEY)"), params: vec![] }]).await.unwrap();
 
     let mut tx = sqlite.begin().await.unwrap();
-    let holder = rusqlite::Connection::open(&path).unwrap();
-    holder.execute_batch("BEGIN IMMEDIATE; INSERT INTO t (id) VALUES (100)").unwrap();
-    let held = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(300));
-        holder.execute_batch("COMMIT").unwrap();
-    });
+    let held = hold_write_lock(&path, 100, 300);
     let waited = tokio::time::timeout(Duration::from_millis(50), tx.execute(vec![insert(7)])).await;
     assert!(waited.is_err(), "the statement was still waiting for the lock: {waited:?}");
     drop(tx); // cancelled mid-statement
