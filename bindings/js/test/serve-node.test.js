@@ -137,7 +137,7 @@ async function stop(server) {
   assert.equal(code, 0, server.stderr());
 }
 
-/** Orders in the ledger's database (EXAMPLE-SERVERS.md): crash right after the write, lease renewal. */
+/** Orders in the ledger's database (the example servers' exactly-once settings, README.md): crash right after the write, lease renewal. */
 function exactlyOnceSuite(name, database, skip) {
   describe(`make serve-node, orders in the ledger's database (${name})`, { skip }, () => {
     test("transactional: killed right after its write, the order is not committed; the retry after the TTL writes it once", async () => {
