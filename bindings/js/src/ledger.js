@@ -166,6 +166,8 @@ export class IdempotencyLedger {
     /** false: this ledger records no OpenTelemetry metrics or spans (option `telemetry: false`). */
     this.telemetry = options.telemetry !== false;
     this.recordKeys = options.recordKeys === true;
+    const advice = typeof db.setupAdvice === "function" ? db.setupAdvice() : null;
+    if (advice) this.log({ level: "warn", message: advice });
   }
 
   /** Writes a core-worded log line through the logger at the core's level. */

@@ -105,6 +105,34 @@ function databaseClass(db) {
   return createRequire(import.meta.url)("better-sqlite3");
 }
 
+/** SQLite's rollback-journal modes (better-sqlite3 opens a file in `delete`). */
+const ROLLBACK_JOURNALS = new Set(["delete", "truncate", "persist"]);
+/** The Databases whose setup was already reported (once per Database per process). */
+const advised = new WeakSet();
+
+/**
+ * What to warn the app about, once, when a ledger is made on `db`: a file
+ * in a rollback-journal mode, where every ledger commit writes and syncs a
+ * journal file beside the database (a new key commits twice) and WAL does
+ * not. Null otherwise, and from the second call on.
+ */
+function setupAdvice(db) {
+  if (advised.has(db) || db.memory || !db.name) return null;
+  advised.add(db);
+  let mode;
+  try {
+    mode = String(db.pragma("journal_mode", { simple: true })).toLowerCase();
+  } catch {
+    return null; // a closed Database: its batches fail on their own
+  }
+  if (!ROLLBACK_JOURNALS.has(mode)) return null;
+  return (
+    `idempotency ledger: the better-sqlite3 Database ${db.name} is in journal_mode=${mode} (better-sqlite3's default for a file): ` +
+    "every ledger commit writes and syncs a rollback journal, twice per new key. Open it with openLedgerDatabase(path) " +
+    '(WAL, synchronous=NORMAL, a busy timeout) or run db.pragma("journal_mode = WAL") once.'
+  );
+}
+
 /** The ledger over a better-sqlite3 Database. */
 export function sqliteLedger(db) {
   if (!isBetterSqlite(db)) throw new TypeError("sqliteLedger needs a better-sqlite3 Database");
@@ -247,5 +275,7 @@ export function sqliteLedger(db) {
     batchSync,
     begin,
     renewalBatch,
+    /** A warning about how the Database is set up, the first time it is asked for; else null. */
+    setupAdvice: () => setupAdvice(db),
   };
 }

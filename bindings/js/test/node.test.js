@@ -75,6 +75,40 @@ describe("Node adapter (better-sqlite3)", () => {
     db.close();
   });
 
+  test("a Database in a rollback-journal mode is reported once, through the logger; WAL and :memory: are not", async () => {
+    const warnings = [];
+    const logger = { warn: (m) => warnings.push(String(m)), error: (m) => assert.fail(`unexpected error line: ${m}`) };
+    const path = join(dir, "rollback-journal.sqlite");
+    const plain = new Database(path); // better-sqlite3's defaults: journal_mode=delete
+    migrate(plain);
+    const first = ledgerFor(plain, { logger });
+    ledgerFor(plain, { logger, pendingTtlMs: 60_000 }); // another ledger on the same Database
+    assert.equal(warnings.length, 1);
+    assert.match(warnings[0], /rollback-journal\.sqlite is in journal_mode=delete/);
+    assert.match(warnings[0], /openLedgerDatabase\(path\)/);
+    // Only a warning: the ledger works on it as it is, and leaves its journal mode alone.
+    const m = mutationCounter();
+    const response = await first.handle(post("k-journal"), "acct", m.run);
+    assert.equal(response.response.status, 201);
+    assert.equal(plain.pragma("journal_mode", { simple: true }), "delete");
+    plain.close();
+
+    const truncated = new Database(join(dir, "truncate-journal.sqlite"));
+    truncated.pragma("journal_mode = TRUNCATE");
+    ledgerFor(truncated, { logger });
+    assert.equal(warnings.length, 2);
+    assert.match(warnings[1], /journal_mode=truncate/);
+    truncated.close();
+
+    const wal = await openLedgerDatabase(join(dir, "wal-journal.sqlite"));
+    ledgerFor(wal, { logger });
+    wal.close();
+    const memory = new Database(":memory:");
+    ledgerFor(memory, { logger });
+    memory.close();
+    assert.equal(warnings.length, 2);
+  });
+
   test("openLedgerDatabase: workers opening one new file at once all open it (SQLite's busy at the switch to WAL is waited out)", async () => {
     const workers = 8;
     const paths = Array.from({ length: 30 }, (_, round) => join(dir, `together-${round}.sqlite`));
