@@ -371,3 +371,34 @@ def test_async_idempotent_function_runs_through_an_exchange(db_path: Path) -> No
     assert runs == ["a", "s", "s", "f"]
     assert {r["key"]: r["status"] for r in rows(db_path)} == {"a": "completed", "f": "pending"}
     ledger.close()
+
+
+def test_a_connection_in_a_rollback_journal_mode_is_reported_and_left_as_it_is(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+    import sqlite3
+
+    from conftest import python_connection
+
+    def warnings_for(conn: sqlite3.Connection) -> list[str]:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="idempotency_ledger"):
+            ledger = Ledger(conn)
+        ledger.migrate()
+        assert post(ledger, "k-journal", Mutation()).response.status == 201
+        return [r.getMessage() for r in caplog.records if r.name == "idempotency_ledger"]
+
+    plain = python_connection(tmp_path / "rollback-journal.sqlite")  # what sqlite3.connect opens: journal_mode=delete
+    [warning] = warnings_for(plain)
+    assert "rollback-journal.sqlite is in journal_mode=delete" in warning
+    assert "PRAGMA journal_mode=WAL" in warning
+    assert plain.execute("PRAGMA journal_mode").fetchone()[0] == "delete"  # only reported, never changed
+
+    persisted = python_connection(tmp_path / "persist-journal.sqlite")
+    persisted.execute("PRAGMA journal_mode=PERSIST")
+    [warning] = warnings_for(persisted)
+    assert "journal_mode=persist" in warning
+
+    wal = python_connection(tmp_path / "wal-journal.sqlite")
+    wal.execute("PRAGMA journal_mode=WAL")
+    assert warnings_for(wal) == []
+    assert warnings_for(python_connection(Path(":memory:"))) == []

@@ -268,7 +268,9 @@ def test_each_psycopg_batch_is_one_network_round_trip(pg: PostgresStore, tmp_pat
     for side, messages in runs:
         names = [m[2] for m in messages]
         if side == "F":
-            assert names.count("Sync") == 1 and names[-2:] == ["Sync", "Flush"], names
+            # psycopg follows the Sync with a Flush only when it asks for
+            # results before they arrived (timing): either way one round trip.
+            assert names.count("Sync") == 1 and names[-1 - (names[-1] == "Flush")] == "Sync", names
         else:
             assert names[-1] == "ReadyForQuery" and names.count("ReadyForQuery") == 1, names
     parsed = [[m[3].split('"')[3] for m in msgs if m[2] == "Parse"] for side, msgs in runs if side == "F"]

@@ -14,6 +14,7 @@ to `commit()` or `rollback()`, so no other request's batch runs inside it
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import threading
@@ -258,6 +259,28 @@ class DbapiConnectionBatch(_OneConnectionBatch):
             raise BatchFailure("database", driver_code(error), str(error) or type(error).__name__) from error
 
 
+_ROLLBACK_JOURNALS = ("delete", "truncate", "persist")
+
+
+def journal_advice(connection: sqlite3.Connection) -> Optional[str]:
+    """A warning for a ledger on `connection` when its main database is a
+    file in a rollback-journal mode (what `sqlite3.connect` opens): every
+    ledger commit then writes and syncs a journal file beside the database
+    (a new key commits twice), which WAL does not. None otherwise."""
+    try:
+        path = next((row[2] for row in connection.execute("PRAGMA database_list") if row[1] == "main"), "")
+        mode = str(connection.execute("PRAGMA journal_mode").fetchone()[0]).lower()
+    except sqlite3.Error:
+        return None  # a closed connection: its batches fail on their own
+    if not path or mode not in _ROLLBACK_JOURNALS:
+        return None
+    return (
+        f"the sqlite3 connection to {path} is in journal_mode={mode} (what sqlite3.connect opens): every ledger commit "
+        "writes and syncs a rollback journal, twice per new key. Run connection.execute('PRAGMA journal_mode=WAL') once, "
+        "or give the Ledger the path (Ledger(path) opens the file in WAL mode)."
+    )
+
+
 def connection_batch(connection: Any, dialect: Optional[str], *, busy_timeout_ms: int = 5000) -> tuple[BatchFn, str]:
     """The batch callback and the dialect for a connection the caller brought
     (`busy_timeout_ms`: a psycopg connection's `lock_timeout` per batch; a
@@ -265,6 +288,9 @@ def connection_batch(connection: Any, dialect: Optional[str], *, busy_timeout_ms
     if isinstance(connection, sqlite3.Connection) or hasattr(connection, "total_changes"):
         if dialect not in (None, "sqlite"):
             raise ValueError("a sqlite3 connection speaks the sqlite dialect")
+        advice = journal_advice(connection) if isinstance(connection, sqlite3.Connection) else None
+        if advice is not None:
+            logging.getLogger("idempotency_ledger").warning(advice)
         return SqliteConnectionBatch(connection), "sqlite"
     module = type(connection).__module__.split(".")[0]
     if module == "psycopg":
