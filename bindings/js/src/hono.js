@@ -72,7 +72,8 @@ const HANDED_OFF = Symbol("handed off");
 
 /**
  * The body, never more than `cap` bytes held, and how the handler reads it
- * again: c.req's readers from Hono's body cache; c.req.raw on Node from
+ * again: c.req's readers from Hono's body cache (set when the handler
+ * runs); c.req.raw on Node from
  * `incoming.rawBody` (the body is read from the IncomingMessage, as the
  * Express and node:http adapters read it, and @hono/node-server serves every
  * reader of its Request from rawBody: the request is not rebuilt); elsewhere
@@ -87,7 +88,6 @@ async function readBody(c, incoming, request, cap) {
     body = await readFetchBody(request, cap);
     if (typeof body !== "string" && request.method !== "GET" && request.method !== "HEAD") c.req.raw = new Request(request, { body });
   }
-  if (typeof body !== "string") c.req.bodyCache = bodyCacheOf(body);
   return body;
 }
 
@@ -214,6 +214,9 @@ export function makeHonoIdempotency(api) {
         {
           readBody: (cap) => readBody(c, incoming, request, cap),
           runHandler: async (ticket, body, context) => {
+            // Hono's readers served from the bytes read; built here, not in
+            // readBody, so a replay or a 409 never pays for it.
+            if (body instanceof Uint8Array) c.req.bodyCache = bodyCacheOf(body);
             c.set(CONTEXT_VARIABLE, context);
             try {
               await next();
