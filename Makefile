@@ -58,6 +58,7 @@ RUST_DEBUG_BUILD := $(CARGO) test --locked --no-run --features $(PG_FEATURES)
 
 test-rust: check-imports ## Rust: native core tests, the component under wasmtime over SQLite, the tower layer and the example server
 	$(CARGO) test --locked --features $(RUST_FEATURES)
+	$(CARGO) test --locked -p idempotency-ledger-guest
 
 SEEDS ?= 0..1000
 STEPS ?= 2000

@@ -3,11 +3,15 @@
 //! No protocol logic lives here; in `driven` mode it runs the exchange's
 //! batches through the imported ledger (`core::driven::drive`).
 
-// Talc instead of Rust's default dlmalloc: most of the component's own time
-// per request is allocation (strings lifted in, results lowered out).
+mod size_classes;
+
+// Most of the component's own time per request is allocation (strings lifted
+// in, results lowered out): small blocks come from size-class free lists,
+// the rest from talc (smaller than Rust's default dlmalloc).
 #[cfg(all(target_family = "wasm", not(target_feature = "atomics")))]
 #[global_allocator]
-static ALLOCATOR: talc::wasm::WasmDynamicTalc = talc::wasm::new_wasm_dynamic_allocator();
+static ALLOCATOR: size_classes::SizeClasses<talc::wasm::WasmDynamicTalc> =
+    size_classes::SizeClasses::new(talc::wasm::new_wasm_dynamic_allocator());
 
 use std::cell::RefCell;
 use std::rc::Rc;
