@@ -187,6 +187,10 @@ def play(config, req, body, rows, database, moves):
     stepped_only = False
     now = req["now"]
     action = exchange.start(req)
+    if "body" in req and "read-body" in action:
+        # The host gave the whole body with the request (`request-start.body`): the exchange goes on as if it
+        # had been fed at once, and no read-body step is seen.
+        action = exchange.step(now, {"body": req["body"]})
     while True:
         assert len(steps) < 100, "an exchange that does not end"
         kind = next(iter(action))
@@ -269,12 +273,15 @@ def trace(steps):
 
 
 def exchange(spec, config=None, req=None, body=BODY_A, rows=(), moves=(), database=True, model_rows=None,
-             expect=None):
+             expect=None, at_start=False):
     """One exchange vector. `model_rows`: the table a vector without database plays on (its batch
-    results are scripted from it). `expect`: the hand-written trace (sleeps, then the outcome)."""
+    results are scripted from it). `expect`: the hand-written trace (sleeps, then the outcome). `at_start`:
+    the host gives the body with the request (`request.body`) instead of at read-body."""
     config = {} if config is None else config
     assert o.validate(dict(defaults(cfg(config, "profile")), **config)) is None, f"{spec}: an invalid config"
     req = request() if req is None else req
+    if at_start:
+        req = dict(req, body=body.hex())
     assert database or not rows, "a vector without database has no rows"
     assert not database or "dialect" not in config, "a database vector runs in the runner's dialect"
     steps, rows_after, writes_after, stepped_only = play(config, req, body, rows if database else (model_rows or ()),
@@ -1404,6 +1411,58 @@ def body_vectors():
     return number(vectors, "body")
 
 
+# ---- the body given with the request (request-start.body): no read-body ----
+
+def start_body_vectors():
+    vectors = []
+
+    def sb(spec, config, expect, rows=(), moves=(), req=None, database=True, model_rows=(), body=BODY_A):
+        vectors.append(exchange(spec, config, req, body, rows=rows, moves=moves, database=database,
+                                model_rows=model_rows, expect=expect, at_start=True))
+
+    busy = {"kind": "pool-exhausted", "message": "pool timed out"}
+    stale = pending(updated_at=NOW - TTL - 1)
+    for config in ({}, IETF):
+        p = cfg(config, "profile")
+        sb(f"wit request-start.body: {p}: a new key: the decision batch at once, then the handler, stored", config,
+           "executed")
+        sb(f"wit request-start.body: {p}: a completed key: replayed", config, "replayed", [row()])
+        sb(f"wit request-start.body: {p}: another body for the key: key reused", config, "key-reused",
+           [row(fingerprint=FP_B)])
+        sb(f"wit request-start.body: {p}: the key in progress: 409", config, "in-progress",
+           [pending(updated_at=NOW - 10)])
+        sb(f"wit request-start.body: {p}: a body over the cap: 413, the connection closed",
+           dict(config, **{"request-body-cap-bytes": 4}), "body-too-large", body=b"12345", database=False)
+    sb("wit request-start.body: a stale reservation: taken over, completed", {}, "taken-over", [stale])
+    sb("wit request-start.body: a body exactly at the cap is decided", {"request-body-cap-bytes": 4}, "replayed",
+       database=False, body=b"1234", model_rows=[replayable({"request-body-cap-bytes": 4}, request(), b"1234", key=KEY)])
+    sb("wit request-start.body: cap 0, an empty body is decided", {"request-body-cap-bytes": 0}, "replayed",
+       database=False, body=b"", model_rows=[replayable({}, request(), b"", key=KEY)])
+    sb("wit request-start.body: the fingerprint headers and the body make the claim's digest",
+       {"fingerprint-headers": ["content-type", "x-api-version"]}, "executed",
+       req=request(headers=[["Idempotency-Key", KEY], JSON_HEADER, ["X-Api-Version", "2026-01-01"]]))
+    sb("wit request-start.body: a Content-Length over the cap is answered before the body: 413",
+       {"request-body-cap-bytes": 4}, "body-too-large", database=False,
+       req=request(headers=[["Idempotency-Key", KEY], ["Content-Length", "5"]]), body=b"1234")
+    sb("wit request-start.body: no key: 400, the body unused", {}, "key-required", database=False,
+       req=request(headers=[JSON_HEADER]))
+    sb("wit request-start.body: no principal: 401, the body unused", {}, "principal-required", database=False,
+       req=request(principal=None))
+    sb("wit request-start.body: an unprotected method passes through, the body unused", {}, "passed-through",
+       database=False, req=request(method="GET"))
+    sb("wit request-start.body: key-required false and no key: passes through", {"key-required": False},
+       "passed-through", database=False, req=request(headers=[JSON_HEADER]))
+    sb("wit request-start.body: the decision batch fails: 503, nothing ran", {}, "ledger-busy", database=False,
+       moves=[Fail(busy)])
+    sb("wit request-start.body: a duplicate waits for the first request's answer: replayed after the wait",
+       {"wait-ms": 1_000}, [10, RAW], [pending(updated_at=NOW - 10)], [Db(), Db([row()])])
+    sb("wit request-start.body: a transactional handler: its writes commit with the completion", {}, ["commit", "executed"],
+       req=request(transactional=True))
+    sb("wit request-start.body: a transactional handler on a completed key: replayed, nothing written", {}, "replayed",
+       [row()], req=request(transactional=True))
+    return number(vectors, "start-body")
+
+
 # ---- whole sequences, and events the exchange was not waiting for ----
 
 def sequence_vectors():
@@ -2053,6 +2112,7 @@ def build():
         "error": error_vectors(),
         "log": log_vectors(),
         "body": body_vectors(),
+        "start-body": start_body_vectors(),
         "sequence": sequence_vectors(),
         "transaction": transaction_vectors(),
     }

@@ -67,7 +67,7 @@ fn until_decision(ledger: &mut Ledger, req: &Request, hashed: bool) -> String {
         path_and_query: req.path_and_query.clone(),
         headers: req.headers.iter().map(|(n, v)| wit::Header { name: n.clone(), value: v.clone() }).collect(),
     };
-    let start = wit::RequestStart { head, principal: Some("acct".into()), now: T0, mode: wit::IoMode::Stepped, transactional: false };
+    let start = wit::RequestStart { head, principal: Some("acct".into()), now: T0, mode: wit::IoMode::Stepped, transactional: false, body: None };
     ledger
         .with_component(|core, store, session| {
             let started = core.idempotency_ledger_session().session().call_start(&mut *store, session, &start).expect("no trap");

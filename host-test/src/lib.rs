@@ -515,7 +515,7 @@ pub fn head_of(req: &idempotency_ledger::Request) -> wit::RequestHead {
 /// to a stepped exchange on `ledger`'s instance, not `body-hashed`): the
 /// claim's parameter. The request must carry a valid key.
 pub fn component_fingerprint(ledger: &mut Ledger, principal: &str, req: &idempotency_ledger::Request) -> String {
-    let start = wit::RequestStart { head: head_of(req), principal: Some(principal.into()), now: T0, mode: wit::IoMode::Stepped, transactional: false };
+    let start = wit::RequestStart { head: head_of(req), principal: Some(principal.into()), now: T0, mode: wit::IoMode::Stepped, transactional: false, body: None };
     let body = req.body.clone();
     ledger
         .with_component(|core, store, session| -> wasmtime::Result<String> {

@@ -190,9 +190,10 @@ pub type ExchangeId = u64;
 /// The exchange API of one session, natively or in the component. Errors
 /// are the component's traps.
 pub trait Engine {
-    /// `session.start` in `stepped` mode: the first action, and the exchange
+    /// `session.start` in `stepped` mode (with the whole body when `body`
+    /// is given: `request-start.body`): the first action, and the exchange
     /// unless that action is final.
-    fn start(&mut self, head: &core::RequestHead, principal: Option<&str>, now: i64, transactional: bool)
+    fn start(&mut self, head: &core::RequestHead, principal: Option<&str>, now: i64, transactional: bool, body: Option<&[u8]>)
         -> Result<(Action, Option<ExchangeId>), String>;
     fn step(&mut self, exchange: ExchangeId, now: i64, event: &Event) -> Result<Action, String>;
     /// Drops an exchange (after its final action, or mid-way: a crash).
@@ -225,10 +226,14 @@ impl Engine for Native {
         &mut self,
         head: &core::RequestHead,
         principal: Option<&str>,
-        _now: i64,
+        now: i64,
         transactional: bool,
+        body: Option<&[u8]>,
     ) -> Result<(Action, Option<ExchangeId>), String> {
-        let (action, exchange) = self.session.start(head, principal, transactional);
+        let (action, exchange) = match body {
+            Some(body) => self.session.start_with_body(head, principal, transactional, now, body.to_vec()),
+            None => self.session.start(head, principal, transactional),
+        };
         Ok((
             action,
             exchange.map(|x| {
@@ -318,6 +323,7 @@ impl Engine for Component {
         principal: Option<&str>,
         now: i64,
         transactional: bool,
+        body: Option<&[u8]>,
     ) -> Result<(Action, Option<ExchangeId>), String> {
         let start = wit::RequestStart {
             head: head_to_wit(head),
@@ -325,6 +331,7 @@ impl Engine for Component {
             now,
             mode: wit::IoMode::Stepped,
             transactional,
+            body: body.map(<[u8]>::to_vec),
         };
         let started = self.call(|core, store, session| core.idempotency_ledger_session().session().call_start(store, session, &start))?;
         let exchange = started.exchange.map(|x| {
@@ -1026,6 +1033,16 @@ fn tail(trace: &str, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
+/// The decision batch of a request (claim, takeover, lookup) at `now`.
+fn decision_statements(principal: &str, key: &str, fingerprint: &str, now: i64) -> Vec<Statement> {
+    let (p, k, fp) = (text(principal), text(key), text(fingerprint));
+    vec![
+        Statement { query: Query::Claim, params: vec![p.clone(), k.clone(), fp.clone(), Value::Integer(now), Value::Integer(now)] },
+        Statement { query: Query::Takeover, params: vec![Value::Integer(now), p.clone(), k.clone(), fp, Value::Integer(now - TTL)] },
+        Statement { query: Query::Lookup, params: vec![p, k] },
+    ]
+}
+
 fn text(s: &str) -> Value {
     Value::Text(s.to_string())
 }
@@ -1202,7 +1219,10 @@ impl Sim<'_> {
         if (5..7).contains(&kind) {
             head.method = "GET".into();
         }
-        let (action, exchange) = self.engine.start(&head, principal_sent, self.now, transactional)?;
+        // One request in four hands the core its whole body with the head (no read-body); drawn from
+        // the flight's number, not the seed's random stream.
+        let at_start = id % 4 == 0;
+        let (action, exchange) = self.engine.start(&head, principal_sent, self.now, transactional, at_start.then_some(body.as_slice()))?;
         let what = format!("f{id} start");
         if head.method == "GET" {
             // SPEC 1.1: no ledger access, no exchange.
@@ -1224,7 +1244,23 @@ impl Sim<'_> {
             self.log(format!("w{w} f{id} without a principal: 401"));
             return Ok(());
         }
-        let expected = Action::ReadBody(core::ReadBody { cap: REQUEST_CAP, prefix: PREFIX.into() });
+        if at_start && body.len() as u64 > REQUEST_CAP {
+            // SPEC 1.6: 413, the connection closed, no exchange.
+            let reply = expect_respond(&action, &what)?;
+            let response = core_response(&reply, &what)?;
+            if exchange.is_some() || response.status != 413 || !reply.close || reply.outcome != Outcome::BodyTooLarge {
+                return Err(format!("{what}: a body over the cap given at start must be a 413 that closes, got {action:?}"));
+            }
+            self.report.rejected_at_start += 1;
+            self.log(format!("w{w} f{id} body over the cap, given at start: 413"));
+            return Ok(());
+        }
+        let expected = if at_start {
+            let fingerprint = idempotency_ledger::sha256_hex(PREFIX.as_bytes(), &body);
+            Action::RunBatch(decision_statements(principal, key, &fingerprint, self.now))
+        } else {
+            Action::ReadBody(core::ReadBody { cap: REQUEST_CAP, prefix: PREFIX.into() })
+        };
         let Some(exchange) = exchange.filter(|_| action == expected) else {
             return Err(format!("{what}: expected {expected:?} with an exchange, got {action:?}"));
         };
@@ -1406,12 +1442,7 @@ impl Sim<'_> {
     }
 
     fn decision_batch(&self, f: &Flight, now: i64) -> Vec<Statement> {
-        let (p, k, fp) = (text(f.principal), text(f.key), text(&f.fingerprint));
-        vec![
-            Statement { query: Query::Claim, params: vec![p.clone(), k.clone(), fp.clone(), Value::Integer(now), Value::Integer(now)] },
-            Statement { query: Query::Takeover, params: vec![Value::Integer(now), p.clone(), k.clone(), fp, Value::Integer(now - TTL)] },
-            Statement { query: Query::Lookup, params: vec![p, k] },
-        ]
+        decision_statements(f.principal, f.key, &f.fingerprint, now)
     }
 
     fn ticket_params(ticket: &core::Ticket) -> Vec<Value> {

@@ -491,6 +491,7 @@ fn spec5_row_vanished_between_claim_and_lookup_is_409_retry() {
         now: T0,
         mode: wit::IoMode::Stepped,
         transactional: false,
+        body: None,
     };
     let fingerprint = runtime().fingerprint(&req).expect("fingerprint");
     let action = ledger
@@ -812,5 +813,38 @@ fn spec9_release_never_frees_a_row_taken_over_or_completed() {
     });
     assert!(matches!(raised, Err(HandleError { outcome: Outcome::FencedOut, .. })), "{raised:?}");
     assert_eq!(db.rows()[1]["status"], "completed");
+    assert_eq!(orders.runs.get(), 2);
+}
+
+/// WIT `request-start.body`: a body given with the head is hashed in the
+/// component, one read at `ReadBody` on the host; both make the same
+/// fingerprint, so either way replays what the other stored, and a driven
+/// start with the body decides in that one call.
+#[test]
+fn spec4_a_body_given_at_start_and_one_read_at_read_body_make_the_same_fingerprint() {
+    let db = TestDb::new();
+    let mut ledger = db.ledger(&ManualClock::new(T0));
+    let orders = Orders::new();
+    let body = r#"{"sku":"A-1","qty":1}"#;
+    for (first_at_start, key) in [(true, "k-start-first"), (false, "k-read-first")] {
+        let req = order(key, body);
+        let by_read_body = |ledger: &mut Ledger| {
+            let (next, mut exchange) = ledger.start(Some(P), head_of(&req));
+            assert!(matches!(next, idempotency_ledger::Next::ReadBody { .. }), "{next:?}");
+            let next = ledger.feed(&mut exchange, idempotency_ledger::Feed::Body(req.body.as_slice()));
+            (next, exchange)
+        };
+        let by_start = |ledger: &mut Ledger| ledger.start_with_body(Some(P), head_of(&req), req.body.clone(), false);
+        let (next, mut exchange) = if first_at_start { by_start(&mut ledger) } else { by_read_body(&mut ledger) };
+        let idempotency_ledger::Next::RunHandler(ticket) = next else { panic!("a new key runs the handler: {next:?}") };
+        assert_eq!(ticket.fingerprint, runtime().fingerprint(&req).expect("fingerprint"), "{key}: hashed in the component or natively, one fingerprint");
+        let response = orders.create(&req).expect("created");
+        let done = ledger.feed(&mut exchange, idempotency_ledger::Feed::Handler(response.handler_result()));
+        assert_eq!(done.outcome(), Some(Outcome::Executed));
+        // The other way, the same request: replayed, decided in one call when the body came with the head.
+        let (again, _) = if first_at_start { by_read_body(&mut ledger) } else { by_start(&mut ledger) };
+        let idempotency_ledger::Next::Respond(answer) = again else { panic!("the retry is answered at once: {again:?}") };
+        assert_eq!(answer.outcome, Outcome::Replayed, "{key}");
+    }
     assert_eq!(orders.runs.get(), 2);
 }

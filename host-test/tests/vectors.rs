@@ -638,6 +638,8 @@ struct Vector<'a> {
     principal: Option<String>,
     now: i64,
     transactional: bool,
+    /// `request.body`: the body given with the request (no read-body).
+    body: Option<Vec<u8>>,
     database: bool,
     rows: &'a J,
     steps: &'a [J],
@@ -673,7 +675,7 @@ fn vector(v: &J) -> Vector<'_> {
         }
     }
     let req = &v["request"];
-    fields(req, &format!("{id}.request"), &["method", "path_and_query", "headers", "principal", "now", "transactional"], &[]);
+    fields(req, &format!("{id}.request"), &["method", "path_and_query", "headers", "principal", "now", "transactional"], &["body"]);
     let transactional = req["transactional"].as_bool().unwrap_or_else(|| panic!("{id}: request.transactional is a bool"));
     let database = v["database"].as_bool().expect("database is a bool");
     assert!(database || v["rows"].as_array().is_some_and(Vec::is_empty), "{id}: rows without a database");
@@ -717,6 +719,7 @@ fn vector(v: &J) -> Vector<'_> {
         principal: (!req["principal"].is_null()).then(|| s(&req["principal"], "principal")),
         now: i(&req["now"], "request.now"),
         transactional,
+        body: req.get("body").map(|b| hex::decode(s(b, "request.body")).expect("request.body hex")),
         database,
         rows: &v["rows"],
         steps,
@@ -841,7 +844,14 @@ struct Ran {
 }
 
 fn request_start(v: &Vector<'_>, mode: wit::IoMode) -> wit::RequestStart {
-    wit::RequestStart { head: v.head.clone(), principal: v.principal.clone(), now: v.now, mode, transactional: v.transactional }
+    wit::RequestStart {
+        head: v.head.clone(),
+        principal: v.principal.clone(),
+        now: v.now,
+        mode,
+        transactional: v.transactional,
+        body: v.body.clone(),
+    }
 }
 
 /// The vector's ledger over `backend`, and its exchange started in `mode`.
@@ -869,7 +879,8 @@ fn run_stepped(v: &Vector<'_>, way: Way) -> Result<Ran, String> {
     let backend = NoImport { dialect, called: called.clone() };
     let (mut ledger, started) = start_exchange(v, backend, wit::IoMode::Stepped)?;
     let (mut action, exchange) = (started.action, started.exchange);
-    let mut cause = None;
+    // A body given with the request is fed by start itself, at the request's now.
+    let mut cause = v.body.is_some().then_some(v.now);
     for (n, step) in v.steps.iter().enumerate() {
         let what = format!("{} step {n} ({way:?})", v.id);
         if check_step(&what, &action, step, n + 1 == v.steps.len())? {
@@ -989,7 +1000,14 @@ fn run_driven(v: &Vector<'_>) -> Result<Ran, String> {
     let backend = Scripted { script: script.clone(), dialect };
     let (mut ledger, started) = start_exchange(v, backend, wit::IoMode::Driven)?;
     let (mut action, exchange) = (started.action, started.exchange);
-    let mut n = 0;
+    // With the body given at start, the decision's batches already ran inside it.
+    let mut n = {
+        let mut script = script.lock().expect("script");
+        if let Some(failure) = script.failure.take() {
+            return Err(failure);
+        }
+        script.next
+    };
     loop {
         let step = v.steps.get(n).ok_or(format!("{}: the exchange went on past the last step", v.id))?;
         let what = format!("{} step {n} (Driven)", v.id);

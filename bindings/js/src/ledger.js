@@ -27,6 +27,29 @@ const encoder = new TextEncoder();
 const EMPTY = new Uint8Array(0);
 
 /**
+ * The largest body an exchange gives the core with the request head
+ * (`request-start.body`: the core hashes it, one call and one host hash
+ * fewer); a larger one is hashed here at `read-body`, faster than the
+ * component's SHA-256.
+ */
+export const BODY_AT_START_MAX_BYTES = 4096;
+
+/**
+ * Whether an exchange reads the body before it starts: the request carries a
+ * key (so the core never passes it through with its body consumed) and no
+ * Content-Length over the cap (which the core answers 413 unread).
+ */
+function readsFirst(headers, cap) {
+  let keyed = false;
+  for (const { name, value } of headers) {
+    const lowered = name.toLowerCase();
+    if (lowered === "idempotency-key") keyed ||= value !== "";
+    else if (lowered === "content-length" && !(/^\s*\d+\s*$/.test(value) && BigInt(value.trim()) <= cap)) return false;
+  }
+  return keyed;
+}
+
+/**
  * Throw this from a handler that KNOWS it changed nothing: the core releases
  * the reservation (`nothing-changed`) so a retry runs at once, and the
  * response the framework makes for the error (or `options.response`, a
@@ -318,16 +341,24 @@ export class IdempotencyLedger {
     let tx = null; // the handler's open transaction (a transactional exchange)
     let handlerRan = false;
     try {
+      // A keyed request's body is read first and, when small, given with the head.
+      let read;
+      const cap = this.session.config.requestBodyCapBytes;
+      if (readsFirst(head.headers, cap)) {
+        read = io.readBody(cap);
+        if (read instanceof Promise) read = await read;
+      }
+      const small = read instanceof Uint8Array && read.byteLength <= BODY_AT_START_MAX_BYTES;
       rec?.enter();
-      ({ action, exchange } = this.session.start(head, principal, this.now(), "stepped", transactional));
+      ({ action, exchange } = this.session.start(head, principal, this.now(), "stepped", transactional, small ? read : undefined));
       rec?.leave();
-      let body = EMPTY;
+      let body = read instanceof Uint8Array ? read : EMPTY;
       while (exchange !== undefined && !isFinal(action)) {
         let event;
         switch (action.tag) {
           case "read-body": {
             const { cap, prefix } = action.val;
-            let read = io.readBody(cap);
+            if (read === undefined) read = io.readBody(cap);
             if (read instanceof Promise) read = await read;
             if (read === "too-large") event = { tag: "body-too-large" };
             else if (typeof read === "string") event = { tag: "body-unreadable", val: read };

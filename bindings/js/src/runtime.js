@@ -236,9 +236,12 @@ export class Session {
    * host runs each batch) or "driven" (through `Core.drive`);
    * `transactional`: the handler runs in a transaction on the ledger's
    * database and its writes commit with the completion (docs/SPEC.md 10.2).
+   * `body` (a Uint8Array): the whole request body, when the host already
+   * holds it: no `read-body` follows (WIT `request-start.body`; in driven
+   * mode call this inside `drive`, as the decision batch runs in it).
    */
-  start(head, principal, now, mode = "stepped", transactional = false) {
-    const request = { head, principal: principal === null || principal === undefined ? undefined : String(principal), now: BigInt(now), mode, transactional: transactional === true };
+  start(head, principal, now, mode = "stepped", transactional = false, body = undefined) {
+    const request = { head, principal: principal === null || principal === undefined ? undefined : String(principal), now: BigInt(now), mode, transactional: transactional === true, body };
     let epoch;
     const started = this.call((s) => {
       epoch = this.#core.epoch;

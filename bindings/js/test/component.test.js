@@ -146,8 +146,8 @@ function sessionOn(r, config) {
   return {
     sql,
     raw: s,
-    start(head, principal, now, mode, transactional = false) {
-      const started = s.start({ head, principal: principal ?? undefined, now: BigInt(now), mode, transactional });
+    start(head, principal, now, mode, transactional = false, body = undefined) {
+      const started = s.start({ head, principal: principal ?? undefined, now: BigInt(now), mode, transactional, body });
       const x = started.exchange;
       return { action: started.action, exchange: x && { step: (n, e) => x.step(BigInt(n), e), drop: () => x[DISPOSE]() } };
     },

@@ -77,6 +77,7 @@ impl Exchange {
         pool: LedgerPool,
         principal: Option<String>,
         head: wit::RequestHead,
+        body: Option<Vec<u8>>,
         transactional: bool,
         given: Option<Arc<Py<PyAny>>>,
         renewer: Option<Renewer>,
@@ -88,12 +89,18 @@ impl Exchange {
                 if let Some(renewer) = renewer {
                     lent.set_renewer(renewer);
                 }
-                let (next, exchange) = if transactional {
-                    lent.start_transactional(principal.as_deref(), head)
-                } else {
-                    lent.start(principal.as_deref(), head)
+                let (next, exchange) = match body {
+                    Some(body) => lent.start_with_body(principal.as_deref(), head, body, transactional),
+                    None if transactional => lent.start_transactional(principal.as_deref(), head),
+                    None => lent.start(principal.as_deref(), head),
                 };
-                let stepped = Stepped { run: HandlerRun::default(), ledger_ns: nanos(exchange.ledger_time()), in_transaction: false, next };
+                // With the body, the decision ran in this call: the handler may be about to run.
+                let stepped = Stepped {
+                    run: HandlerRun { renew_every_ms: exchange.renew_every_ms(), transaction: exchange.in_transaction() },
+                    ledger_ns: nanos(exchange.ledger_time()),
+                    in_transaction: exchange.in_transaction(),
+                    next,
+                };
                 let held = (!stepped.next.is_final()).then_some(Held { lent, exchange });
                 Ok((stepped, held))
             })

@@ -270,8 +270,10 @@ impl NativeLedger {
     /// `transactional`: the handler runs inside a transaction on the
     /// ledger's database (docs/SPEC.md 10.2), `transaction` (a Python
     /// transaction object: Django's atomic block, a SQLAlchemy connection)
-    /// or, without one, the backend's own.
-    #[pyo3(signature = (principal, method, path_and_query, headers, transactional=false, transaction=None, on_end=None))]
+    /// or, without one, the backend's own. `body`: the whole request body,
+    /// when the adapter already read it: the exchange does not ask for it
+    /// (no `ReadBody`) and its decision runs in this call.
+    #[pyo3(signature = (principal, method, path_and_query, headers, transactional=false, transaction=None, on_end=None, body=None))]
     #[allow(clippy::too_many_arguments)]
     fn start(
         &self,
@@ -283,6 +285,7 @@ impl NativeLedger {
         transactional: bool,
         transaction: Option<Py<PyAny>>,
         on_end: Option<Py<PyAny>>,
+        body: Option<Vec<u8>>,
     ) -> PyResult<Exchange> {
         let head = wit::RequestHead {
             method,
@@ -291,7 +294,7 @@ impl NativeLedger {
         };
         let pool = py.detach(|| self.pool()).map_err(|e| error_object(py, &e))?;
         let renewer = self.source.busy().map(|busy| self.skipping_renewer(busy));
-        Exchange::start(py, pool, principal, head, transactional, transaction.map(Arc::new), renewer, on_end)
+        Exchange::start(py, pool, principal, head, body, transactional, transaction.map(Arc::new), renewer, on_end)
     }
 
     /// One lease renewal of `ticket` at the clock's now (driven): the

@@ -122,6 +122,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<bridge::Propagate>()?;
     m.add("BatchFailure", m.py().get_type::<backends::BatchFailure>())?;
     m.add("SETTINGS", settings::SETTINGS.to_vec())?;
+    m.add("BODY_AT_START_MAX_BYTES", idempotency_ledger::BODY_AT_START_MAX_BYTES)?;
     m.add_function(wrap_pyfunction!(schema, m)?)?;
     m.add_function(wrap_pyfunction!(default_config, m)?)?;
     m.add_function(wrap_pyfunction!(queries, m)?)?;

@@ -543,8 +543,10 @@ class Run:
             self.db.replace(v["rows"])
         request = v["request"]
         self.lines.take()
+        # `request.body`: the body given with the request (no read-body; the decision runs in start).
+        body = bytes.fromhex(request["body"]) if "body" in request else None
         exchange = self.ledger.start(request["principal"], request["method"], request["path_and_query"], [tuple(h) for h in request["headers"]],
-                                     transactional=request["transactional"])
+                                     transactional=request["transactional"], body=body)
         action: Any = exchange.action
         try:
             while True:
@@ -577,7 +579,7 @@ class Run:
 
 def _exchange(v: dict[str, Any], db: Optional[Database], lines: Lines) -> None:
     assert set(v) <= {"id", "spec", "config", "database", "stepped_only", "interactive_only", "rows", "request", "steps", "rows_after", "writes_after"}, set(v)
-    assert set(v["request"]) == {"method", "path_and_query", "headers", "principal", "now", "transactional"}
+    assert set(v["request"]) - {"body"} == {"method", "path_and_query", "headers", "principal", "now", "transactional"}
     assert ("writes_after" in v) == (v["database"] and v["request"]["transactional"]), v["id"]
     for step in v["steps"]:
         assert set(step) <= {"expect", "now", "feed", "rows", "handler_writes"}, set(step)

@@ -248,7 +248,7 @@ impl Ledger {
         B: FnOnce(&Request, &mut Tx<'_>) -> Result<MutationResponse, E>,
     {
         let transactional = matches!(handler, Handler::Transactional(_));
-        let (mut next, mut exchange) = self.start_with(principal, request.head(), transactional);
+        let (mut next, mut exchange) = self.start_with(principal, request.head(), transactional, request.start_body());
         let mut handler = Some(handler);
         let mut produced: Option<MutationResponse> = None;
         let mut failed: Option<E> = None;
@@ -338,7 +338,7 @@ impl Ledger {
     /// protect). Perform the returned [`Next`], then [`Ledger::feed`] what
     /// happened, until a final one.
     pub fn start(&mut self, principal: Option<&str>, head: wit::RequestHead) -> (Next, Exchange) {
-        self.start_with(principal, head, false)
+        self.start_with(principal, head, false, None)
     }
 
     /// [`Ledger::start`] for a transactional handler (docs/SPEC.md 10.2): at
@@ -346,10 +346,20 @@ impl Ledger {
     /// ([`Exchange::in_transaction`]) for the handler's writes; the ledger
     /// commits or rolls it back as the exchange says.
     pub fn start_transactional(&mut self, principal: Option<&str>, head: wit::RequestHead) -> (Next, Exchange) {
-        self.start_with(principal, head, true)
+        self.start_with(principal, head, true, None)
     }
 
-    fn start_with(&mut self, principal: Option<&str>, head: wit::RequestHead, transactional: bool) -> (Next, Exchange) {
+    /// [`Ledger::start`] (or, `transactional`, [`Ledger::start_transactional`])
+    /// with the whole request body at hand: the exchange does not ask for it
+    /// (no `ReadBody`), and in this driven ledger its decision batch runs
+    /// within this call, so the first `Next` may already be `RunHandler` or
+    /// the answer. Cheapest for small bodies; for one of more than a few KiB,
+    /// `start` and the body at `ReadBody` hash faster (natively).
+    pub fn start_with_body(&mut self, principal: Option<&str>, head: wit::RequestHead, body: Vec<u8>, transactional: bool) -> (Next, Exchange) {
+        self.start_with(principal, head, transactional, Some(body))
+    }
+
+    fn start_with(&mut self, principal: Option<&str>, head: wit::RequestHead, transactional: bool, body: Option<Vec<u8>>) -> (Next, Exchange) {
         let telemetry = Telemetry::start(&head.method, None, self.record_keys);
         let mut exchange = Exchange { epoch: self.epoch, telemetry, ..Exchange::default() };
         if !self.protects(&head.method) {
@@ -357,19 +367,27 @@ impl Ledger {
             return (Next::PassThrough, exchange);
         }
         let began = Instant::now();
-        let next = self.begin_exchange(&mut exchange, principal, head, transactional);
+        let next = self.begin_exchange(&mut exchange, principal, head, transactional, body);
         exchange.telemetry.add(began.elapsed().saturating_sub(std::mem::take(&mut exchange.slept)));
         exchange.report(&next);
         (next, exchange)
     }
 
-    fn begin_exchange(&mut self, exchange: &mut Exchange, principal: Option<&str>, head: wit::RequestHead, transactional: bool) -> Next {
+    fn begin_exchange(
+        &mut self,
+        exchange: &mut Exchange,
+        principal: Option<&str>,
+        head: wit::RequestHead,
+        transactional: bool,
+        body: Option<Vec<u8>>,
+    ) -> Next {
         let start = wit::RequestStart {
             head,
             principal: principal.map(str::to_string),
             now: self.clock.now_ms(),
             mode: wit::IoMode::Driven,
             transactional,
+            body,
         };
         let started = match self.with_instance(|instance| instance.start(&start)) {
             Ok(started) => started,

@@ -6,6 +6,13 @@ use std::sync::Arc;
 
 use crate::{wit, Error, OnServerError, Profile};
 
+/// The largest body a host that holds it gives the exchange at start
+/// (`request-start.body`: one component call fewer), hashed by the
+/// component; a larger one is hashed natively at `read-body`, since the
+/// component's SHA-256 is several times slower than the host's (`make
+/// bench`, "Fingerprint throughput").
+pub const BODY_AT_START_MAX_BYTES: usize = 4096;
+
 /// An HTTP request as the ledger sees it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Request {
@@ -36,6 +43,13 @@ impl Request {
     /// [`crate::AsyncLedger::start`] (the exchange reads the body later).
     pub fn head(&self) -> wit::RequestHead {
         head(&self.method, &self.path_and_query, self.headers.iter().map(|(n, v)| (n.as_str(), v.as_str())))
+    }
+
+    /// The body to give the exchange with the head (`request-start.body`):
+    /// the whole body up to [`BODY_AT_START_MAX_BYTES`]; `None` for a larger
+    /// one, which is hashed natively at `read-body`.
+    pub(crate) fn start_body(&self) -> Option<Vec<u8>> {
+        (self.body.len() <= BODY_AT_START_MAX_BYTES).then(|| self.body.clone())
     }
 
     /// What to feed for `Next::ReadBody { cap }` when the whole body is at

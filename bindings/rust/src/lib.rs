@@ -63,7 +63,7 @@ mod layer;
 
 pub use blocking::{Exchange, Ledger};
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use convert::{latin1, outcome_name, Body, MutationResponse, Queries, Request, Response, Settings, SqlStatement, Unstored};
+pub use convert::{latin1, outcome_name, Body, BODY_AT_START_MAX_BYTES, MutationResponse, Queries, Request, Response, Settings, SqlStatement, Unstored};
 pub use function::{canonical_json, FunctionCall, FunctionError};
 pub use pool::{LedgerPool, Lent};
 pub use runtime::{engine_config, HostState, Runtime, COMPONENT};

@@ -357,6 +357,7 @@ impl AsyncLedger {
             now: self.now_ms(),
             mode: wit::IoMode::Stepped,
             transactional,
+            body: None,
         };
         let started = self.with_slot_epoch(slot, |instance| instance.start(&start));
         match started {

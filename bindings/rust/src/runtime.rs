@@ -178,7 +178,7 @@ impl Runtime {
         if !head.headers.iter().any(|h| h.name.eq_ignore_ascii_case("idempotency-key")) {
             head.headers.push(wit::Header { name: "Idempotency-Key".into(), value: "fingerprint".into() });
         }
-        let start = wit::RequestStart { head, principal: Some("fingerprint".into()), now: 0, mode: wit::IoMode::Stepped, transactional: false };
+        let start = wit::RequestStart { head, principal: Some("fingerprint".into()), now: 0, mode: wit::IoMode::Stepped, transactional: false, body: None };
         match instance.start(&start)?.action {
             wit::Action::ReadBody(read) => Ok(crate::sha256_hex(read.prefix.as_bytes(), &request.body)),
             other => Err(Error::Setup(format!("the request cannot be fingerprinted: the core answered {other:?}"))),

@@ -87,10 +87,21 @@ impl wit_session::GuestSession for Session {
             path_and_query: request.head.path_and_query,
             headers: headers_in(request.head.headers),
         };
-        let (action, exchange) = self.0.start(&head, request.principal.as_deref(), request.transactional);
+        let principal = request.principal.as_deref();
+        let (mut action, mut exchange) = match request.body {
+            Some(body) => self.0.start_with_body(&head, principal, request.transactional, request.now, body),
+            None => self.0.start(&head, principal, request.transactional),
+        };
         let driven = matches!(request.mode, wit_exchange::IoMode::Driven);
-        let exchange = exchange
-            .map(|exchange| wit_exchange::Exchange::new(Exchange { session: self.0.clone(), driven, state: RefCell::new(exchange) }));
+        if driven {
+            if let Some(state) = exchange.as_mut() {
+                action = driven::drive(&self.0, state, &mut ImportedLedger, request.now, action);
+            }
+        }
+        // An exchange that already answered is not handed out (nothing to drop).
+        let exchange = exchange.filter(|_| !action.is_final()).map(|state| {
+            wit_exchange::Exchange::new(Exchange { session: self.0.clone(), driven, state: RefCell::new(state) })
+        });
         wit_session::Started { action: action_out(action), exchange }
     }
 

@@ -251,6 +251,28 @@ impl Session {
             }
         }
     }
+
+    /// [`Session::start`] for a host that already holds the whole body (WIT
+    /// `request-start.body`): what `start`, then [`Event::Body`] fed at
+    /// `now`, answers, in one call. The exchange is `None` once the action
+    /// is final.
+    pub fn start_with_body(
+        &self,
+        head: &RequestHead,
+        principal: Option<&str>,
+        transactional: bool,
+        now: i64,
+        body: Vec<u8>,
+    ) -> (Action, Option<Exchange>) {
+        match self.start(head, principal, transactional) {
+            (Action::ReadBody(_), Some(mut exchange)) => {
+                let action = exchange.step(self, now, Event::Body(body));
+                let exchange = (!action.is_final()).then_some(exchange);
+                (action, exchange)
+            }
+            started => started,
+        }
+    }
 }
 
 impl Exchange {

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use idempotency_ledger_core::driven;
 use idempotency_ledger_core::sql::COLUMNS;
 use idempotency_ledger_core::{
-    Action, Answer, BatchError, BodyProblem, Config, DatabaseError, Dialect, Event, HandlerResult, Header, Lease,
+    Action, Answer, BatchError, BodyProblem, Config, DatabaseError, Dialect, Event, Exchange, HandlerResult, Header, Lease,
     LeaseState, LogLine, MutationResponse, OnServerError, Profile, ProtocolError, Query, RequestHead, Response,
     ResponseBody, Session, Statement, StatementResult, Ticket, Value,
 };
@@ -566,7 +566,10 @@ struct Vector<'a> {
     session: Session,
     head: RequestHead,
     principal: Option<String>,
+    now: i64,
     transactional: bool,
+    /// `request.body`: the body given with the request (no read-body).
+    body: Option<Vec<u8>>,
     database: bool,
     rows: &'a J,
     steps: &'a [J],
@@ -599,7 +602,7 @@ fn vector(v: &J) -> Vector<'_> {
         }
     }
     let req = &v["request"];
-    fields(req, &format!("{id}.request"), &["method", "path_and_query", "headers", "principal", "now", "transactional"], &[]);
+    fields(req, &format!("{id}.request"), &["method", "path_and_query", "headers", "principal", "now", "transactional"], &["body"]);
     let transactional = req["transactional"].as_bool().unwrap_or_else(|| panic!("{id}: request.transactional is a bool"));
     let database = v["database"].as_bool().expect("database is a bool");
     assert!(database || v["rows"].as_array().is_some_and(Vec::is_empty), "{id}: rows without a database");
@@ -637,7 +640,9 @@ fn vector(v: &J) -> Vector<'_> {
             headers: headers_from(&req["headers"], "headers"),
         },
         principal: (!req["principal"].is_null()).then(|| s(&req["principal"], "principal")),
+        now: i(&req["now"], "request.now"),
         transactional,
+        body: req.get("body").map(|b| hex::decode(s(b, "request.body")).expect("request.body hex")),
         database,
         rows: &v["rows"],
         steps,
@@ -740,12 +745,21 @@ fn check_step(what: &str, action: &Action, step: &J, last: bool) -> Result<bool,
     Ok(last)
 }
 
+/// `session.start`, with the vector's body when it gives one at start.
+fn start(v: &Vector<'_>) -> (Action, Option<Exchange>) {
+    match &v.body {
+        Some(body) => v.session.start_with_body(&v.head, v.principal.as_deref(), v.transactional, v.now, body.clone()),
+        None => v.session.start(&v.head, v.principal.as_deref(), v.transactional),
+    }
+}
+
 fn run_stepped(v: &Vector<'_>, way: Way) -> Result<Ran, String> {
     let session = &v.session;
     let mut db = v.database.then(|| Db::new(session, v.rows));
     let mut ran = Ran::default();
-    let (mut action, mut exchange) = session.start(&v.head, v.principal.as_deref(), v.transactional);
-    let mut cause = None;
+    let (mut action, mut exchange) = start(v);
+    // A body given with the request is fed by start itself, at the request's now.
+    let mut cause = v.body.is_some().then_some(v.now);
     for (n, step) in v.steps.iter().enumerate() {
         let what = format!("{} step {n} ({way:?})", v.id);
         if check_step(&what, &action, step, n + 1 == v.steps.len())? {
@@ -800,12 +814,58 @@ fn check_tables(v: &Vector<'_>, db: Option<&mut Db>) -> Result<(), String> {
     Ok(())
 }
 
+/// Runs the batches `action` starts (`driven::drive`) against the vector's
+/// steps from `n` on, as the component's ledger import would: each checked,
+/// then run on the database or answered as scripted.
+fn drive_steps(v: &Vector<'_>, db: &mut Option<Db>, n: &mut usize, now: i64, exchange: &mut Exchange, action: Action) -> Result<Action, String> {
+    let mut failure = None;
+    let mut ledger = |statements: &[Statement]| -> Result<Vec<StatementResult>, BatchError> {
+        let Some(step) = v.steps.get(*n) else {
+            failure.get_or_insert(format!("{}: a batch past the last step", v.id));
+            return Err(BatchError::Host("no step left".into()));
+        };
+        let what = format!("{} step {} (Driven, in execute-batch)", v.id, *n);
+        *n += 1;
+        let expect = json!({ "run-batch": statements_json(statements) });
+        if step["expect"] != expect {
+            failure.get_or_insert(format!("{what}:\n  expected {}\n  got      {expect}", step["expect"]));
+            return Err(BatchError::Host("unexpected batch".into()));
+        }
+        if step.get("now").and_then(J::as_i64) != Some(now) {
+            failure.get_or_insert(format!("{what}: a batch's now must be the now of the event that caused it"));
+        }
+        match step.get("feed") {
+            None => {
+                let db = db.as_mut().expect("a run-batch without feed has a database");
+                if let Some(rows) = step.get("rows") {
+                    db.replace(rows);
+                }
+                db.run(statements)
+            }
+            Some(feed) => match event_from(feed, &what) {
+                Event::BatchDone(results) => Ok(results),
+                Event::BatchFailed(error) => Err(error),
+                other => panic!("{what}: a driven ledger cannot answer {other:?} (stepped_only)"),
+            },
+        }
+    };
+    let action = driven::drive(&v.session, exchange, &mut ledger, now, action);
+    match failure {
+        Some(failure) => Err(failure),
+        None => Ok(action),
+    }
+}
+
 fn run_driven(v: &Vector<'_>) -> Result<Ran, String> {
     let session = &v.session;
     let mut db = v.database.then(|| Db::new(session, v.rows));
     let mut ran = Ran::default();
-    let (mut action, mut exchange) = session.start(&v.head, v.principal.as_deref(), v.transactional);
+    let (mut action, mut exchange) = start(v);
     let mut n = 0;
+    if let Some(exchange) = exchange.as_mut() {
+        // With the body given at start, the decision's batches run right away (as the component's start does).
+        action = drive_steps(v, &mut db, &mut n, v.now, exchange, action)?;
+    }
     loop {
         let step = v.steps.get(n).ok_or(format!("{}: the exchange went on past the last step", v.id))?;
         let what = format!("{} step {n} (Driven)", v.id);
@@ -824,41 +884,7 @@ fn run_driven(v: &Vector<'_>) -> Result<Ran, String> {
         action = exchange.step(session, now, event);
         n += 1;
         // The batches this event caused, run inside the ledger import.
-        let mut failure = None;
-        let mut ledger = |statements: &[Statement]| -> Result<Vec<StatementResult>, BatchError> {
-            let Some(step) = v.steps.get(n) else {
-                failure.get_or_insert(format!("{}: a batch past the last step", v.id));
-                return Err(BatchError::Host("no step left".into()));
-            };
-            let what = format!("{} step {n} (Driven, in execute-batch)", v.id);
-            n += 1;
-            let expect = json!({ "run-batch": statements_json(statements) });
-            if step["expect"] != expect {
-                failure.get_or_insert(format!("{what}:\n  expected {}\n  got      {expect}", step["expect"]));
-                return Err(BatchError::Host("unexpected batch".into()));
-            }
-            if step.get("now").and_then(J::as_i64) != Some(now) {
-                failure.get_or_insert(format!("{what}: a batch's now must be the now of the event that caused it"));
-            }
-            match step.get("feed") {
-                None => {
-                    let db = db.as_mut().expect("a run-batch without feed has a database");
-                    if let Some(rows) = step.get("rows") {
-                        db.replace(rows);
-                    }
-                    db.run(statements)
-                }
-                Some(feed) => match event_from(feed, &what) {
-                    Event::BatchDone(results) => Ok(results),
-                    Event::BatchFailed(error) => Err(error),
-                    other => panic!("{what}: a driven ledger cannot answer {other:?} (stepped_only)"),
-                },
-            }
-        };
-        action = driven::drive(session, exchange, &mut ledger, now, action);
-        if let Some(failure) = failure {
-            return Err(failure);
-        }
+        action = drive_steps(v, &mut db, &mut n, now, exchange, action)?;
     }
     check_tables(v, db.as_mut())?;
     Ok(ran)

@@ -46,7 +46,7 @@ export function checkFields(kind, v) {
     if (v[flag] !== undefined && v[flag] !== true) throw new Error(`${v.id}: ${flag} is true when present`);
   }
   if (kind === "exchange") {
-    exactly(`${v.id} request`, v.request, REQUEST_FIELDS);
+    exactly(`${v.id} request`, v.request, REQUEST_FIELDS, ["body"]);
     if (typeof v.request.transactional !== "boolean") throw new Error(`${v.id}: request.transactional is a bool`);
     if ((v.writes_after !== undefined) !== (v.database && v.request.transactional)) throw new Error(`${v.id}: writes_after exactly in the transactional database vectors`);
     v.steps.forEach((s, i) => {
@@ -238,6 +238,9 @@ export function eventOf(e) {
   }
 }
 
+/** `request.body` (hex), the body given with the request -> WIT `request-start.body`. */
+export const startBodyOf = (request) => (request.body === undefined ? undefined : hexBytes(request.body));
+
 export const headOf = (request) => ({ method: request.method, pathAndQuery: request.path_and_query, headers: headersOf(request.headers) });
 
 const withSql = (session, statements) => statements.map((s) => ({ query: s.query, sql: session.sql[s.query], params: s.params }));
@@ -316,7 +319,7 @@ function transactions(v, session, db, counters) {
 export async function runExchange(v, session, { db = null, hash = null, counters = { transactions: 0 } } = {}) {
   const got = [];
   const host = transactions(v, session, db, counters);
-  let { action, exchange } = session.start(headOf(v.request), v.request.principal ?? undefined, v.request.now, "stepped", v.request.transactional);
+  let { action, exchange } = session.start(headOf(v.request), v.request.principal ?? undefined, v.request.now, "stepped", v.request.transactional, startBodyOf(v.request));
   try {
     for (let i = 0; i < v.steps.length; i++) {
       const step = v.steps[i];
@@ -383,7 +386,10 @@ export async function runExchangeDriven(v, session, db, { counters = { transacti
     return db.batchSync(withSql(session, statements));
   };
   const host = transactions(v, session, db, counters);
-  let { action, exchange } = session.start(headOf(v.request), v.request.principal ?? undefined, v.request.now, "driven", v.request.transactional);
+  // With the body given at start, the decision's batches run inside start.
+  let { action, exchange } = session.drive(executor, () =>
+    session.start(headOf(v.request), v.request.principal ?? undefined, v.request.now, "driven", v.request.transactional, startBodyOf(v.request)),
+  );
   try {
     for (;;) {
       const step = v.steps[i++];

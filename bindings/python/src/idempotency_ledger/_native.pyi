@@ -13,6 +13,9 @@ StatementResult = tuple[Sequence[Sequence[Any]], int]
 BodyProblem = Literal["length-unknown", "incomplete", "consumed"]
 
 SETTINGS: list[str]
+#: The largest body an adapter that already read it gives `start` (`body=`);
+#: a larger one is hashed faster natively at `ReadBody`.
+BODY_AT_START_MAX_BYTES: int
 
 class BatchFailure(Exception):
     """`BatchFailure(kind, code, message)`: kind is database | pool-exhausted | unreachable | outcome-unknown | host."""
@@ -218,6 +221,7 @@ class NativeLedger:
         transactional: bool = False,
         transaction: Any = None,
         on_end: Optional[Callable[[Outcome, float, Optional[Ticket]], Any]] = None,
+        body: Optional[bytes] = None,
     ) -> Exchange: ...
     def renew(self, ticket: Ticket) -> tuple[Literal["held", "lost", "unknown"], Optional[tuple[Literal["error", "warn", "info"], str]]]: ...
     def sweep(self, now: Optional[int] = None) -> SweepReport: ...

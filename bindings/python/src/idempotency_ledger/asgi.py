@@ -33,7 +33,7 @@ import functools
 import inspect
 from typing import Any, Awaitable, Callable, MutableMapping, Optional, Sequence, Union
 
-from . import _telemetry
+from . import _native, _telemetry
 from ._http import _REQUIRED, DECLINED, Include, RouteSpec, Routes, describe, handler_result, mark_declined, mark_nothing_changed
 from ._ledger import Ledger
 from ._native import Exchange, PassThrough, Propagate, ReadBody, Respond, Response, RunHandler
@@ -128,6 +128,21 @@ class _Captured:
 
 _TOO_LARGE = object()
 _GONE = object()
+
+
+def _reads_first(headers: list[tuple[str, str]], cap: int) -> bool:
+    """Whether the body is read before the exchange starts: the request
+    carries a key (so the core never passes it through untouched, and a
+    handler that reads the body gets it replayed) and no Content-Length
+    over the cap (which the core answers 413 without the body)."""
+    keyed = False
+    for name, value in headers:
+        lowered = name.lower()
+        if lowered == "idempotency-key" and value:
+            keyed = True
+        elif lowered == "content-length" and not (value.strip().isdigit() and int(value) <= cap):
+            return False
+    return keyed
 
 
 async def _read_capped(receive: Receive, cap: int) -> Any:
@@ -312,6 +327,7 @@ class IdempotencyMiddleware:
             inline = getattr(ledger, "_local_file", False) and ledger.config.wait_ms == 0 and transactional is None
         self.inline = bool(inline)
         self._declines = _Declines(app)
+        self._cap = ledger.config.request_body_cap_bytes
 
     async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if self.inline:
@@ -335,23 +351,29 @@ class IdempotencyMiddleware:
         headers = [(bytes(n).decode("latin-1"), bytes(v).decode("latin-1")) for n, v in scope.get("headers", [])]
         transactional = self.transactional is not None and self.transactional(scope.get("path", ""))
         given = self.transactions(scope) if transactional and self.transactions is not None else None
+        # A keyed request's body is read before the exchange starts and, when small, given with the
+        # head (one call, and one hop to a worker thread, fewer); otherwise it waits for ReadBody.
+        read = await _read_capped(receive, self._cap) if _reads_first(headers, self._cap) else None
+        small = isinstance(read, bytes) and len(read) <= _native.BODY_AT_START_MAX_BYTES
         exchange = await self._call(
             self.ledger.start, principal, scope["method"], asgi_path_and_query(scope), headers,
-            transactional=transactional, transaction=given, route=lambda: self.route(scope),
+            transactional=transactional, transaction=given, route=lambda: self.route(scope), body=read if small else None,
         )
         try:
-            await self._run(exchange, scope, receive, send)
+            await self._run(exchange, scope, receive, send, read)
         finally:
             exchange.close()  # gives the ledger back if the request ended early (cancelled)
 
-    async def _run(self, exchange: Exchange, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _run(self, exchange: Exchange, scope: Scope, receive: Receive, send: Send, read: Any = None) -> None:
+        """`read`: the body (or `_TOO_LARGE`, `_GONE`) when it was read before the exchange started."""
         action: Any = exchange.action
-        body = b""
-        unread = True  # until the body was read to its end (or the client left)
+        body = read if isinstance(read, bytes) else b""
+        unread = read is None or read is _TOO_LARGE  # until the body was read to its end (or the client left)
         captured = _Captured()
         while True:
             if isinstance(action, ReadBody):
-                read = await _read_capped(receive, action.cap)
+                if read is None:
+                    read = await _read_capped(receive, action.cap)
                 if read is _TOO_LARGE:
                     action = await self._call(exchange.body_too_large)
                 elif read is _GONE:
@@ -394,7 +416,7 @@ class IdempotencyMiddleware:
                     await send_response(send, action.response, action.close)
                 return
             elif isinstance(action, PassThrough):
-                await self.app(scope, receive, send)
+                await self.app(scope, receive if read is None else _replay_receive(body, receive), send)
                 return
             else:  # Propagate without an exception to re-raise: the core's 500
                 assert isinstance(action, Propagate)
