@@ -38,7 +38,11 @@ struct ImportedLedger;
 
 impl driven::Ledger for ImportedLedger {
     fn execute_batch(&mut self, statements: &[core::Statement]) -> Result<Vec<core::StatementResult>, core::BatchError> {
-        let statements: Vec<wit_ledger::Statement> = statements.iter().map(statement_out).collect();
+        self.execute_owned(statements.to_vec())
+    }
+
+    fn execute_owned(&mut self, statements: Vec<core::Statement>) -> Result<Vec<core::StatementResult>, core::BatchError> {
+        let statements: Vec<wit_ledger::Statement> = statements.into_iter().map(statement_out).collect();
         wit_ledger::execute_batch(&statements).map(|results| results.into_iter().map(result_in).collect()).map_err(batch_error_in)
     }
 }
@@ -110,7 +114,7 @@ impl wit_session::GuestSession for Session {
     }
 
     fn migration(&self) -> Vec<wit_ledger::Statement> {
-        self.0.migration().iter().map(statement_out).collect()
+        self.0.migration().into_iter().map(statement_out).collect()
     }
 
     fn migrate(&self) -> Result<(), wit::ProtocolError> {
@@ -118,7 +122,7 @@ impl wit_session::GuestSession for Session {
     }
 
     fn sweep(&self, now: i64) -> Vec<wit_ledger::Statement> {
-        self.0.plan_sweep(now).iter().map(statement_out).collect()
+        self.0.plan_sweep(now).into_iter().map(statement_out).collect()
     }
 
     fn swept(&self, result: Result<Vec<wit_ledger::StatementResult>, wit_ledger::BatchError>) -> wit::SweepReport {
@@ -135,7 +139,7 @@ impl wit_session::GuestSession for Session {
 
     fn renewal(&self, ticket: wit::Ticket, now: i64) -> Vec<wit_ledger::Statement> {
         // An invalid ticket (a host bug) renews nothing.
-        self.0.plan_renewal(&ticket_in(ticket), now).map(|s| s.iter().map(statement_out).collect()).unwrap_or_default()
+        self.0.plan_renewal(&ticket_in(ticket), now).map(|s| s.into_iter().map(statement_out).collect()).unwrap_or_default()
     }
 
     fn renewed(&self, ticket: wit::Ticket, batch: Result<Vec<wit_ledger::StatementResult>, wit_ledger::BatchError>) -> wit::Lease {
@@ -286,13 +290,13 @@ fn value_in(v: wit_ledger::Value) -> core::Value {
     }
 }
 
-fn value_out(v: &core::Value) -> wit_ledger::Value {
+fn value_out(v: core::Value) -> wit_ledger::Value {
     match v {
         core::Value::Null => wit_ledger::Value::Null,
-        core::Value::Integer(i) => wit_ledger::Value::Integer(*i),
-        core::Value::Real(r) => wit_ledger::Value::Real(*r),
-        core::Value::Text(t) => wit_ledger::Value::Text(t.clone()),
-        core::Value::Blob(b) => wit_ledger::Value::Blob(b.clone()),
+        core::Value::Integer(i) => wit_ledger::Value::Integer(i),
+        core::Value::Real(r) => wit_ledger::Value::Real(r),
+        core::Value::Text(t) => wit_ledger::Value::Text(t),
+        core::Value::Blob(b) => wit_ledger::Value::Blob(b),
     }
 }
 
@@ -348,8 +352,9 @@ fn query_out(q: core::Query) -> wit_ledger::Query {
     }
 }
 
-fn statement_out(s: &core::Statement) -> wit_ledger::Statement {
-    wit_ledger::Statement { query: query_out(s.query), params: s.params.iter().map(value_out).collect() }
+/// Moves the statement's values (the exchange is done with its batch).
+fn statement_out(s: core::Statement) -> wit_ledger::Statement {
+    wit_ledger::Statement { query: query_out(s.query), params: s.params.into_iter().map(value_out).collect() }
 }
 
 fn response_out(r: core::Response) -> wit::Response {
@@ -397,14 +402,14 @@ fn action_out(a: core::Action) -> wit_exchange::Action {
     use wit_exchange::Action as A;
     match a {
         core::Action::ReadBody(r) => A::ReadBody(wit_exchange::ReadBody { cap: r.cap, prefix: r.prefix }),
-        core::Action::RunBatch(statements) => A::RunBatch(statements.iter().map(statement_out).collect()),
+        core::Action::RunBatch(statements) => A::RunBatch(statements.into_iter().map(statement_out).collect()),
         core::Action::Sleep(ms) => A::Sleep(ms),
         core::Action::RunHandler(run) => A::RunHandler(wit_exchange::HandlerRun {
             ticket: ticket_out(run.ticket),
             renew_every_ms: run.renew_every_ms,
             transaction: run.transaction,
         }),
-        core::Action::CompleteInTransaction(statements) => A::CompleteInTransaction(statements.iter().map(statement_out).collect()),
+        core::Action::CompleteInTransaction(statements) => A::CompleteInTransaction(statements.into_iter().map(statement_out).collect()),
         core::Action::Commit => A::Commit,
         core::Action::Rollback => A::Rollback,
         core::Action::PassThrough => A::PassThrough,

@@ -11,6 +11,13 @@ use crate::types::{BatchError, ProtocolError, Statement, StatementResult, SweepR
 /// Runs a batch of statements as one atomic unit, one result per statement.
 pub trait Ledger {
     fn execute_batch(&mut self, statements: &[Statement]) -> Result<Vec<StatementResult>, BatchError>;
+
+    /// [`Ledger::execute_batch`] of a batch the caller is done with (the
+    /// exchange's own, in [`drive`]): a ledger that copies the statements
+    /// anyway (across the component boundary) moves them instead.
+    fn execute_owned(&mut self, statements: Vec<Statement>) -> Result<Vec<StatementResult>, BatchError> {
+        self.execute_batch(&statements)
+    }
 }
 
 impl<F> Ledger for F
@@ -26,7 +33,7 @@ where
 /// `now`), returning the first action that is not a batch.
 pub fn drive(session: &Session, exchange: &mut Exchange, ledger: &mut impl Ledger, now: i64, mut action: Action) -> Action {
     while let Action::RunBatch(statements) = action {
-        let event = match ledger.execute_batch(&statements) {
+        let event = match ledger.execute_owned(statements) {
             Ok(results) => Event::BatchDone(results),
             Err(error) => Event::BatchFailed(error),
         };
@@ -38,13 +45,13 @@ pub fn drive(session: &Session, exchange: &mut Exchange, ledger: &mut impl Ledge
 impl Session {
     /// Creates the table and index if missing.
     pub fn migrate(&self, ledger: &mut impl Ledger) -> Result<(), ProtocolError> {
-        ledger.execute_batch(&self.migration()).map(|_| ()).map_err(|e| ProtocolError::Ledger(self.classify(&e)))
+        ledger.execute_owned(self.migration()).map(|_| ()).map_err(|e| ProtocolError::Ledger(self.classify(&e)))
     }
 
     /// One lease renewal through `ledger`.
     pub fn renew(&self, ledger: &mut impl Ledger, ticket: &crate::Ticket, now: i64) -> crate::Lease {
         match self.plan_renewal(ticket, now) {
-            Ok(statements) => match ledger.execute_batch(&statements) {
+            Ok(statements) => match ledger.execute_owned(statements) {
                 Ok(results) => self.renewed(ticket, Ok(&results)),
                 Err(error) => self.renewed(ticket, Err(&error)),
             },
@@ -57,8 +64,7 @@ impl Session {
 
     /// One bounded sweep batch through `ledger`.
     pub fn run_sweep(&self, ledger: &mut impl Ledger, now: i64) -> SweepReport {
-        let statements = self.plan_sweep(now);
-        match ledger.execute_batch(&statements) {
+        match ledger.execute_owned(self.plan_sweep(now)) {
             Ok(results) => self.swept(Ok(&results)),
             Err(error) => self.swept(Err(&error)),
         }
