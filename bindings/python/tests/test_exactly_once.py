@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from conftest import PG_URL, ManualClock, pg_schema_url
-from idempotency_ledger import HandlerTransaction, Ledger, MutationResponse, NothingChanged, RunHandler
+from idempotency_ledger import HandlerTransaction, Ledger, MutationResponse, NothingChanged, RunHandler, _native
 
 ORDERS_SQLITE = "CREATE TABLE IF NOT EXISTS orders (key TEXT NOT NULL, note TEXT)"
 ORDERS_PG = "CREATE TABLE IF NOT EXISTS orders (key TEXT NOT NULL, note TEXT)"
@@ -154,6 +154,27 @@ def test_a_transactional_handlers_write_commits_with_its_answer_once(kind: Kind)
         assert runs[0] is not None  # your connection, inside the transaction
     else:
         assert runs[0] is None  # the ledger's own: write with tx.execute
+
+
+def test_a_body_given_with_the_head_or_read_at_read_body_commits_once(kind: Kind) -> None:
+    """`handle` gives a small body with the head (the decision runs in start)
+    and hashes a larger one at ReadBody: both run the handler once and replay."""
+    ledger = kind.ledger()
+    runs: list[str] = []
+
+    def create_for(key: str) -> Callable[[HandlerTransaction], MutationResponse]:
+        def create(tx: HandlerTransaction) -> MutationResponse:
+            runs.append(key)
+            kind.write(tx, key)
+            return MutationResponse.json(201, {"order": key})
+        return create
+
+    small, large = b'{"sku":"A-1"}', b'{"pad":"' + b"x" * _native.BODY_AT_START_MAX_BYTES + b'"}'
+    for key, body in (("k-small", small), ("k-large", large)):
+        outcomes = [post(ledger, key, create_for(key), body).outcome for _ in range(2)]
+        assert outcomes == ["executed", "replayed"], key
+        assert post(ledger, key, create_for(key), body + b" ").outcome == "key-reused", key
+    assert runs == ["k-small", "k-large"] and sorted(kind.orders()) == ["k-large", "k-small"]
 
 
 def test_a_raising_or_unchanged_handler_leaves_no_write_and_its_key_runs_again(kind: Kind) -> None:

@@ -277,7 +277,8 @@ class Ledger:
         """`handle` as the exchange's loop in Python: for a transactional
         handler (called with its transaction), and while OpenTelemetry
         records (the handler runs inside the exchange's span)."""
-        with self.start(principal, method, path_and_query, headers, transactional=transactional) as exchange:
+        small = body if len(body) <= _native.BODY_AT_START_MAX_BYTES else None
+        with self.start(principal, method, path_and_query, headers, transactional=transactional, body=small) as exchange:
             action: Any = exchange.action
             produced: Any = None
             failure: Optional[BaseException] = None
