@@ -158,31 +158,41 @@ where
             let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
             let decoded: Vec<(&str, String)> = parts.headers.iter().map(|(n, v)| (n.as_str(), latin1(v.as_bytes()))).collect();
             let head = head(parts.method.as_str(), path, decoded.iter().map(|(n, v)| (*n, v.as_str())));
-            let (mut next, mut exchange) = if layer.transactional {
-                layer.ledger.start_transactional(principal.as_deref(), head)
-            } else {
-                layer.ledger.start(principal.as_deref(), head)
+            let mut body = Some(body);
+            let mut bytes = Bytes::new();
+            // A keyed request's body is read before the exchange starts and, when small, given with the head.
+            let cap = layer.ledger.config().request_body_cap_bytes;
+            let mut read = None;
+            if reads_first(&parts.headers, cap) {
+                read = Some(read_body(body.take().expect("the body is read once"), cap).await);
+            }
+            let (mut next, mut exchange) = match &read {
+                Some(Read::Whole(whole)) if whole.len() <= crate::BODY_AT_START_MAX_BYTES => {
+                    bytes = whole.clone();
+                    layer.ledger.start_with_body(principal.as_deref(), head, whole.to_vec(), layer.transactional).await
+                }
+                _ if layer.transactional => layer.ledger.start_transactional(principal.as_deref(), head),
+                _ => layer.ledger.start(principal.as_deref(), head),
             };
             if let Some(route) = &layer.route {
                 exchange.set_route(route.to_string());
             }
             let mut parts = Some(parts);
-            let mut body = Some(body);
-            let mut bytes = Bytes::new();
             let mut produced: Option<http::Response<Bytes>> = None;
             loop {
                 next = match next {
                     Next::ReadBody { cap } => {
-                        // Never past the core's cap: a chunked body has no Content-Length to refuse early.
-                        let cap = usize::try_from(cap).unwrap_or(usize::MAX);
-                        let limited = Limited::new(body.take().expect("the body is read once"), cap);
-                        match limited.collect().await {
-                            Ok(collected) => {
-                                bytes = collected.to_bytes();
+                        let read = match read.take() {
+                            Some(read) => read,
+                            None => read_body(body.take().expect("the body is read once"), cap).await,
+                        };
+                        match read {
+                            Read::Whole(whole) => {
+                                bytes = whole;
                                 exchange.feed(Feed::Body(&bytes)).await
                             }
-                            Err(error) if error.is::<LengthLimitError>() => exchange.feed(Feed::BodyTooLarge).await,
-                            Err(_) => exchange.feed(Feed::BodyUnreadable(wit::BodyProblem::Incomplete)).await,
+                            Read::TooLarge => exchange.feed(Feed::BodyTooLarge).await,
+                            Read::Broken => exchange.feed(Feed::BodyUnreadable(wit::BodyProblem::Incomplete)).await,
                         }
                     }
                     Next::PassThrough => {
@@ -240,6 +250,40 @@ where
             }
         })
     }
+}
+
+/// A request body as read: whole, stopped past the cap, or broken.
+enum Read {
+    Whole(Bytes),
+    TooLarge,
+    Broken,
+}
+
+/// Reads the body, never past `cap` (a chunked body has no Content-Length to
+/// refuse early).
+async fn read_body<B>(body: B, cap: u64) -> Read
+where
+    B: HttpBody,
+    B::Error: std::error::Error + Send + Sync + 'static,
+{
+    let limited = Limited::new(body, usize::try_from(cap).unwrap_or(usize::MAX));
+    match limited.collect().await {
+        Ok(collected) => Read::Whole(collected.to_bytes()),
+        Err(error) if error.is::<LengthLimitError>() => Read::TooLarge,
+        Err(_) => Read::Broken,
+    }
+}
+
+/// Whether the body is read before the exchange starts: the request carries
+/// a key (so the core never passes it through with its body consumed) and no
+/// Content-Length over the cap (which the core answers 413 unread).
+fn reads_first(headers: &http::HeaderMap, cap: u64) -> bool {
+    let keyed = headers.get_all("idempotency-key").iter().any(|value| !value.as_bytes().is_empty());
+    let within = headers
+        .get_all(http::header::CONTENT_LENGTH)
+        .iter()
+        .all(|value| value.to_str().ok().and_then(|n| n.trim().parse::<u64>().ok()).is_some_and(|n| n <= cap));
+    keyed && within
 }
 
 /// What the exchange is told the inner service answered, and the response

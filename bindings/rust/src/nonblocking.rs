@@ -195,7 +195,7 @@ impl AsyncLedger {
         F: FnOnce(&Request) -> Fut,
         Fut: Future<Output = Result<MutationResponse, E>>,
     {
-        let (next, exchange) = self.start(principal.into(), request.head());
+        let (next, exchange) = self.start_request(principal.into(), request, false).await;
         self.run(next, exchange, request, |request, _| handler(request)).await
     }
 
@@ -215,8 +215,16 @@ impl AsyncLedger {
         F: FnOnce(&Request, HandlerTransaction) -> Fut,
         Fut: Future<Output = Result<MutationResponse, E>>,
     {
-        let (next, exchange) = self.start_transactional(principal.into(), request.head());
+        let (next, exchange) = self.start_request(principal.into(), request, true).await;
         self.run(next, exchange, request, handler).await
+    }
+
+    /// A request's exchange, its body given with the head when it is small.
+    async fn start_request(&self, principal: Option<&str>, request: &Request, transactional: bool) -> (Next, AsyncExchange) {
+        match request.start_body() {
+            Some(body) => self.start_with_body(principal, request.head(), body, transactional).await,
+            None => self.start_with(principal, request.head(), transactional, None),
+        }
     }
 
     async fn run<E, F, Fut>(&self, mut next: Next, mut exchange: AsyncExchange, request: &Request, handler: F) -> Result<Handled, HandleError<E>>
@@ -319,7 +327,7 @@ impl AsyncLedger {
     /// what happened, until a final one. A sweep the core asks for is
     /// spawned by the exchange itself.
     pub fn start(&self, principal: Option<&str>, head: wit::RequestHead) -> (Next, AsyncExchange) {
-        self.start_with(principal, head, false)
+        self.start_with(principal, head, false, None)
     }
 
     /// [`AsyncLedger::start`] for a transactional handler (docs/SPEC.md
@@ -327,10 +335,52 @@ impl AsyncLedger {
     /// ([`AsyncExchange::transaction`]) for the handler's writes; the ledger
     /// commits or rolls it back as the exchange says.
     pub fn start_transactional(&self, principal: Option<&str>, head: wit::RequestHead) -> (Next, AsyncExchange) {
-        self.start_with(principal, head, true)
+        self.start_with(principal, head, true, None)
     }
 
-    fn start_with(&self, principal: Option<&str>, head: wit::RequestHead, transactional: bool) -> (Next, AsyncExchange) {
+    /// [`AsyncLedger::start`] (or, `transactional`, [`AsyncLedger::start_transactional`])
+    /// with the whole request body at hand: the exchange does not ask for it
+    /// (no `ReadBody`); its decision batch runs before this returns, so the
+    /// first `Next` may already be `RunHandler` or the answer. For bodies up
+    /// to [`crate::BODY_AT_START_MAX_BYTES`]; a larger one hashes faster at
+    /// `ReadBody`.
+    pub async fn start_with_body(&self, principal: Option<&str>, head: wit::RequestHead, body: Vec<u8>, transactional: bool) -> (Next, AsyncExchange) {
+        let (first, mut exchange) = self.begin(principal, head, transactional, Some(body));
+        match first {
+            Ok(action) => {
+                let next = exchange.perform_first(action).await;
+                (next, exchange)
+            }
+            Err(next) => (next, exchange),
+        }
+    }
+
+    fn start_with(&self, principal: Option<&str>, head: wit::RequestHead, transactional: bool, body: Option<Vec<u8>>) -> (Next, AsyncExchange) {
+        let (first, mut exchange) = self.begin(principal, head, transactional, body);
+        match first {
+            // Without the body, the first action is never a batch or a wait.
+            Ok(action) => {
+                let next = next_of(action, &mut exchange.prefix).unwrap_or_else(|_| self.inner.fault.next());
+                if next.is_final() {
+                    exchange.release();
+                }
+                exchange.report(&next);
+                (next, exchange)
+            }
+            Err(next) => (next, exchange),
+        }
+    }
+
+    /// `session.start`: the component's first action (`Err`: a final `Next`
+    /// already reported, for a method the core does not protect or a
+    /// component that could not be asked), and the exchange.
+    fn begin(
+        &self,
+        principal: Option<&str>,
+        head: wit::RequestHead,
+        transactional: bool,
+        body: Option<Vec<u8>>,
+    ) -> (Result<wit::Action, Next>, AsyncExchange) {
         let slot = self.inner.next_slot.fetch_add(1, Ordering::Relaxed) % self.inner.slots.len();
         let mut exchange = AsyncExchange {
             ledger: self.clone(),
@@ -348,7 +398,7 @@ impl AsyncLedger {
         };
         if !self.protects(&head.method) {
             exchange.report(&Next::PassThrough);
-            return (Next::PassThrough, exchange);
+            return (Err(Next::PassThrough), exchange);
         }
         let began = Instant::now();
         let start = wit::RequestStart {
@@ -357,26 +407,20 @@ impl AsyncLedger {
             now: self.now_ms(),
             mode: wit::IoMode::Stepped,
             transactional,
-            body: None,
+            body,
         };
         let started = self.with_slot_epoch(slot, |instance| instance.start(&start));
+        exchange.telemetry.add(began.elapsed());
         match started {
             Ok((started, epoch)) => {
                 exchange.epoch = epoch;
                 exchange.resource = started.exchange;
-                // The first action is never a batch or a wait.
-                let next = next_of(started.action, &mut exchange.prefix).unwrap_or_else(|_| self.inner.fault.next());
-                if next.is_final() {
-                    exchange.release();
-                }
-                exchange.telemetry.add(began.elapsed());
-                exchange.report(&next);
-                (next, exchange)
+                (Ok(started.action), exchange)
             }
             Err(_) => {
                 let next = self.inner.fault.next();
                 exchange.report(&next);
-                (next, exchange)
+                (Err(next), exchange)
             }
         }
     }
@@ -579,18 +623,43 @@ impl AsyncExchange {
         next
     }
 
-    async fn step_in_ledger(&mut self, mut event: wit::Event) -> Next {
+    /// Performs an action the component already answered (the first one of
+    /// an exchange started with its body), as `step` performs the actions
+    /// its events lead to.
+    async fn perform_first(&mut self, action: wit::Action) -> Next {
+        let began = Instant::now();
+        self.slept = Duration::ZERO;
+        let next = self.run_ledger(Some(action), wit::Event::Slept).await;
+        self.telemetry.add(began.elapsed().saturating_sub(self.slept));
+        self.report(&next);
+        next
+    }
+
+    async fn step_in_ledger(&mut self, event: wit::Event) -> Next {
+        self.run_ledger(None, event).await
+    }
+
+    /// Steps the component with `event` (or takes `pending`, an action it
+    /// already answered) and performs the ledger's own actions (batches,
+    /// waits, the handler's transaction), stepping it with each result,
+    /// until an action for the adapter.
+    async fn run_ledger(&mut self, mut pending: Option<wit::Action>, mut event: wit::Event) -> Next {
         let inner = self.ledger.inner.clone();
         loop {
-            let Some(resource) = self.resource else { return inner.fault.next() };
-            let now = self.ledger.now_ms();
-            let stepped = self.ledger.with_slot_epoch(self.slot, |instance| instance.step(resource, now, &event));
-            let action = match stepped {
-                Ok((action, epoch)) if epoch == self.epoch => action,
-                // The instance was rebuilt after a trap: this exchange is gone.
-                _ => {
-                    self.resource = None;
-                    return inner.fault.next();
+            let action = match pending.take() {
+                Some(action) => action,
+                None => {
+                    let Some(resource) = self.resource else { return inner.fault.next() };
+                    let now = self.ledger.now_ms();
+                    let stepped = self.ledger.with_slot_epoch(self.slot, |instance| instance.step(resource, now, &event));
+                    match stepped {
+                        Ok((action, epoch)) if epoch == self.epoch => action,
+                        // The instance was rebuilt after a trap: this exchange is gone.
+                        _ => {
+                            self.resource = None;
+                            return inner.fault.next();
+                        }
+                    }
                 }
             };
             event = match next_of(action, &mut self.prefix) {
