@@ -2,16 +2,18 @@
 
     app.add_middleware(IdempotencyMiddleware, ledger=ledger, principal=lambda scope: ..., include=["/orders"])
 
-A loop over the core's exchange: it reads the body when the exchange asks
-(at most its cap: a chunked body never sits in memory past it; what is left
+A loop over the core's exchange: it reads the body (at most its cap) before
+the exchange starts when the request carries an Idempotency-Key and no
+Content-Length over the cap, and gives a small one with the head, else when
+the exchange asks (a chunked body never sits in memory past the cap; what is left
 of a refused one is discarded, for at most LINGER_SECONDS, before the answer
 that closes the connection, so the client is not reset before it reads
 it), runs the app
 when it asks, and sends what it answers: the core's response, or the app's
 own response exactly as the app made it. Requests whose method the core does
 not protect, and routes outside `include` / inside `exclude`, go straight to
-the app. The ledger calls run in a worker thread (they wait on the database):
-the event loop never blocks on them.
+the app. The ledger calls run on the event loop for a `Ledger(path)` file
+(microseconds each), in a worker thread otherwise (`inline`, below).
 
 FastAPI's request validation errors (`RequestValidationError`, its 422) are
 the framework refusing the request before the endpoint ran: the middleware
