@@ -1069,6 +1069,17 @@ fn sweep_due(ticket: &core::Ticket) -> bool {
     hash % u64::from(SWEEP_EVERY) == 0
 }
 
+/// SPEC 1.6: a body over the cap is a 413 that closes the connection, and
+/// reserves nothing.
+fn expect_body_too_large(action: &Action, what: &str) -> Result<(), String> {
+    let reply = expect_respond(action, what)?;
+    let response = core_response(&reply, what)?;
+    if response.status != 413 || !reply.close || reply.outcome != Outcome::BodyTooLarge {
+        return Err(format!("{what}: must be a 413 that closes, got {reply:?}"));
+    }
+    Ok(())
+}
+
 fn expect_respond(action: &Action, what: &str) -> Result<core::Reply, String> {
     match action {
         Action::Respond(reply) => Ok(reply.clone()),
@@ -1245,18 +1256,16 @@ impl Sim<'_> {
             return Ok(());
         }
         if at_start && body.len() as u64 > REQUEST_CAP {
-            // SPEC 1.6: 413, the connection closed, no exchange.
-            let reply = expect_respond(&action, &what)?;
-            let response = core_response(&reply, &what)?;
-            if exchange.is_some() || response.status != 413 || !reply.close || reply.outcome != Outcome::BodyTooLarge {
-                return Err(format!("{what}: a body over the cap given at start must be a 413 that closes, got {action:?}"));
+            if exchange.is_some() {
+                return Err(format!("{what}: a body over the cap given at start left an exchange: {action:?}"));
             }
+            expect_body_too_large(&action, &what)?;
             self.report.rejected_at_start += 1;
             self.log(format!("w{w} f{id} body over the cap, given at start: 413"));
             return Ok(());
         }
+        let fingerprint = idempotency_ledger::sha256_hex(PREFIX.as_bytes(), &body);
         let expected = if at_start {
-            let fingerprint = idempotency_ledger::sha256_hex(PREFIX.as_bytes(), &body);
             Action::RunBatch(decision_statements(principal, key, &fingerprint, self.now))
         } else {
             Action::ReadBody(core::ReadBody { cap: REQUEST_CAP, prefix: PREFIX.into() })
@@ -1264,7 +1273,6 @@ impl Sim<'_> {
         let Some(exchange) = exchange.filter(|_| action == expected) else {
             return Err(format!("{what}: expected {expected:?} with an exchange, got {action:?}"));
         };
-        let fingerprint = idempotency_ledger::sha256_hex(PREFIX.as_bytes(), &body);
         self.log(format!(
             "w{w} f{id} {principal}/{key} qty {variant} starts (fp {}){}{}",
             &fingerprint[..8],
@@ -1313,12 +1321,7 @@ impl Sim<'_> {
                 f.since = self.now;
                 let action = self.engine.step(f.exchange, self.now, &event)?;
                 if over {
-                    // SPEC 1.6: 413, the connection closed, nothing reserved.
-                    let reply = expect_respond(&action, "a body over the cap")?;
-                    let response = core_response(&reply, "a body over the cap")?;
-                    if response.status != 413 || !reply.close || reply.outcome != Outcome::BodyTooLarge {
-                        return Err(format!("f{}: a body over the cap must be a 413 that closes, got {reply:?}", f.id));
-                    }
+                    expect_body_too_large(&action, &format!("f{}: a body over the cap", f.id))?;
                     self.report.rejected_at_start += 1;
                     self.log(format!("w{w} f{} body over the cap: 413", f.id));
                     return self.end(w, f);

@@ -166,10 +166,12 @@ where
             if reads_first(&parts.headers, cap) {
                 read = Some(read_body(body.take().expect("the body is read once"), cap).await);
             }
+            if let Some(Read::Whole(whole)) = &read {
+                bytes = whole.clone();
+            }
             let (mut next, mut exchange) = match &read {
-                Some(Read::Whole(whole)) if whole.len() <= crate::BODY_AT_START_MAX_BYTES => {
-                    bytes = whole.clone();
-                    layer.ledger.start_with_body(principal.as_deref(), head, whole.to_vec(), layer.transactional).await
+                Some(Read::Whole(_)) if bytes.len() <= crate::BODY_AT_START_MAX_BYTES => {
+                    layer.ledger.start_with_body(principal.as_deref(), head, bytes.to_vec(), layer.transactional).await
                 }
                 _ if layer.transactional => layer.ledger.start_transactional(principal.as_deref(), head),
                 _ => layer.ledger.start(principal.as_deref(), head),

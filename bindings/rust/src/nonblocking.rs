@@ -540,6 +540,13 @@ impl AsyncLedger {
     }
 }
 
+/// Where an exchange's step loop resumes: an event to step the component
+/// with, or an action the component already answered.
+enum Resume {
+    Event(wit::Event),
+    Action(wit::Action),
+}
+
 impl AsyncExchange {
     /// The ticket the handler runs (or ran) under.
     pub fn ticket(&self) -> Option<&Ticket> {
@@ -615,40 +622,37 @@ impl AsyncExchange {
     }
 
     async fn step(&mut self, event: wit::Event) -> Next {
-        let began = Instant::now();
-        self.slept = Duration::ZERO;
-        let next = self.step_in_ledger(event).await;
-        self.telemetry.add(began.elapsed().saturating_sub(self.slept));
-        self.report(&next);
-        next
+        self.timed(Resume::Event(event)).await
     }
 
     /// Performs an action the component already answered (the first one of
     /// an exchange started with its body), as `step` performs the actions
     /// its events lead to.
     async fn perform_first(&mut self, action: wit::Action) -> Next {
+        self.timed(Resume::Action(action)).await
+    }
+
+    /// `run_ledger`, its time in the ledger (not its waits) recorded and its
+    /// final outcome reported.
+    async fn timed(&mut self, from: Resume) -> Next {
         let began = Instant::now();
         self.slept = Duration::ZERO;
-        let next = self.run_ledger(Some(action), wit::Event::Slept).await;
+        let next = self.run_ledger(from).await;
         self.telemetry.add(began.elapsed().saturating_sub(self.slept));
         self.report(&next);
         next
     }
 
-    async fn step_in_ledger(&mut self, event: wit::Event) -> Next {
-        self.run_ledger(None, event).await
-    }
-
-    /// Steps the component with `event` (or takes `pending`, an action it
-    /// already answered) and performs the ledger's own actions (batches,
-    /// waits, the handler's transaction), stepping it with each result,
-    /// until an action for the adapter.
-    async fn run_ledger(&mut self, mut pending: Option<wit::Action>, mut event: wit::Event) -> Next {
+    /// Steps the component with an event (or takes an action it already
+    /// answered) and performs the ledger's own actions (batches, waits, the
+    /// handler's transaction), stepping it with each result, until an action
+    /// for the adapter.
+    async fn run_ledger(&mut self, mut from: Resume) -> Next {
         let inner = self.ledger.inner.clone();
         loop {
-            let action = match pending.take() {
-                Some(action) => action,
-                None => {
+            let action = match from {
+                Resume::Action(action) => action,
+                Resume::Event(event) => {
                     let Some(resource) = self.resource else { return inner.fault.next() };
                     let now = self.ledger.now_ms();
                     let stepped = self.ledger.with_slot_epoch(self.slot, |instance| instance.step(resource, now, &event));
@@ -662,7 +666,7 @@ impl AsyncExchange {
                     }
                 }
             };
-            event = match next_of(action, &mut self.prefix) {
+            let event = match next_of(action, &mut self.prefix) {
                 Ok(next) => {
                     if next.is_final() {
                         self.release();
@@ -697,7 +701,7 @@ impl AsyncExchange {
                             }
                             // It never runs: the core releases the key and answers as the ledger failed.
                             Err(error) => {
-                                event = wit::Event::BatchFailed(error);
+                                from = Resume::Event(wit::Event::BatchFailed(error));
                                 continue;
                             }
                         }
@@ -732,6 +736,7 @@ impl AsyncExchange {
                 }
                 Err(_) => return inner.fault.next(),
             };
+            from = Resume::Event(event);
         }
     }
 

@@ -20,7 +20,7 @@ use crate::machine::Session;
 use crate::responses;
 use crate::types::{
     AbandonReason, Admission, Answer, BatchError, CompletionAction, CompletionOutcome, Decision, LedgerError, LogEvent,
-    LogLine, MutationResponse, Outcome, ProtocolError, Rejection, RejectionReason, RequestHead, Response, RollbackCause,
+    LogLine, MutationResponse, Outcome, ProtectedRequest, ProtocolError, Rejection, RejectionReason, RequestHead, Response, RollbackCause,
     Statement, StatementResult, Ticket,
 };
 
@@ -230,25 +230,15 @@ impl Session {
     /// a 500 for a principal the core refuses), or `read-body` and the
     /// exchange to feed next.
     pub fn start(&self, head: &RequestHead, principal: Option<&str>, transactional: bool) -> (Action, Option<Exchange>) {
-        match self.admit(head, principal) {
-            Ok(Admission::PassThrough) => (Action::PassThrough, None),
-            Ok(Admission::Reject(rejection)) => (rejected(rejection), None),
-            Ok(Admission::Protected(protected)) => {
+        match self.admitted(head, principal) {
+            Ok(protected) => {
                 let action = Action::ReadBody(ReadBody {
                     cap: self.config().request_body_cap_bytes,
                     prefix: protected.fingerprint_prefix.clone(),
                 });
-                let state = State::ReadingBody {
-                    principal: principal.unwrap_or_default().into(),
-                    key: protected.key,
-                    prefix: protected.fingerprint_prefix,
-                };
-                (action, Some(Exchange { state, transactional }))
+                (action, Some(Exchange::reading_body(principal, protected, transactional)))
             }
-            Err(error) => {
-                let log = vec![self.log_line(&LogEvent::PrincipalInvalid { error: error.clone() })];
-                (respond(Answer::Core(self.error_response(&error)), log, Outcome::PrincipalInvalid), None)
-            }
+            Err(answered) => (answered, None),
         }
     }
 
@@ -264,18 +254,44 @@ impl Session {
         now: i64,
         body: Vec<u8>,
     ) -> (Action, Option<Exchange>) {
-        match self.start(head, principal, transactional) {
-            (Action::ReadBody(_), Some(mut exchange)) => {
+        match self.admitted(head, principal) {
+            Ok(protected) => {
+                let mut exchange = Exchange::reading_body(principal, protected, transactional);
                 let action = exchange.step(self, now, Event::Body(body));
                 let exchange = (!action.is_final()).then_some(exchange);
                 (action, exchange)
             }
-            started => started,
+            Err(answered) => (answered, None),
+        }
+    }
+
+    /// Admission: a protected request (its key and fingerprint prefix), or
+    /// the final action (pass-through, 401, 400, 413, the 500 for a
+    /// principal the core refuses).
+    fn admitted(&self, head: &RequestHead, principal: Option<&str>) -> Result<ProtectedRequest, Action> {
+        match self.admit(head, principal) {
+            Ok(Admission::PassThrough) => Err(Action::PassThrough),
+            Ok(Admission::Reject(rejection)) => Err(rejected(rejection)),
+            Ok(Admission::Protected(protected)) => Ok(protected),
+            Err(error) => {
+                let log = vec![self.log_line(&LogEvent::PrincipalInvalid { error: error.clone() })];
+                Err(respond(Answer::Core(self.error_response(&error)), log, Outcome::PrincipalInvalid))
+            }
         }
     }
 }
 
 impl Exchange {
+    /// A protected request's exchange, waiting for its body.
+    fn reading_body(principal: Option<&str>, protected: ProtectedRequest, transactional: bool) -> Exchange {
+        let state = State::ReadingBody {
+            principal: principal.unwrap_or_default().into(),
+            key: protected.key,
+            prefix: protected.fingerprint_prefix,
+        };
+        Exchange { state, transactional }
+    }
+
     /// Feeds `event`, which happened at `now`, and returns the next action.
     /// Every transition of a request is here.
     pub fn step(&mut self, session: &Session, now: i64, event: Event) -> Action {

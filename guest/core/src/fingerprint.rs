@@ -40,7 +40,7 @@ pub fn digest(prefix: &str, body: &[u8]) -> String {
     // component costs about as much as hashing a small body.
     let mut digits = [0u8; 64];
     hex::encode_to_slice(hasher.finalize(), &mut digits).expect("32 bytes are 64 hex digits");
-    digits.iter().map(|&d| char::from(d)).collect()
+    String::from_utf8(digits.to_vec()).expect("hex digits are ASCII")
 }
 
 /// The full fingerprint of a request.
