@@ -134,7 +134,7 @@ def test_a_request_without_a_key_is_answered_without_reading_its_body(tmp_path: 
     assert ledger.started == [None] and app.bodies == []
 
 
-@pytest.mark.parametrize("length", [b"abc", b"-1", b""])
+@pytest.mark.parametrize("length", [b"abc", b"-1", b"", "²".encode("latin-1"), "١٢".encode("utf-8")])
 def test_an_unreadable_content_length_leaves_the_body_to_read_body(tmp_path: Path, length: bytes) -> None:
     mw, ledger, app = middleware(tmp_path)
     status, _, _, _ = call(mw, [b"{}"], keyed("k5") + [(b"content-length", length)])

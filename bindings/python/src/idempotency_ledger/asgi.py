@@ -142,7 +142,7 @@ def _reads_first(headers: list[tuple[str, str]], cap: int) -> bool:
         lowered = name.lower()
         if lowered == "idempotency-key" and value:
             keyed = True
-        elif lowered == "content-length" and not (value.strip().isdigit() and int(value) <= cap):
+        elif lowered == "content-length" and not (value.strip().isascii() and value.strip().isdigit() and int(value) <= cap):
             return False
     return keyed
 
