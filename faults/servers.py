@@ -63,6 +63,39 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def listens(pid: int, port: int) -> bool:
+    """Whether process `pid` holds the socket listening on `port` (Linux:
+    /proc/net/tcp{,6} and the process's descriptors). Where /proc cannot be
+    read, any listener counts as the process's."""
+    inodes = set()
+    readable = False
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        readable = True
+        for line in lines:
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                inodes.add(fields[9])
+    if not readable:
+        return True
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:[") and link[len("socket:["):-1] in inodes:
+            return True
+    return False
+
+
 class StartError(RuntimeError):
     def __init__(self, message: str, returncode: Optional[int]) -> None:
         super().__init__(message)
@@ -96,6 +129,23 @@ class Server:
         return f"127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 60.0) -> "Server":
+        """Starts the server and waits until it answers on its port. Its first
+        start takes another free port when something else took this one
+        between `free_port` and the server's bind (a restart keeps its port)."""
+        first = self.starts == 0
+        for attempt in range(3):
+            try:
+                return self._start(timeout)
+            except StartError as error:
+                message = str(error).lower()
+                taken = "address already in use" in message or "eaddrinuse" in message
+                if not (taken and first) or attempt == 2:
+                    raise
+                self.starts -= 1  # that process never served
+                self.port = free_port()
+        raise AssertionError("unreachable")
+
+    def _start(self, timeout: float) -> "Server":
         env = {**os.environ, "PORT": str(self.port), "DATABASE_URL": self.database, **self.env}
         env.pop("IDEMPOTENCY_PG_URL", None)
         argv = list(self.host.argv)
@@ -117,7 +167,8 @@ class Server:
                 raise StartError(f"{self.host.name} server exited with {self.proc.returncode} at start:\n{self.log_tail()}", self.proc.returncode)
             try:
                 status, _ = get_count_raw(self.port, timeout=0.5)
-                if status == 200:
+                # Another process on the port (it was taken meanwhile) is not this server.
+                if status == 200 and listens(self.proc.pid, self.port):
                     break
             except OSError:
                 pass
