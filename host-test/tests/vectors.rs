@@ -855,10 +855,18 @@ fn request_start(v: &Vector<'_>, mode: wit::IoMode) -> wit::RequestStart {
 }
 
 /// The vector's ledger over `backend`, and its exchange started in `mode`.
+/// A driven exchange starts with only the headers the session names
+/// (`session.request-headers`, what the hosts pass), a stepped one with all
+/// of them: every vector's answers hold for both.
 fn start_exchange(v: &Vector<'_>, backend: impl SqlBackend + 'static, mode: wit::IoMode) -> Result<(Ledger, wit::Started), String> {
     let mut ledger = Ledger::new(runtime(), backend, v.settings.clone(), ManualClock::new(v.now))
         .map_err(|e| format!("{}: the ledger: {e}", v.id))?;
-    let started = start(&mut ledger, &request_start(v, mode));
+    let mut request = request_start(v, mode);
+    if matches!(mode, wit::IoMode::Driven) {
+        let read = call(&mut ledger, |core, store, session| core.idempotency_ledger_session().session().call_request_headers(store, session));
+        request.head.headers.retain(|h| read.iter().any(|name| h.name.eq_ignore_ascii_case(name)));
+    }
+    let started = start(&mut ledger, &request);
     Ok((ledger, started))
 }
 

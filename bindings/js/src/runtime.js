@@ -195,6 +195,8 @@ export class Session {
     this.#config = null; // read on first use (defaultOptions): not on a Worker's first request
     /** The protected methods, upper-cased (a request with another method passes through without an exchange). */
     this.protectedMethods = new Set(this.call((s) => s.protectedMethods()));
+    /** The request headers an exchange reads, lower-cased: `start` copies no other into the component (the same answers). */
+    this.requestHeaders = new Set(this.call((s) => s.requestHeaders()));
     /** The reply for a request whose exchange the component could not finish (it trapped). */
     this.faultReply = this.call((s) => s.fault());
     this.dialect = config.dialect;
@@ -241,6 +243,9 @@ export class Session {
    * mode call this inside `drive`, as the decision batch runs in it).
    */
   start(head, principal, now, mode = "stepped", transactional = false, body = undefined) {
+    const read = this.requestHeaders;
+    const headers = head.headers.filter((h) => read.has(String(h.name).toLowerCase()));
+    if (headers.length !== head.headers.length) head = { method: head.method, pathAndQuery: head.pathAndQuery, headers };
     const request = { head, principal: principal === null || principal === undefined ? undefined : String(principal), now: BigInt(now), mode, transactional: transactional === true, body };
     let epoch;
     const started = this.call((s) => {

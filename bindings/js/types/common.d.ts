@@ -332,6 +332,8 @@ export declare class Exchange {
 export declare class Session {
   readonly config: Config;
   readonly protectedMethods: Set<string>;
+  /** The request headers an exchange reads, lower-cased: `start` copies no other into the component. */
+  readonly requestHeaders: Set<string>;
   readonly faultReply: Reply;
   readonly sql: Record<Statement["query"], string>;
   protects(method: string): boolean;

@@ -34,6 +34,8 @@ pub struct NativeLedger {
     source: Source,
     settings: Settings,
     config: wit::Config,
+    /// Lower-cased: the request headers an exchange reads.
+    request_headers: Vec<String>,
     clock: NativeClock,
     state: Mutex<State>,
 }
@@ -49,12 +51,17 @@ impl NativeLedger {
         // them, no database access); then the pool, which opens nothing yet
         // (a PostgreSQL URL is parsed).
         let dialect = source.dialect();
-        let config = py.detach(|| Runtime::shared()?.resolve(&settings, dialect)).map_err(|e| error_object(py, &e))?;
+        let (config, request_headers) = py
+            .detach(|| {
+                let runtime = Runtime::shared()?;
+                Ok::<_, Error>((runtime.resolve(&settings, dialect)?, runtime.request_headers(&settings, dialect)?))
+            })
+            .map_err(|e| error_object(py, &e))?;
         let pool = py.detach(|| source.pool(settings.clone(), clock.clone())).map_err(|e| match e {
             Error::Setup(message) => PyValueError::new_err(message),
             other => error_object(py, &other),
         })?;
-        Ok(NativeLedger { source, settings, config, clock, state: Mutex::new(State { pid: std::process::id(), pool: Some(Arc::new(pool)), closed: false }) })
+        Ok(NativeLedger { source, settings, config, request_headers, clock, state: Mutex::new(State { pid: std::process::id(), pool: Some(Arc::new(pool)), closed: false }) })
     }
 
     /// This process's pool (built again, on first use, in a forked child;
@@ -213,6 +220,14 @@ impl NativeLedger {
     /// protected methods); others pass through without an exchange.
     fn protects(&self, method: &str) -> bool {
         self.config.protected_methods.iter().any(|m| m.eq_ignore_ascii_case(method))
+    }
+
+    /// The request headers an exchange reads (the core's
+    /// `request-headers`, lower-cased): an adapter need not convert the
+    /// others, which never reach the component.
+    #[getter]
+    fn request_headers(&self) -> Vec<String> {
+        self.request_headers.clone()
     }
 
     fn now_ms(&self, py: Python<'_>) -> i64 {

@@ -389,7 +389,7 @@ impl Ledger {
             transactional,
             body,
         };
-        let started = match self.with_instance(|instance| instance.start(&start)) {
+        let started = match self.with_instance(|instance| instance.start(start)) {
             Ok(started) => started,
             Err(_) => return self.fault.next(),
         };

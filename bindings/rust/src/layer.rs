@@ -30,7 +30,7 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::convert::{head, latin1};
+use crate::convert::latin1;
 use crate::nonblocking::{AsyncLedger, BoxFuture};
 use crate::{wit, Answer, Feed, Next, Outcome, Response};
 
@@ -156,8 +156,17 @@ where
         Box::pin(async move {
             let principal = (layer.principal)(&parts);
             let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-            let decoded: Vec<(&str, String)> = parts.headers.iter().map(|(n, v)| (n.as_str(), latin1(v.as_bytes()))).collect();
-            let head = head(parts.method.as_str(), path, decoded.iter().map(|(n, v)| (*n, v.as_str())));
+            // Only the headers the exchange reads are converted (the others never reach it).
+            let head = wit::RequestHead {
+                method: parts.method.as_str().to_string(),
+                path_and_query: path.to_string(),
+                headers: parts
+                    .headers
+                    .iter()
+                    .filter(|(name, _)| layer.ledger.reads_header(name.as_str()))
+                    .map(|(name, value)| wit::Header { name: name.as_str().to_string(), value: latin1(value.as_bytes()) })
+                    .collect(),
+            };
             let mut body = Some(body);
             let mut bytes = Bytes::new();
             // A keyed request's body is read before the exchange starts and, when small, given with the head.

@@ -58,6 +58,8 @@ struct Inner {
     queries: Arc<Queries>,
     config: Config,
     protected_methods: Vec<String>,
+    /// Lower-cased: the request headers an exchange reads.
+    request_headers: Vec<String>,
     fault: Fault,
     clock: Arc<dyn Clock>,
     /// Key and principal in clear on spans (see [`AsyncLedger::record_keys`]).
@@ -138,6 +140,7 @@ impl AsyncLedger {
         let count = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(2, 16);
         let mut slots = Vec::with_capacity(count);
         let (config, protected_methods, fault) = (first.config.clone(), first.protected_methods.clone(), first.fault.clone());
+        let request_headers = first.request_headers.clone();
         slots.push(Mutex::new(Slot { instance: Some(first), epoch: 0 }));
         for _ in 1..count {
             slots.push(Mutex::new(Slot { instance: None, epoch: 0 }));
@@ -153,6 +156,7 @@ impl AsyncLedger {
                 backend: Arc::new(backend),
                 config,
                 protected_methods,
+                request_headers,
                 fault,
                 clock: Arc::new(clock),
                 record_keys: std::sync::atomic::AtomicBool::new(false),
@@ -175,6 +179,12 @@ impl AsyncLedger {
     /// True when requests with this method go through the ledger.
     pub fn protects(&self, method: &str) -> bool {
         self.inner.protected_methods.iter().any(|m| m.eq_ignore_ascii_case(method))
+    }
+
+    /// True when an exchange reads request headers of this name (the
+    /// others never reach it: a host need not convert them).
+    pub(crate) fn reads_header(&self, name: &str) -> bool {
+        self.inner.request_headers.iter().any(|n| n.eq_ignore_ascii_case(name))
     }
 
     /// Creates the table and index if missing.
@@ -409,7 +419,7 @@ impl AsyncLedger {
             transactional,
             body,
         };
-        let started = self.with_slot_epoch(slot, |instance| instance.start(&start));
+        let started = self.with_slot_epoch(slot, |instance| instance.start(start));
         exchange.telemetry.add(began.elapsed());
         match started {
             Ok((started, epoch)) => {

@@ -166,6 +166,14 @@ impl Runtime {
         Ok(instance.config)
     }
 
+    /// The request headers an exchange reads under these settings
+    /// (`session.request-headers`, lower-cased): a host need not convert
+    /// the others, which never reach the component.
+    pub fn request_headers(&self, settings: &Settings, dialect: Dialect) -> Result<Vec<String>, Error> {
+        let instance = self.instantiate(settings, dialect, Box::new(NoBackend))?;
+        Ok(instance.request_headers)
+    }
+
     /// The fingerprint an exchange computes for `request` under the default
     /// settings: the SHA-256 of the core's prefix (from its `read-body`) and
     /// the body. Any method: the exchange is started on a session that
@@ -179,7 +187,7 @@ impl Runtime {
             head.headers.push(wit::Header { name: "Idempotency-Key".into(), value: "fingerprint".into() });
         }
         let start = wit::RequestStart { head, principal: Some("fingerprint".into()), now: 0, mode: wit::IoMode::Stepped, transactional: false, body: None };
-        match instance.start(&start)?.action {
+        match instance.start(start)?.action {
             wit::Action::ReadBody(read) => Ok(crate::sha256_hex(read.prefix.as_bytes(), &request.body)),
             other => Err(Error::Setup(format!("the request cannot be fingerprinted: the core answered {other:?}"))),
         }
@@ -201,7 +209,8 @@ impl Runtime {
         let session = methods.call_open(&mut store, &config).map_err(Error::Trap)?.map_err(Error::Protocol)?;
         let fault = Fault::new(methods.call_fault(&mut store, session).map_err(Error::Trap)?)?;
         let protected_methods = methods.call_protected_methods(&mut store, session).map_err(Error::Trap)?;
-        Ok(Instance { store, core, session, config, fault, protected_methods })
+        let request_headers = methods.call_request_headers(&mut store, session).map_err(Error::Trap)?;
+        Ok(Instance { store, core, session, config, fault, protected_methods, request_headers })
     }
 }
 
@@ -234,14 +243,21 @@ pub(crate) struct Instance {
     pub(crate) fault: Fault,
     /// Upper-cased: other methods pass through without an exchange.
     pub(crate) protected_methods: Vec<String>,
+    /// Lower-cased: the request headers an exchange reads; no other is
+    /// copied into the component.
+    pub(crate) request_headers: Vec<String>,
 }
 
 impl Instance {
 
-    /// `session.start`: the first action and, unless it is final, the exchange.
-    pub(crate) fn start(&mut self, start: &wit::RequestStart) -> Result<wit::Started, Error> {
+    /// `session.start`: the first action and, unless it is final, the
+    /// exchange. Only the headers the exchange reads cross into the
+    /// component (`session.request-headers`: the same answers).
+    pub(crate) fn start(&mut self, mut start: wit::RequestStart) -> Result<wit::Started, Error> {
+        let read = &self.request_headers;
+        start.head.headers.retain(|header| read.iter().any(|name| header.name.eq_ignore_ascii_case(name)));
         let methods = self.core.idempotency_ledger_session().session();
-        methods.call_start(&mut self.store, self.session, start).map_err(Error::Trap)
+        methods.call_start(&mut self.store, self.session, &start).map_err(Error::Trap)
     }
 
     /// `exchange.step`: the next action. A trap means the caller must discard

@@ -708,6 +708,14 @@ mod tests {
         head("POST", &[("Idempotency-Key", "k-1"), ("Content-Type", "application/json")])
     }
 
+    #[test]
+    fn the_policy_names_each_request_header_admission_and_the_fingerprint_read_once() {
+        let names = |config: Config| session(config).policy().request_headers.clone();
+        assert_eq!(names(Config::default()), ["idempotency-key", "content-length", "content-type", "x-api-version"]);
+        let config = Config { fingerprint_headers: vec!["Content-Type".into(), "content-type".into(), "IDEMPOTENCY-KEY".into(), "X-Tenant".into()], ..Config::default() };
+        assert_eq!(names(config), ["idempotency-key", "content-length", "content-type", "x-tenant"]);
+    }
+
     fn started(s: &Session, head: &RequestHead) -> (ReadBody, Exchange) {
         match s.start(head, Some("acct"), false) {
             (Action::ReadBody(read), Some(exchange)) => (read, exchange),

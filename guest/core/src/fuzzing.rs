@@ -88,6 +88,14 @@ impl<'a> Bytes<'a> {
 
 const NAMES: [&str; 6] = ["content-type", "Content-Type", "x-api-version", "idempotency-key", "location", "x-other"];
 
+/// `head` with only the headers `policy().request_headers` names (what a
+/// host may pass instead of all of them).
+fn read_headers_only(session: &Session, head: &RequestHead) -> RequestHead {
+    let names = &session.policy().request_headers;
+    let headers = head.headers.iter().filter(|h| names.iter().any(|n| h.name.eq_ignore_ascii_case(n))).cloned().collect();
+    RequestHead { method: head.method.clone(), path_and_query: head.path_and_query.clone(), headers }
+}
+
 /// SPEC 1 and 4: admission and fingerprints of arbitrary request heads.
 pub fn request_head(data: &[u8]) {
     let mut b = Bytes::new(data);
@@ -112,7 +120,9 @@ pub fn request_head(data: &[u8]) {
     assert_eq!(digest, fingerprint::digest(&prefix, body));
     let session = session(config.clone());
     let protected = session.policy().protected_methods.iter().any(|m| m == &method.to_ascii_uppercase());
-    match session.admit(&head, principal.as_deref()) {
+    let admitted = session.admit(&head, principal.as_deref());
+    assert_eq!(session.admit(&read_headers_only(&session, &head), principal.as_deref()), admitted, "a head of only the headers the policy names");
+    match admitted {
         Err(ProtocolError::InvalidArgument(_)) => {
             let p = principal.unwrap_or_default();
             assert!(p.len() > machine_principal_cap() || p.contains('\0'));
@@ -220,6 +230,7 @@ pub fn admission_policy(data: &[u8]) {
     let head = RequestHead { method: method.into(), path_and_query: "/orders".into(), headers: headers.clone() };
     let session = session(config.clone());
     let got = session.admit(&head, principal.as_deref());
+    assert_eq!(session.admit(&read_headers_only(&session, &head), principal.as_deref()), got, "a head of only the headers the policy names");
 
     // The model (SPEC 1.1-1.7, in order).
     let ws = |c: char| matches!(c, ' ' | '\t' | '\r' | '\n');

@@ -27,6 +27,8 @@ pub fn normalize_value(value: &str) -> &str {
     value.trim_matches(is_http_whitespace)
 }
 
+pub const CONTENT_LENGTH: &str = "content-length";
+
 /// `Headers.get(name)`: every value of `name` (ASCII case-insensitive),
 /// normalised, in arrival order, joined by ", "; `None` when absent.
 pub fn get_combined(headers: &[Header], name: &str) -> Option<String> {
@@ -181,7 +183,7 @@ fn bare_item(rest: &mut &[u8]) -> Result<(), ()> {
 /// The `Content-Length` a request declares, when it declares one number
 /// (repeats of the same number allowed, as RFC 9110 permits).
 pub fn content_length(headers: &[Header]) -> Option<u64> {
-    let combined = get_combined(headers, "content-length")?;
+    let combined = get_combined(headers, CONTENT_LENGTH)?;
     let mut value = None;
     for part in combined.split(',') {
         let part = part.trim_matches(is_http_whitespace);

@@ -13,7 +13,7 @@ use alloc::vec::Vec;
 use crate::classify;
 use crate::config::{Config, OnServerError, Profile};
 use crate::fingerprint::{self, is_fingerprint};
-use crate::headers::{content_length, get_combined, is_valid_key, parse_sf_string_item};
+use crate::headers::{content_length, get_combined, is_valid_key, parse_sf_string_item, CONTENT_LENGTH};
 use crate::log;
 use crate::responses::{self, body_for_status, decode_headers, is_sendable_status};
 use crate::sql::Query;
@@ -33,6 +33,19 @@ pub const MAX_POLL_MS: u64 = 200;
 
 const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
+/// Every request header admission and the fingerprint read (`admit`,
+/// `fingerprint::prefix`): the key, the length, the fingerprinted headers.
+fn request_headers(config: &Config) -> Vec<String> {
+    let mut names = vec![String::from(IDEMPOTENCY_KEY), String::from(CONTENT_LENGTH)];
+    for name in &config.fingerprint_headers {
+        let name = name.to_ascii_lowercase();
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    names
+}
+
 /// The protocol on one validated config.
 #[derive(Clone, Debug)]
 pub struct Session {
@@ -46,7 +59,10 @@ impl Session {
     /// Validates `config` once; every method relies on it.
     pub fn open(config: Config) -> Result<Session, ProtocolError> {
         config.validate()?;
-        let policy = RequestPolicy { protected_methods: config.protected_methods.iter().map(|m| m.to_ascii_uppercase()).collect() };
+        let policy = RequestPolicy {
+            protected_methods: config.protected_methods.iter().map(|m| m.to_ascii_uppercase()).collect(),
+            request_headers: request_headers(&config),
+        };
         let replay_header = config.replay_header.as_ref().map(|h| h.to_ascii_lowercase());
         Ok(Session { config, policy, replay_header })
     }

@@ -291,6 +291,10 @@ pub struct SweepResult {
 pub struct RequestPolicy {
     /// Upper-cased.
     pub protected_methods: Vec<String>,
+    /// The request headers an exchange reads, lower-cased, each once: a host
+    /// may leave every other header out of the head it starts an exchange
+    /// with, and gets the same answers.
+    pub request_headers: Vec<String>,
 }
 
 /// Host-side events the core words for the log.

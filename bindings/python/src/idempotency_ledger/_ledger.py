@@ -143,6 +143,9 @@ class Ledger:
         #: The core's protected methods (its `protected-methods`, upper-cased):
         #: a request with another method passes through without a ledger call.
         self._protected = frozenset(m.upper() for m in native.config.protected_methods)
+        #: The request headers an exchange reads (the core's `request-headers`,
+        #: lower-cased, as ISO-8859-1 bytes): adapters convert only these.
+        self._read_headers = frozenset(name.encode("latin-1") for name in native.request_headers)
 
     @classmethod
     def postgres(

@@ -350,7 +350,9 @@ class IdempotencyMiddleware:
         principal = self.principal(scope)
         if inspect.isawaitable(principal):
             principal = await principal
-        headers = [(bytes(n).decode("latin-1"), bytes(v).decode("latin-1")) for n, v in scope.get("headers", [])]
+        # Only the headers the exchange reads are converted (the others never reach it).
+        names = self.ledger._read_headers
+        headers = [(bytes(n).decode("latin-1"), bytes(v).decode("latin-1")) for n, v in scope.get("headers", []) if bytes(n).lower() in names]
         transactional = self.transactional is not None and self.transactional(scope.get("path", ""))
         given = self.transactions(scope) if transactional and self.transactions is not None else None
         # A keyed request's body is read before the exchange starts and, when small, given with the
