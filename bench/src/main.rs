@@ -57,6 +57,24 @@ pub(crate) fn order(key: &str, body: &[u8]) -> Request {
         .body(body.to_vec())
 }
 
+/// `order` with the nine more headers a typical API client sends.
+fn with_client_headers(request: Request) -> Request {
+    let length = request.body.len().to_string();
+    request
+        .header("Host", "api.example.com")
+        .header("User-Agent", "example-client/1.4.2 (linux; x86_64)")
+        .header("Accept", "application/json")
+        .header("Accept-Encoding", "gzip, deflate, br")
+        .header("Authorization", "Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhY2N0In0.c2lnbmF0dXJl")
+        .header("Content-Length", length)
+        .header("X-Request-Id", "5f0c6f4e-8f0b-4bde-9a3e-1c2d3e4f5a6b")
+        .header("Traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+        .header("Connection", "keep-alive")
+}
+
+/// The replay of a request with a typical client's headers (`with_client_headers`).
+const CLIENT_REPLAY: &str = "replay, 11 request headers";
+
 /// What a host does with a request up to its decision batch: `session.start`
 /// (stepped), then the body, hashed natively with the core's prefix
 /// (`body-hashed`, what hosts do) or copied into the component (`body`).
@@ -196,14 +214,16 @@ fn main() {
         md,
         "`Ledger::handle` (the component under wasmtime, driven: its batches through the ledger import) against the same exchange in the core \
          linked natively, the same SQL, each on its own SQLite file (WAL, synchronous=NORMAL). {rounds} rounds of {per_round} requests per side, \
-         the sides interleaved (order alternating each round), after {per_round} warm-up requests each. Target: component / native at most \
-         1.10x fresh, 1.15x replay, reuse and in progress.\n"
+         the sides interleaved (order alternating each round), after {per_round} warm-up requests each. Each request carries `Idempotency-Key` and \
+         `Content-Type`; *{CLIENT_REPLAY}* is the same replay with the nine more a typical client sends (`Host`, `User-Agent`, `Accept`, \
+         `Accept-Encoding`, `Authorization`, `Content-Length`, `X-Request-Id`, `traceparent`, `Connection`), of which the component is given \
+         only those it reads (`session.request-headers`). Target: component / native at most 1.10x fresh, 1.15x replay, reuse and in progress.\n"
     );
     let _ = writeln!(md, "| path | component median / p99 (us) | native median / p99 (us) | component / native | previous run | target | ledger round trips: ours / recipe |");
     let _ = writeln!(md, "| --- | --- | --- | ---: | ---: | --- | --- |");
     // BENCH_PATHS=replay,... measures only those paths (for a profile of one).
     let only_paths = std::env::var("BENCH_PATHS").ok();
-    for path in ["fresh", "replay", "reuse (409)", "in progress (409)", "takeover"] {
+    for path in ["fresh", "replay", CLIENT_REPLAY, "reuse (409)", "in progress (409)", "takeover"] {
         if only_paths.as_ref().is_some_and(|only| !only.split(',').any(|p| path.starts_with(p.trim()))) {
             continue;
         }
@@ -220,6 +240,7 @@ fn main() {
         let request_for = |i: usize| match path {
             "fresh" => order(&format!("fresh-{i}"), body),
             "replay" => order("done", body),
+            CLIENT_REPLAY => with_client_headers(order("done", body)),
             "reuse (409)" => order("done", other),
             "in progress (409)" => order("busy", body),
             _ => order(&format!("stale-{i}"), body),
@@ -481,7 +502,7 @@ fn head(req: &Request) -> core::RequestHead {
 fn arrange(path: &str, component_db: &std::path::Path, component: &mut Ledger, native: &mut native::Native, n: usize) {
     let body = br#"{"sku":"A-1","qty":2}"#;
     match path {
-        "replay" | "reuse (409)" => {
+        "replay" | CLIENT_REPLAY | "reuse (409)" => {
             component.handle("acct", &order("done", body), created).expect("arrange");
             native.handle("acct", &order("done", body), created);
         }
@@ -505,7 +526,7 @@ fn arrange(path: &str, component_db: &std::path::Path, component: &mut Ledger, n
 fn round_trips(path: &str) -> (u32, u32) {
     match path {
         "fresh" => (2, 2),
-        "replay" | "reuse (409)" => (1, 2),
+        "replay" | CLIENT_REPLAY | "reuse (409)" => (1, 2),
         "in progress (409)" => (1, 3),
         _ => (2, 4),
     }
