@@ -181,9 +181,10 @@ impl AsyncLedger {
         self.inner.protected_methods.iter().any(|m| m.eq_ignore_ascii_case(method))
     }
 
-    /// True when an exchange reads request headers of this name (the
-    /// others never reach it: a host need not convert them).
-    pub(crate) fn reads_header(&self, name: &str) -> bool {
+    /// True when an exchange reads request headers of this name
+    /// (`session.request-headers`): an adapter need not convert the others,
+    /// which never reach the component.
+    pub fn reads_header(&self, name: &str) -> bool {
         self.inner.request_headers.iter().any(|n| n.eq_ignore_ascii_case(name))
     }
 
