@@ -58,3 +58,38 @@ def test_asgi_converts_only_the_headers_the_core_reads_and_answers_as_with_all(t
     assert replay[2] == first[2]
     # The fingerprinted header in any case reached the core; nothing else did.
     assert [sorted(n.lower() for n, _ in head) for head in ledger.heads] == [["content-length", "content-type", "idempotency-key", "x-tenant"]] * 3
+
+
+def test_wsgi_converts_only_the_headers_the_core_reads_and_answers_as_with_all(tmp_path: Path) -> None:
+    import io
+
+    from idempotency_ledger.wsgi import IdempotencyWSGIMiddleware, wsgi_headers
+
+    ledger = Headers(tmp_path / "ledger.sqlite", fingerprint_headers=["content-type", "x-tenant"])
+    ledger.migrate()
+    ran: list[bytes] = []
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        ran.append(environ["wsgi.input"].read())
+        start_response("201 Created", [("Content-Type", "application/json")])
+        return [b'{"order":"o_1"}']
+
+    middleware = IdempotencyWSGIMiddleware(app, ledger=ledger, principal=lambda environ: "acct", include=["/orders"])
+    body = b'{"sku":"A-1"}'
+
+    def call(tenant: str) -> tuple[str, bytes]:
+        environ = {
+            "REQUEST_METHOD": "POST", "PATH_INFO": "/orders", "QUERY_STRING": "", "CONTENT_TYPE": "application/json",
+            "CONTENT_LENGTH": str(len(body)), "HTTP_IDEMPOTENCY_KEY": "k-1", "HTTP_X_TENANT": tenant, "HTTP_HOST": "api.example.com",
+            "HTTP_USER_AGENT": "example-client/1.4.2", "HTTP_AUTHORIZATION": "Bearer abc", "HTTP_COOKIE": "session=" + "x" * 4000,
+            "wsgi.input": io.BytesIO(body), "SERVER_NAME": "localhost", "SERVER_PORT": "80", "wsgi.url_scheme": "http",
+        }
+        status: list[str] = []
+        out = b"".join(middleware(environ, lambda s, h, exc_info=None: status.append(s)))
+        return status[0], out
+
+    assert wsgi_headers({"HTTP_HOST": "h", "HTTP_IDEMPOTENCY_KEY": "k", "CONTENT_TYPE": ""}, {"idempotency-key", "content-type"}) == [("idempotency-key", "k")]
+    first, replay, other_tenant = call("t-1"), call("t-1"), call("t-2")
+    assert [first[0][:3], replay[0][:3], other_tenant[0][:3]] == ["201", "201", "409"]
+    assert replay[1] == first[1] and len(ran) == 1
+    assert [sorted(n for n, _ in head) for head in ledger.heads] == [["content-length", "content-type", "idempotency-key", "x-tenant"]] * 3

@@ -145,7 +145,8 @@ class Ledger:
         self._protected = frozenset(m.upper() for m in native.config.protected_methods)
         #: The request headers an exchange reads (the core's `request-headers`,
         #: lower-cased, as ISO-8859-1 bytes): adapters convert only these.
-        self._read_headers = frozenset(name.encode("latin-1") for name in native.request_headers)
+        self._read_header_names = frozenset(native.request_headers)
+        self._read_headers = frozenset(name.encode("latin-1") for name in self._read_header_names)
 
     @classmethod
     def postgres(

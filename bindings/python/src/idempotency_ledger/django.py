@@ -277,7 +277,8 @@ class IdempotencyMiddleware(MiddlewareMixin):  # type: ignore[misc]
             return None
         meta = request.META
         path = meta.get("RAW_URI") or meta.get("REQUEST_URI") or request.get_full_path()
-        headers = [(name.lower(), str(value)) for name, value in request.headers.items()]
+        names = self.ledger._read_header_names  # the others never reach the core
+        headers = [(name.lower(), str(value)) for name, value in request.headers.items() if name.lower() in names]
         transactional = self.transactional is not None and self.transactional(request.path)
         given = AtomicTransaction(self.using) if transactional else None
         route = getattr(getattr(request, "resolver_match", None), "route", None) or None

@@ -126,7 +126,7 @@ class Idempotency:
             return None
         environ = request.environ
         rule = request.url_rule
-        exchange = self.ledger.start(self.principal(), request.method, wsgi_path_and_query(environ), wsgi_headers(environ), route=rule.rule if rule is not None else None)
+        exchange = self.ledger.start(self.principal(), request.method, wsgi_path_and_query(environ), wsgi_headers(environ, self.ledger._read_header_names), route=rule.rule if rule is not None else None)
         action: Any = exchange.action
         while isinstance(action, ReadBody):
             action = self._read(exchange, request, action.cap)

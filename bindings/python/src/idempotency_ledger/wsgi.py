@@ -29,7 +29,7 @@ call finds its lease in `environ["idempotency.lease"]` (`.lost`).
 from __future__ import annotations
 
 import io
-from typing import Any, Callable, Iterable, Literal, Optional, Sequence, Union
+from typing import Any, Callable, Collection, Iterable, Literal, Optional, Sequence, Union
 from urllib.parse import quote
 
 from . import _telemetry
@@ -62,13 +62,20 @@ def wsgi_path_and_query(environ: Environ) -> str:
     return path + ("?" + query if query else "")
 
 
-def wsgi_headers(environ: Environ) -> list[tuple[str, str]]:
+def wsgi_headers(environ: Environ, names: Optional[Collection[str]] = None) -> list[tuple[str, str]]:
+    """The request's headers from the environ, lower-cased; with `names`
+    (lower-case), only those (a ledger's `request-headers`: the others never
+    reach the core)."""
     headers = []
-    for name, value in environ.items():
-        if name.startswith("HTTP_"):
-            headers.append((name[5:].replace("_", "-").lower(), str(value)))
-        elif name in ("CONTENT_TYPE", "CONTENT_LENGTH") and value != "":
-            headers.append((name.replace("_", "-").lower(), str(value)))
+    for key, value in environ.items():
+        if key.startswith("HTTP_"):
+            name = key[5:].replace("_", "-").lower()
+        elif key in ("CONTENT_TYPE", "CONTENT_LENGTH") and value != "":
+            name = key.replace("_", "-").lower()
+        else:
+            continue
+        if names is None or name in names:
+            headers.append((name, str(value)))
     return headers
 
 
@@ -207,7 +214,8 @@ class IdempotencyWSGIMiddleware:
             return self.app(environ, start_response)  # type: ignore[no-any-return]
         transactional = self.transactional is not None and self.transactional(path)
         given = self.transactions(environ) if transactional and self.transactions is not None else None
-        exchange = self.ledger.start(self.principal(environ), method, wsgi_path_and_query(environ), wsgi_headers(environ), transactional=transactional, transaction=given, route=route)
+        headers = wsgi_headers(environ, self.ledger._read_header_names)
+        exchange = self.ledger.start(self.principal(environ), method, wsgi_path_and_query(environ), headers, transactional=transactional, transaction=given, route=route)
         with exchange:
             return self._run(exchange, environ, start_response)
 
