@@ -873,13 +873,15 @@ def decision_vectors():
                             database=False, moves=[Done([o.result(), o.result(), o.result()])], expect="retry"))
     vectors.append(exchange("5.1: no row after the claim and takeover: 409 retry (ietf problem)", IETF,
                             database=False, moves=[Done([o.result(), o.result(), o.result()])], expect="retry"))
-    completed_a = [FP_A, "completed", 1, 201, '{"order":"o_1"}', '{"content-type":"application/json"}', NOW - 10]
+    completed_a = [FP_A, "completed", 1, 201, '{"order":"o_1"}', '{"content-type":"application/json"}', NOW - 10,
+                   NOW - 20]
     scripted("5.1: a text response_status (\"201 Created\"): 500", completed_a[:3] + ["201 Created"] + completed_a[4:],
              "record-corrupt")
     scripted("5.1: a text response_status that looks numeric (\"201\"): 500",
              completed_a[:3] + ["201"] + completed_a[4:], "record-corrupt")
     scripted("5.1: D1 hands integers over as reals: an integral real status replays",
-             completed_a[:2] + [{"real": 1.0}, {"real": 201.0}] + completed_a[4:6] + [{"real": float(NOW - 10)}],
+             completed_a[:2] + [{"real": 1.0}, {"real": 201.0}] + completed_a[4:6]
+             + [{"real": float(NOW - 10)}, {"real": float(NOW - 20)}],
              "replayed")
     scripted("5.1: a real response_status with a fraction: 500", completed_a[:3] + [{"real": 201.5}] + completed_a[4:],
              "record-corrupt")
@@ -1533,39 +1535,53 @@ def sequence_vectors():
       moves=[NothingChanged(), Fail(busy)])
     s("9.4: the release batch fails after a raise under release: propagated, logged", REL, "completion-failed",
       moves=[Raised(), Fail(lost)])
+    def won_row(generation=1, created_at=NOW):
+        """The lookup's row after this request's claim (or takeover) won: its pending row."""
+        return [FP_A, "pending", generation, None, None, None, NOW, created_at]
+
     # Results without the shape of the protocol's SQL.
     malformed_decisions = [
         ("no result", []),
         ("4 results for 3 statements", [o.result()] * 4),
-        ("a claim row of 3 columns", [o.result([[1, NOW, 0]], 1), o.result(), o.result()]),
-        ("two claim rows", [o.result([[1, NOW], [1, NOW]], 2), o.result(), o.result()]),
-        ("both the claim and the takeover won", [o.result([[1, NOW]], 1), o.result([[2, NOW]], 1), o.result()]),
-        ("a claim at generation 2", [o.result([[2, NOW]], 1), o.result(), o.result()]),
-        ("a takeover at generation 1", [o.result(), o.result([[1, NOW]], 1), o.result()]),
-        ("a claim generation that is text", [o.result([["1", NOW]], 1), o.result(), o.result()]),
-        ("a claim created_at that is a fractional real", [o.result([[1, {"real": 0.5}]], 1), o.result(), o.result()]),
-        ("two lookup rows", [o.result(), o.result(), o.result([[FP_A, "pending", 1, None, None, None, NOW]] * 2)]),
+        ("a claim that returned a row", [o.result([[1, NOW]], 1), o.result(), o.result([won_row()])]),
+        ("a claim that changed 2 rows", [o.result((), 2), o.result(), o.result([won_row()])]),
+        ("both the claim and the takeover changed a row", [o.result((), 1), o.result((), 1), o.result([won_row()])]),
+        ("a claim with no row after it", [o.result((), 1), o.result(), o.result()]),
+        ("a claim followed by another fingerprint's row", [o.result((), 1), o.result(),
+                                                           o.result([[FP_B] + won_row()[1:]])]),
+        ("a claim followed by a completed row", [o.result((), 1), o.result(),
+                                                 o.result([won_row()[:1] + ["completed"] + won_row()[2:]])]),
+        ("a claim followed by a row of 7 columns", [o.result((), 1), o.result(), o.result([won_row()[:7]])]),
+        ("a claim at generation 2", [o.result((), 1), o.result(), o.result([won_row(generation=2)])]),
+        ("a takeover at generation 1", [o.result(), o.result((), 1), o.result([won_row()])]),
+        ("a takeover that returned a row", [o.result(), o.result([[2, NOW]], 1), o.result([won_row(generation=2)])]),
+        ("a claim generation that is text", [o.result((), 1), o.result(), o.result([won_row(generation="1")])]),
+        ("a claim created_at that is a fractional real", [o.result((), 1), o.result(),
+                                                          o.result([won_row(created_at={"real": 0.5})])]),
+        ("two lookup rows", [o.result(), o.result(), o.result([[FP_A, "pending", 1, None, None, None, NOW, NOW]] * 2)]),
         ("a lookup fingerprint that is not text", [o.result(), o.result(), o.result([[1, "pending", 1, None, None,
-                                                                                       None, NOW]])]),
-        ("a lookup status that is not text", [o.result(), o.result(), o.result([[FP_A, 1, 1, None, None, None, NOW]])]),
+                                                                                       None, NOW, NOW]])]),
+        ("a lookup status that is not text", [o.result(), o.result(),
+                                              o.result([[FP_A, 1, 1, None, None, None, NOW, NOW]])]),
         ("a lookup generation that is null", [o.result(), o.result(), o.result([[FP_A, "pending", None, None, None,
-                                                                                  None, NOW]])]),
+                                                                                  None, NOW, NOW]])]),
         ("a lookup updated_at that is text", [o.result(), o.result(), o.result([[FP_A, "pending", 1, None, None,
-                                                                                  None, "now"]])]),
+                                                                                  None, "now", NOW]])]),
         ("a lookup generation that is a blob", [o.result(), o.result(), o.result([[FP_A, "pending", {"blob": "01"},
-                                                                                   None, None, None, NOW]])]),
+                                                                                   None, None, None, NOW, NOW]])]),
     ]
     for name, results in malformed_decisions:
         s(f"9.1: a malformed decision result ({name}): 500, logged", {}, "ledger-failed", moves=[Done(results)],
           database=False)
     s("5.1: D1 reals: a claim won with integral reals runs the handler", {}, "executed",
-      moves=[Done([o.result([[{"real": 1.0}, {"real": float(NOW)}]], 1), o.result(), o.result()]),
-             Done([o.result([[1]], 1)])], database=False)
+      moves=[Done([o.result((), 1), o.result(),
+                   o.result([won_row(generation={"real": 1.0}, created_at={"real": float(NOW)})])]),
+             Done([o.result((), 1)])], database=False)
     s("5.1: a lookup for another fingerprint is reuse before any other check of the row", {}, "key-reused",
-      moves=[Done([o.result(), o.result(), o.result([[FP_B, "weird", 1, None, None, None, NOW]])])],
+      moves=[Done([o.result(), o.result(), o.result([[FP_B, "weird", 1, None, None, None, NOW, NOW]])])],
       database=False)
-    for name, results in (("no result", []), ("2 results", [o.result([[1]], 1)] * 2),
-                          ("a row of 2 columns", [o.result([[1, 2]], 1)]), ("2 rows", [o.result([[1], [1]], 2)])):
+    for name, results in (("no result", []), ("2 results", [o.result((), 1)] * 2),
+                          ("a row returned", [o.result([[1]], 1)]), ("2 rows changed", [o.result((), 2)])):
         s(f"9.4: a malformed completion result ({name}): the handler's response, logged", {}, "completion-failed",
           moves=[Answered(), Done(results)], database=False)
     for name, results in (("no result", []), ("2 rows deleted", [o.result((), 2)])):
@@ -1757,10 +1773,10 @@ def transaction_vectors():
       moves=[Answered(at=NOW), InTx({"batch-failed": locked}), Db([taken_over])])
     t("10.2: a write failed, the release's result is malformed", {}, rb,
       moves=[Answered(at=NOW), InTx({"batch-failed": locked}), Done([])])
-    for name, results in (("1 result for 2 statements", [o.result([[1]], 1)]),
-                          ("3 results", [o.result([[1]], 1), o.result(), o.result()]),
-                          ("a completion row of 2 columns", [o.result([[1, 2]], 1), o.result()]),
-                          ("2 completion rows", [o.result([[1], [1]], 2), o.result()])):
+    for name, results in (("1 result for 2 statements", [o.result((), 1)]),
+                          ("3 results", [o.result((), 1), o.result(), o.result()]),
+                          ("a completion that returned a row", [o.result([[1]], 1), o.result()]),
+                          ("a completion that changed 2 rows", [o.result((), 2), o.result()])):
         t(f"10.2: a malformed transactional completion result ({name}): rolled back, released", {}, rb,
           moves=[Answered(at=NOW), InTx({"batch-done": results})])
     t("10.2: a completion result with no row (the fence did not abort): fenced out all the same", {}, fo,
@@ -1933,13 +1949,13 @@ def renewal_vectors():
          {"batch-failed": db(None, "D1_ERROR: database is locked")}, "unknown"),
         ("10.1: unknown: a malformed result (no result)", {}, [own], ticket, NOW, {"batch-done": []}, "unknown"),
         ("10.1: unknown: a malformed result (2 results)", {}, [own], ticket, NOW,
-         {"batch-done": [o.result([[1]], 1), o.result([[1]], 1)]}, "unknown"),
-        ("10.1: unknown: a malformed result (a row of 2 columns)", {}, [own], ticket, NOW,
-         {"batch-done": [o.result([[1, 2]], 1)]}, "unknown"),
-        ("10.1: unknown: a malformed result (2 rows)", {}, [own], ticket, NOW,
-         {"batch-done": [o.result([[1], [1]], 2)]}, "unknown"),
-        ("10.1: held: D1 hands the generation over as a real", {}, [own], ticket, NOW,
-         {"batch-done": [o.result([[{"real": 1.0}]], 1)]}, "held"),
+         {"batch-done": [o.result((), 1), o.result((), 1)]}, "unknown"),
+        ("10.1: unknown: a malformed result (a row returned)", {}, [own], ticket, NOW,
+         {"batch-done": [o.result([[1]], 1)]}, "unknown"),
+        ("10.1: unknown: a malformed result (2 rows changed)", {}, [own], ticket, NOW,
+         {"batch-done": [o.result((), 2)]}, "unknown"),
+        ("10.1: held: a scripted result of one row changed", {}, [own], ticket, NOW,
+         {"batch-done": [o.result((), 1)]}, "held"),
         ("10.1: lost: a scripted empty result", {}, [own], ticket, NOW, {"batch-done": [o.result()]}, "lost"),
     ]
     vectors = []

@@ -632,7 +632,7 @@ class Table:
             self.rows.append(dict(principal=principal, key=key, fingerprint=fingerprint, status="pending",
                                   generation=1, response_status=None, response_body=None, response_headers=None,
                                   created_at=now, updated_at=updated))
-            return result([[1, now]], 1)
+            return result((), 1)
         if query == "takeover":
             now, principal, key, fingerprint, cutoff = params
             for r in self.find(principal, key):
@@ -640,24 +640,24 @@ class Table:
                         and r["updated_at"] < cutoff):
                     r["generation"] += 1
                     r["updated_at"] = now
-                    return result([[r["generation"], r["created_at"]]], 1)
+                    return result((), 1)
             return result()
         if query == "lookup":
             return result([[r[c] for c in ("fingerprint", "status", "generation", "response_status", "response_body",
-                                           "response_headers", "updated_at")] for r in self.find(*params)])
+                                           "response_headers", "updated_at", "created_at")] for r in self.find(*params)])
         if query == "complete":
             status, body, headers, now, principal, key, generation, created_at, fingerprint = params
             for r in self.owned(principal, key, generation, created_at, fingerprint):
                 r.update(status="completed", response_status=status, response_body=body, response_headers=headers,
                          updated_at=now)
-                return result([[generation]], 1)
+                return result((), 1)
             return result()
         if query == "renew":
             now, principal, key, generation, created_at, fingerprint = params
             for r in self.owned(principal, key, generation, created_at, fingerprint):
                 # SPEC 10.1: a renewal never moves updated_at back.
                 r["updated_at"] = max(r["updated_at"], now)
-                return result([[generation]], 1)
+                return result((), 1)
             return result()
         if query == "fence":
             principal, key, fingerprint, generation, created_at = params[:5]
@@ -965,6 +965,20 @@ def single_row(res, columns, what):
     return rows[0]
 
 
+# The lookup's columns: fingerprint, status, generation, response_status, response_body, response_headers,
+# updated_at, created_at.
+LOOKUP_COLUMNS = 8
+
+
+def changed(res, what):
+    """Whether a write naming one key (claim, takeover, completion, renewal: none returns rows) changed it."""
+    if res["rows"]:
+        raise Malformed(f"{what}: expected no rows, got {len(res['rows'])}")
+    if res["changes"] > 1:
+        raise Malformed(f"{what}: {res['changes']} rows changed for one key")
+    return res["changes"] == 1
+
+
 def integer_column(v, what, column):
     n = as_integer(v)
     if n is None:
@@ -1038,24 +1052,25 @@ def decide(config, claim, now, results):
     ("reject", outcome, response) | ("wait", ms). Raises Malformed."""
     if len(results) != 3:
         raise Malformed(f"decision batch: expected 3 results, got {len(results)}")
-    claimed = single_row(results[0], 2, "claim")
-    taken = single_row(results[1], 2, "takeover")
-    if claimed is not None and taken is not None:
-        raise Malformed("decision batch: both the claim and the takeover returned a row")
-
-    def ticket(row, what):
-        return {"principal": claim["principal"], "key": claim["key"], "fingerprint": claim["fingerprint"],
-                "generation": integer_column(row[0], what, "generation"),
-                "created_at": integer_column(row[1], what, "created_at")}
-
-    if claimed is not None:
-        t = ticket(claimed, "claim")
-        if t["generation"] != 1:
+    claimed = changed(results[0], "claim")
+    taken = changed(results[1], "takeover")
+    if claimed and taken:
+        raise Malformed("decision batch: both the claim and the takeover changed a row")
+    if claimed or taken:
+        # The lookup, in the same transaction, reads the row this request just claimed or took over.
+        won = "claim" if claimed else "takeover"
+        row = single_row(results[2], LOOKUP_COLUMNS, "lookup")
+        if row is None:
+            raise Malformed(f"decision batch: no row after the {won} changed one")
+        if (text_column(row[0], "lookup", "fingerprint") != claim["fingerprint"]
+                or text_column(row[1], "lookup", "status") != "pending"):
+            raise Malformed(f"decision batch: the row after the {won} is not this request's pending row")
+        t = {"principal": claim["principal"], "key": claim["key"], "fingerprint": claim["fingerprint"],
+             "generation": integer_column(row[2], "lookup", "generation"),
+             "created_at": integer_column(row[7], "lookup", "created_at")}
+        if claimed and t["generation"] != 1:
             raise Malformed(f"claim: generation {t['generation']} instead of 1")
-        return ("execute", t)
-    if taken is not None:
-        t = ticket(taken, "takeover")
-        if t["generation"] < 2:
+        if taken and t["generation"] < 2:
             raise Malformed(f"takeover: generation {t['generation']} below 2")
         return ("execute", t)
     return existing(config, claim["fingerprint"], results[2],
@@ -1065,7 +1080,7 @@ def decide(config, claim, now, results):
 def existing(config, fingerprint, lookup, when_pending):
     """SPEC 5.1: the row a lookup found, for a request that neither claimed nor took it over; a fresh pending
     row of this fingerprint is `when_pending(updated_at)`'s to answer. Raises Malformed."""
-    row = single_row(lookup, 7, "lookup")
+    row = single_row(lookup, LOOKUP_COLUMNS, "lookup")
     if row is None:
         return ("reject", "retry", retry_answer(config))
     stored = text_column(row[0], "lookup", "fingerprint")
@@ -1108,7 +1123,7 @@ def renewed(config, ticket, outcome):
             raise LedgerFailure(("ledger", classify(cfg(config, "dialect"), value)))
         if len(value) != 1:
             raise Malformed(f"renewal batch: expected 1 result, got {len(value)}")
-        held = single_row(value[0], 1, "renewal") is not None
+        held = changed(value[0], "renewal")
     except (Malformed, LedgerFailure) as e:
         error = e.args[0] if isinstance(e, LedgerFailure) else ("malformed", e.args[0])
         return {"state": "unknown", "log": renewal_failed_log(config, ticket, error)}
@@ -1395,7 +1410,7 @@ class Exchange:
             if plan["action"] == "store":
                 if len(value) != 1:
                     raise Malformed(f"completion batch: expected 1 result, got {len(value)}")
-                stored = single_row(value[0], 1, "completion") is not None
+                stored = changed(value[0], "completion")
             else:
                 stored = release_result(value)
         except (Malformed, LedgerFailure) as e:
@@ -1425,7 +1440,7 @@ class Exchange:
         try:
             if len(value) != 2:
                 raise Malformed(f"transactional completion: expected 2 results, got {len(value)}")
-            matched = single_row(value[0], 1, "completion") is not None
+            matched = changed(value[0], "completion")
         except Malformed as e:
             return self.roll_back(ticket, ("release", ("rolled-back", "write", ("malformed", e.args[0]))))
         if not matched:

@@ -1609,7 +1609,7 @@ impl Sim<'_> {
                 });
                 let i = self.incarnations.len() - 1;
                 self.current.insert(row_key, i);
-                let claimed = StatementResult { rows: vec![vec![Value::Integer(1), Value::Integer(now)]], changes: 1 };
+                let claimed = StatementResult { rows: vec![], changes: 1 };
                 (Decided::Claimed(i), vec![claimed, empty.clone(), self.lookup_row(i)])
             }
             Some(i) => {
@@ -1633,7 +1633,7 @@ impl Sim<'_> {
                     inc.generation += 1;
                     inc.updated_at = now;
                     inc.owner = Some(f.id);
-                    let taken = StatementResult { rows: vec![vec![Value::Integer(inc.generation), Value::Integer(inc.created_at)]], changes: 1 };
+                    let taken = StatementResult { rows: vec![], changes: 1 };
                     self.report.takeovers += 1;
                     (Decided::TakenOver(i), vec![empty.clone(), taken, self.lookup_row(i)])
                 } else {
@@ -1672,6 +1672,7 @@ impl Sim<'_> {
                 body,
                 headers,
                 Value::Integer(inc.updated_at),
+                Value::Integer(inc.created_at),
             ]],
             changes: 0,
         }
@@ -1987,7 +1988,7 @@ impl Sim<'_> {
             let expected = if held {
                 let inc = &mut self.incarnations[i];
                 inc.updated_at = inc.updated_at.max(now);
-                StatementResult { rows: vec![vec![Value::Integer(ticket.generation)]], changes: 1 }
+                StatementResult { rows: vec![], changes: 1 }
             } else {
                 StatementResult::default()
             };
@@ -2275,7 +2276,7 @@ impl Sim<'_> {
             return self.crash(w, f, "inside its transaction, before the completion's statements");
         }
         let mut completing = f.completing.clone().ok_or(format!("{what}: nothing to complete"))?;
-        let (owned, ticket) = f.owns.clone().ok_or(format!("{what}: no ticket"))?;
+        let (owned, _) = f.owns.clone().ok_or(format!("{what}: no ticket"))?;
         let event = if self.rng.chance(3) {
             // The connection was lost inside the transaction: the server rolls it back.
             self.log(format!("w{w} f{} loses its transaction's connection", f.id));
@@ -2292,7 +2293,7 @@ impl Sim<'_> {
                 Event::BatchFailed(self.refused_busy(&what, result)?)
             } else if matched {
                 let expected = vec![
-                    StatementResult { rows: vec![vec![Value::Integer(ticket.generation)]], changes: 1 },
+                    StatementResult { rows: vec![], changes: 1 },
                     StatementResult { rows: vec![], changes: 0 },
                 ];
                 let results = result.map(results_to_core).map_err(|e| format!("{what}: the completion matched its row, the database failed: {e:?}"))?;
@@ -2471,13 +2472,8 @@ impl Sim<'_> {
         let row_key = (f.principal.to_string(), f.key.to_string());
         let what = format!("f{} {kind:?} of gen {} (created {})", f.id, ticket.generation, ticket.created_at);
         let matched = self.ticket_matches(f, &what)?;
-        let expected = match kind {
-            BatchKind::Completion => {
-                let rows = if matched { vec![vec![Value::Integer(ticket.generation)]] } else { vec![] };
-                StatementResult { rows, changes: u64::from(matched) }
-            }
-            _ => StatementResult { rows: vec![], changes: u64::from(matched) },
-        };
+        // The completion and the release return no rows: each is read by the row it changed.
+        let expected = StatementResult { rows: vec![], changes: u64::from(matched) };
         if results != [expected.clone()] {
             return Err(format!("{what}: the database returned {results:?}; the model predicts {expected:?}"));
         }

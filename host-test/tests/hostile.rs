@@ -225,29 +225,40 @@ fn malformed_sql_results_fail_closed() {
             r.pop();
         })),
         ("extra result", Box::new(|r| r.push(StatementResult { rows: vec![], changes: 0 }))),
+        // A won claim (a fresh key): the claim changed one row and the lookup
+        // holds the ticket's generation (column 2) and created_at (column 7).
         ("text generation", Box::new(|r| {
-            if let Some(row) = r[0].rows.first_mut() {
-                row[0] = Value::Text("1".into());
+            if let Some(row) = r[2].rows.first_mut() {
+                row[2] = Value::Text("1".into());
             }
         })),
-        ("two claim rows", Box::new(|r| {
-            if let Some(row) = r[0].rows.first().cloned() {
-                r[0].rows.push(row);
+        ("two lookup rows", Box::new(|r| {
+            if let Some(row) = r[2].rows.first().cloned() {
+                r[2].rows.push(row);
             }
         })),
+        ("no row after the claim", Box::new(|r| r[2].rows.clear())),
+        ("a claim that returned a row", Box::new(|r| r[0].rows.push(vec![Value::Integer(1), Value::Integer(T0)]))),
+        ("a claim that changed two rows", Box::new(|r| r[0].changes = 2)),
+        ("the claim and the takeover both won", Box::new(|r| r[1].changes = 1)),
         ("claim generation 7", Box::new(|r| {
-            if let Some(row) = r[0].rows.first_mut() {
-                row[0] = Value::Integer(7);
+            if let Some(row) = r[2].rows.first_mut() {
+                row[2] = Value::Integer(7);
             }
         })),
         ("short row", Box::new(|r| {
-            if let Some(row) = r[0].rows.first_mut() {
+            if let Some(row) = r[2].rows.first_mut() {
                 row.pop();
             }
         })),
         ("nan generation", Box::new(|r| {
-            if let Some(row) = r[0].rows.first_mut() {
-                row[0] = Value::Real(f64::NAN);
+            if let Some(row) = r[2].rows.first_mut() {
+                row[2] = Value::Real(f64::NAN);
+            }
+        })),
+        ("fractional created_at", Box::new(|r| {
+            if let Some(row) = r[2].rows.first_mut() {
+                row[7] = Value::Real(0.5);
             }
         })),
         ("blob everywhere", Box::new(|r| {

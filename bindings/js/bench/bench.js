@@ -753,7 +753,7 @@ async function pgCompare(n = count(1500), warm = count(200)) {
       runHandler: async () => ({ tag: "answered", val: (await mutationOf(result)).wit }),
     };
     const CLAIM =
-      "INSERT INTO idempotency_keys (principal, key, fingerprint, status, generation, created_at, updated_at) VALUES ($1, $2, $3, 'pending', 1, $4, $5) ON CONFLICT (principal, key) DO NOTHING RETURNING generation, created_at";
+      "INSERT INTO idempotency_keys (principal, key, fingerprint, status, generation, created_at, updated_at) VALUES ($1, $2, $3, 'pending', 1, $4, $5) ON CONFLICT (principal, key) DO NOTHING";
     const bare = async (key) => {
       const t = performance.now();
       const now = Date.now();
@@ -1051,7 +1051,7 @@ if (report.pg) {
   md.push(
     `In-process on Node, one \`pg.Pool\` (max 2) on the throwaway server of \`scripts/postgres.sh\` (loopback), a fresh schema. *ledger*: \`IdempotencyLedger.exchange\` for a fresh key ` +
       "(the decision batch and the completion batch, each one transaction in one round trip), then the same request again (a replay: the decision batch). " +
-      "*bare*: `pool.query` of the ledger's own claim statement (`INSERT INTO idempotency_keys ... ON CONFLICT (principal, key) DO NOTHING RETURNING ...`, autocommit, SHA-256 in Node), " +
+      "*bare*: `pool.query` of the ledger's own claim statement (`INSERT INTO idempotency_keys ... ON CONFLICT (principal, key) DO NOTHING`, autocommit, SHA-256 in Node), " +
       `for a fresh key and again for the same key. ${p.requests} keys per side after ${p.warmup} warm-up, interleaved.`,
     "",
   );

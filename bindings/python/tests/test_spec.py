@@ -190,7 +190,8 @@ def test_3_claim_is_one_insert_and_owns_generation_1(db_path: Path, clock: Manua
     assert [(x["status"], x["generation"], x["created_at"], x["updated_at"]) for x in seen["rows"]] == [("pending", 1, T0, T0)]
     decision = [s for s in conn.statements if s not in ("BEGIN IMMEDIATE", "COMMIT")]
     assert decision[0].startswith("INSERT INTO idempotency_keys") and "ON CONFLICT (principal, key) DO NOTHING" in decision[0]
-    assert "RETURNING" in decision[0]
+    # The claim returns no rows: the lookup after it, in the same transaction, reads the row it won.
+    assert "RETURNING" not in decision[0] and decision[2].startswith("SELECT")
     assert conn.statements[0] == "BEGIN IMMEDIATE"
     ledger.close()
     conn.close()

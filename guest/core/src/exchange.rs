@@ -737,15 +737,23 @@ mod tests {
         }
     }
 
-    /// The claim's results for generation 1, the takeover's for a later one.
-    fn claimed(generation: i64) -> Vec<StatementResult> {
-        let won = StatementResult { rows: vec![vec![Value::Integer(generation), Value::Integer(NOW)]], changes: 1 };
+    /// The decision batch's results when the claim won generation 1, or the
+    /// takeover a later one: the lookup reads the row this request owns.
+    fn claimed(decision: &[Statement], generation: i64) -> Vec<StatementResult> {
+        let won = StatementResult { rows: vec![], changes: 1 };
         let lost = StatementResult::default();
-        if generation == 1 {
-            vec![won, lost, StatementResult::default()]
-        } else {
-            vec![lost, won, StatementResult::default()]
-        }
+        let row = vec![
+            decision[0].params[2].clone(),
+            Value::Text("pending".into()),
+            Value::Integer(generation),
+            Value::Null,
+            Value::Null,
+            Value::Null,
+            Value::Integer(NOW),
+            Value::Integer(NOW),
+        ];
+        let lookup = StatementResult { rows: vec![row], changes: 0 };
+        if generation == 1 { vec![won, lost, lookup] } else { vec![lost, won, lookup] }
     }
 
     fn lookup_rows(fingerprint: &str, status: &str, updated_at: i64) -> Vec<StatementResult> {
@@ -761,6 +769,7 @@ mod tests {
             if status == "completed" { Value::Text("{\"id\":1}".into()) } else { Value::Null },
             if status == "completed" { Value::Text("{\"content-type\":\"application/json\"}".into()) } else { Value::Null },
             Value::Integer(updated_at),
+            Value::Integer(NOW - 5_000),
         ];
         vec![StatementResult::default(), StatementResult::default(), StatementResult { rows: vec![row], changes: 0 }]
     }
@@ -774,7 +783,7 @@ mod tests {
     }
 
     fn stored() -> Event {
-        Event::BatchDone(vec![StatementResult { rows: vec![vec![Value::Integer(1)]], changes: 1 }])
+        Event::BatchDone(vec![StatementResult { rows: vec![], changes: 1 }])
     }
 
     #[test]
@@ -785,7 +794,7 @@ mod tests {
         let decision = batch(x.step(&s, NOW, Event::Body(b"{}".to_vec())));
         assert_eq!(decision.iter().map(|st| st.query).collect::<Vec<_>>(), [Query::Claim, Query::Takeover, Query::Lookup]);
         assert_eq!(decision[0].params[2], Value::Text(digest(&read.prefix, b"{}")));
-        let ticket = match x.step(&s, NOW, Event::BatchDone(claimed(1))) {
+        let ticket = match x.step(&s, NOW, Event::BatchDone(claimed(&decision, 1))) {
             Action::RunHandler(run) => {
                 assert_eq!((run.renew_every_ms, run.transaction), (Some(10_000), false), "renew every third of the TTL");
                 run.ticket
@@ -866,8 +875,8 @@ mod tests {
     fn a_raised_handler_propagates_and_a_declined_request_releases_its_key() {
         let s = session(Config::default());
         let (read, mut x) = started(&s, &keyed());
-        batch(x.step(&s, NOW, Event::BodyHashed(digest(&read.prefix, b""))));
-        x.step(&s, NOW, Event::BatchDone(claimed(1)));
+        let decision = batch(x.step(&s, NOW, Event::BodyHashed(digest(&read.prefix, b""))));
+        x.step(&s, NOW, Event::BatchDone(claimed(&decision, 1)));
         match x.step(&s, NOW, Event::HandlerDone(HandlerResult::Raised("boom".into()))) {
             Action::Propagate(failure) => {
                 assert_eq!(failure.outcome, Outcome::Abandoned);
@@ -877,8 +886,8 @@ mod tests {
             other => panic!("{other:?}"),
         }
         let (read, mut x) = started(&s, &keyed());
-        batch(x.step(&s, NOW, Event::BodyHashed(digest(&read.prefix, b""))));
-        x.step(&s, NOW, Event::BatchDone(claimed(1)));
+        let decision = batch(x.step(&s, NOW, Event::BodyHashed(digest(&read.prefix, b""))));
+        x.step(&s, NOW, Event::BatchDone(claimed(&decision, 1)));
         let release = batch(x.step(&s, NOW, Event::HandlerDone(HandlerResult::Declined)));
         assert_eq!(release[0].query, Query::Release);
         let done = reply(x.step(&s, NOW, Event::BatchDone(vec![StatementResult { rows: vec![], changes: 1 }])));
@@ -893,8 +902,8 @@ mod tests {
             (HandlerResult::NothingChanged, Event::BatchDone(vec![])),
         ] {
             let (read, mut x) = started(&s, &keyed());
-            batch(x.step(&s, NOW, Event::BodyHashed(digest(&read.prefix, b""))));
-            x.step(&s, NOW, Event::BatchDone(claimed(1)));
+            let decision = batch(x.step(&s, NOW, Event::BodyHashed(digest(&read.prefix, b""))));
+            x.step(&s, NOW, Event::BatchDone(claimed(&decision, 1)));
             batch(x.step(&s, NOW, Event::HandlerDone(result)));
             let done = reply(x.step(&s, NOW, feed));
             assert_eq!((done.send, done.outcome), (Answer::Handler, Outcome::CompletionFailed));
@@ -902,8 +911,8 @@ mod tests {
         }
         let s = session(Config { on_server_error: OnServerError::Release, ..Config::default() });
         let (read, mut x) = started(&s, &keyed());
-        batch(x.step(&s, NOW, Event::BodyHashed(digest(&read.prefix, b""))));
-        x.step(&s, NOW, Event::BatchDone(claimed(1)));
+        let decision = batch(x.step(&s, NOW, Event::BodyHashed(digest(&read.prefix, b""))));
+        x.step(&s, NOW, Event::BatchDone(claimed(&decision, 1)));
         batch(x.step(&s, NOW, Event::HandlerDone(HandlerResult::Raised("boom".into()))));
         match x.step(&s, NOW, Event::BatchFailed(BatchError::Unreachable("down".into()))) {
             Action::Propagate(failure) => assert_eq!(failure.outcome, Outcome::CompletionFailed),
@@ -915,8 +924,8 @@ mod tests {
     fn an_unstorable_response_is_a_500_that_names_the_cap_under_recipe() {
         let s = session(Config { body_cap_bytes: 4, ..Config::default() });
         let (read, mut x) = started(&s, &keyed());
-        batch(x.step(&s, NOW, Event::BodyHashed(digest(&read.prefix, b""))));
-        x.step(&s, NOW, Event::BatchDone(claimed(1)));
+        let decision = batch(x.step(&s, NOW, Event::BodyHashed(digest(&read.prefix, b""))));
+        x.step(&s, NOW, Event::BatchDone(claimed(&decision, 1)));
         let completion = batch(x.step(&s, NOW, answered(201, "0123456789")));
         assert_eq!(completion[0].params[0], Value::Integer(500));
         let done = reply(x.step(&s, NOW, stored()));
@@ -933,8 +942,8 @@ mod tests {
         // ietf: the caller gets the handler's response; the row keeps no body.
         let s = session(Config { body_cap_bytes: 4, ..Config::for_profile(Profile::Ietf) });
         let (read, mut x) = started(&s, &keyed());
-        batch(x.step(&s, NOW, Event::BodyHashed(digest(&read.prefix, b""))));
-        x.step(&s, NOW, Event::BatchDone(claimed(1)));
+        let decision = batch(x.step(&s, NOW, Event::BodyHashed(digest(&read.prefix, b""))));
+        x.step(&s, NOW, Event::BatchDone(claimed(&decision, 1)));
         let completion = batch(x.step(&s, NOW, answered(201, "0123456789")));
         assert_eq!((&completion[0].params[0], &completion[0].params[1]), (&Value::Integer(201), &Value::Null));
         assert_eq!(reply(x.step(&s, NOW, stored())).send, Answer::Handler);
@@ -949,15 +958,15 @@ mod tests {
         assert_eq!((done.outcome, done.log.len()), (Outcome::LedgerBusy, 1));
         // After the handler ran, a failed completion still sends the handler's response.
         let (read, mut x) = started(&s, &keyed());
-        batch(x.step(&s, NOW, Event::BodyHashed(digest(&read.prefix, b""))));
-        x.step(&s, NOW, Event::BatchDone(claimed(2)));
+        let decision = batch(x.step(&s, NOW, Event::BodyHashed(digest(&read.prefix, b""))));
+        x.step(&s, NOW, Event::BatchDone(claimed(&decision, 2)));
         batch(x.step(&s, NOW, answered(201, "{}")));
         let done = reply(x.step(&s, NOW, Event::BatchFailed(BatchError::OutcomeUnknown("reset".into()))));
         assert_eq!((done.send, done.outcome, done.sweep), (Answer::Handler, Outcome::CompletionFailed, false));
         // A fenced-out completion (0 rows) is logged at error level.
         let (read, mut x) = started(&s, &keyed());
-        batch(x.step(&s, NOW, Event::BodyHashed(digest(&read.prefix, b""))));
-        x.step(&s, NOW, Event::BatchDone(claimed(1)));
+        let decision = batch(x.step(&s, NOW, Event::BodyHashed(digest(&read.prefix, b""))));
+        x.step(&s, NOW, Event::BatchDone(claimed(&decision, 1)));
         batch(x.step(&s, NOW, answered(201, "{}")));
         let done = reply(x.step(&s, NOW, Event::BatchDone(vec![StatementResult::default()])));
         assert_eq!(done.outcome, Outcome::FencedOut);
@@ -970,8 +979,8 @@ mod tests {
             (Action::ReadBody(read), Some(x)) => (read, x),
             other => panic!("{other:?}"),
         };
-        batch(x.step(s, NOW, Event::BodyHashed(digest(&read.prefix, b""))));
-        match x.step(s, NOW, Event::BatchDone(claimed(1))) {
+        let decision = batch(x.step(s, NOW, Event::BodyHashed(digest(&read.prefix, b""))));
+        match x.step(s, NOW, Event::BatchDone(claimed(&decision, 1))) {
             Action::RunHandler(run) => assert!(run.transaction),
             other => panic!("{other:?}"),
         }
@@ -986,7 +995,7 @@ mod tests {
         let s = session(Config::default());
         let (mut x, statements) = transactional(&s);
         assert_eq!(statements.iter().map(|st| st.query).collect::<Vec<_>>(), [Query::Complete, Query::Fence]);
-        let results = vec![StatementResult { rows: vec![vec![Value::Integer(1)]], changes: 1 }, StatementResult::default()];
+        let results = vec![StatementResult { rows: vec![], changes: 1 }, StatementResult::default()];
         assert_eq!(x.step(&s, NOW + 6, Event::BatchDone(results)), Action::Commit);
         let done = reply(x.step(&s, NOW + 7, Event::Committed));
         assert_eq!((done.send, done.outcome), (Answer::Handler, Outcome::Executed));
@@ -1022,8 +1031,8 @@ mod tests {
                 (Action::ReadBody(read), Some(x)) => (read, x),
                 other => panic!("{other:?}"),
             };
-            batch(x.step(s, NOW, Event::BodyHashed(digest(&read.prefix, b""))));
-            assert!(matches!(x.step(s, NOW, Event::BatchDone(claimed(1))), Action::RunHandler(_)));
+            let decision = batch(x.step(s, NOW, Event::BodyHashed(digest(&read.prefix, b""))));
+            assert!(matches!(x.step(s, NOW, Event::BatchDone(claimed(&decision, 1))), Action::RunHandler(_)));
             x
         };
         // Busy: the release, then the busy 503; the handler never ran.
@@ -1047,8 +1056,8 @@ mod tests {
             (Action::ReadBody(read), Some(x)) => (read, x),
             other => panic!("{other:?}"),
         };
-        batch(x.step(&s, NOW, Event::BodyHashed(digest(&read.prefix, b""))));
-        x.step(&s, NOW, Event::BatchDone(claimed(1)));
+        let decision = batch(x.step(&s, NOW, Event::BodyHashed(digest(&read.prefix, b""))));
+        x.step(&s, NOW, Event::BatchDone(claimed(&decision, 1)));
         assert_eq!(reply(x.step(&s, NOW, Event::BatchFailed(BatchError::PoolExhausted("pool".into())))).outcome, Outcome::InternalError);
     }
 
@@ -1075,7 +1084,7 @@ mod tests {
         assert!(done.log[0].message.contains("commit outcome unknown"), "{:?}", done.log);
         // The commit broke with an unknown outcome: the caller is told so (no release: it may have committed).
         let (mut x, _) = transactional(&s);
-        let results = vec![StatementResult { rows: vec![vec![Value::Integer(1)]], changes: 1 }, StatementResult::default()];
+        let results = vec![StatementResult { rows: vec![], changes: 1 }, StatementResult::default()];
         assert_eq!(x.step(&s, NOW, Event::BatchDone(results.clone())), Action::Commit);
         let done = reply(x.step(&s, NOW, Event::CommitFailed(BatchError::OutcomeUnknown("reset".into()))));
         assert_eq!(done.outcome, Outcome::CompletionFailed);
@@ -1093,8 +1102,8 @@ mod tests {
             (Action::ReadBody(read), Some(x)) => (read, x),
             other => panic!("{other:?}"),
         };
-        batch(x.step(&s, NOW, Event::BodyHashed(digest(&read.prefix, b""))));
-        x.step(&s, NOW, Event::BatchDone(claimed(1)));
+        let decision = batch(x.step(&s, NOW, Event::BodyHashed(digest(&read.prefix, b""))));
+        x.step(&s, NOW, Event::BatchDone(claimed(&decision, 1)));
         assert_eq!(x.step(&s, NOW, Event::HandlerDone(HandlerResult::Raised("boom".into()))), Action::Rollback);
         assert_eq!(batch(x.step(&s, NOW, Event::RolledBack))[0].query, Query::Release);
         match x.step(&s, NOW, Event::BatchDone(vec![StatementResult { rows: vec![], changes: 1 }])) {
@@ -1110,8 +1119,8 @@ mod tests {
             (Action::ReadBody(read), Some(x)) => (read, x),
             other => panic!("{other:?}"),
         };
-        batch(x.step(&s, NOW, Event::BodyHashed(digest(&read.prefix, b""))));
-        x.step(&s, NOW, Event::BatchDone(claimed(1)));
+        let decision = batch(x.step(&s, NOW, Event::BodyHashed(digest(&read.prefix, b""))));
+        x.step(&s, NOW, Event::BatchDone(claimed(&decision, 1)));
         assert_eq!(x.step(&s, NOW, answered(503, "down")), Action::Rollback);
         assert_eq!(batch(x.step(&s, NOW, Event::RolledBack))[0].query, Query::Release);
         let done = reply(x.step(&s, NOW, Event::BatchDone(vec![StatementResult::default()])));
@@ -1126,7 +1135,7 @@ mod tests {
         let renewal = s.plan_renewal(&ticket, NOW + 10_000).expect("valid ticket");
         assert_eq!(renewal[0].query, Query::Renew);
         assert_eq!(renewal[0].params[0], Value::Integer(NOW + 10_000));
-        let held = s.renewed(&ticket, Ok(&[StatementResult { rows: vec![vec![Value::Integer(2)]], changes: 1 }]));
+        let held = s.renewed(&ticket, Ok(&[StatementResult { rows: vec![], changes: 1 }]));
         assert_eq!((held.state, held.log), (LeaseState::Held, None));
         let lost = s.renewed(&ticket, Ok(&[StatementResult::default()]));
         assert_eq!(lost.state, LeaseState::Lost);

@@ -382,6 +382,7 @@ pub fn stored_row(data: &[u8]) {
         body,
         Value::Text(headers_json),
         Value::Integer(0),
+        Value::Integer(0),
     ];
     let results = [StatementResult::default(), StatementResult::default(), StatementResult { rows: alloc::vec![row], changes: 0 }];
     match session(config).decide("p", "k", &fp, 0, 0, &results).expect("well-formed results") {
@@ -452,7 +453,7 @@ pub fn completion_roundtrip(data: &[u8]) {
     }
     // The row the completion writes, read back by a later decision.
     let params = &plan.statements[0].params;
-    let row = alloc::vec![Value::Text(fp.clone()), Value::Text("completed".into()), Value::Integer(1), params[0].clone(), params[1].clone(), params[2].clone(), Value::Integer(5)];
+    let row = alloc::vec![Value::Text(fp.clone()), Value::Text("completed".into()), Value::Integer(1), params[0].clone(), params[1].clone(), params[2].clone(), Value::Integer(5), Value::Integer(0)];
     let results = [StatementResult::default(), StatementResult::default(), StatementResult { rows: alloc::vec![row], changes: 0 }];
     let mut replayed = match session.decide("p", "k", &fp, 6, 6, &results).expect("decides") {
         Decision::Replay(replayed) => replayed,
@@ -532,7 +533,7 @@ pub fn exchange_events(data: &[u8]) {
             4 | 5 => Event::BatchDone(
                 (0..b.byte() % 4)
                     .map(|_| StatementResult {
-                        rows: (0..b.byte() % 2).map(|_| (0..b.byte() % 8).map(|_| b.value()).collect()).collect(),
+                        rows: (0..b.byte() % 2).map(|_| (0..b.byte() % 9).map(|_| b.value()).collect()).collect(),
                         changes: b.int() as u64 % 3,
                     })
                     .collect(),

@@ -180,33 +180,31 @@ impl Session {
         let [claim, takeover, lookup] = results else {
             return Err(malformed(format!("decision batch: expected 3 results, got {}", results.len())));
         };
-        let claimed = single_row(claim, 2, "claim")?;
-        let taken_over = single_row(takeover, 2, "takeover")?;
-        let ticket = |row: &[Value], what: &str| -> Result<Ticket, ProtocolError> {
-            let generation = integer(&row[0], what, "generation")?;
-            let created_at = integer(&row[1], what, "created_at")?;
-            Ok(Ticket { principal: principal.into(), key: key.into(), fingerprint: fingerprint.into(), generation, created_at })
+        let claimed = changed_one(claim, "claim")?;
+        let taken_over = changed_one(takeover, "takeover")?;
+        let won = match (claimed, taken_over) {
+            (true, true) => return Err(malformed("decision batch: both the claim and the takeover changed a row".into())),
+            (false, false) => return self.respond_to_existing(fingerprint, now, waiting_since, lookup),
+            (true, false) => "claim",
+            (false, true) => "takeover",
         };
-        match (claimed, taken_over) {
-            (Some(_), Some(_)) => Err(malformed("decision batch: both the claim and the takeover returned a row".into())),
-            // Won the claim: generation 1 by construction.
-            (Some(row), None) => {
-                let ticket = ticket(row, "claim")?;
-                if ticket.generation != 1 {
-                    return Err(malformed(format!("claim: generation {} instead of 1", ticket.generation)));
-                }
-                Ok(Decision::Execute(ticket))
-            }
-            // Won the takeover of a stale pending row with our fingerprint.
-            (None, Some(row)) => {
-                let ticket = ticket(row, "takeover")?;
-                if ticket.generation < 2 {
-                    return Err(malformed(format!("takeover: generation {} below 2", ticket.generation)));
-                }
-                Ok(Decision::Execute(ticket))
-            }
-            (None, None) => self.respond_to_existing(fingerprint, now, waiting_since, lookup),
+        // Won: the lookup reads the row this request now owns, in the same
+        // transaction, so the ticket is taken from it.
+        let Some(row) = single_row(lookup, LOOKUP_COLUMNS, "lookup")? else {
+            return Err(malformed(format!("decision batch: no row after the {won} changed one")));
+        };
+        let owned = text_column(&row[0], "lookup", "fingerprint")? == fingerprint && text_column(&row[1], "lookup", "status")? == "pending";
+        if !owned {
+            return Err(malformed(format!("decision batch: the row after the {won} is not this request's pending row")));
         }
+        let generation = integer(&row[2], "lookup", "generation")?;
+        let created_at = integer(&row[7], "lookup", "created_at")?;
+        match won {
+            "claim" if generation != 1 => return Err(malformed(format!("claim: generation {generation} instead of 1"))),
+            "takeover" if generation < 2 => return Err(malformed(format!("takeover: generation {generation} below 2"))),
+            _ => {}
+        }
+        Ok(Decision::Execute(Ticket { principal: principal.into(), key: key.into(), fingerprint: fingerprint.into(), generation, created_at }))
     }
 
     /// The key already existed and this request neither claimed nor took it over.
@@ -218,7 +216,7 @@ impl Session {
         lookup: &StatementResult,
     ) -> Result<Decision, ProtocolError> {
         let profile = self.config.profile;
-        let Some(row) = single_row(lookup, 7, "lookup")? else {
+        let Some(row) = single_row(lookup, LOOKUP_COLUMNS, "lookup")? else {
             // Swept between another request's claim and ours: ask for a retry.
             return Ok(Decision::Reject(responses::key_retry(profile)));
         };
@@ -293,9 +291,9 @@ impl Session {
                 let [completion] = results else {
                     return Err(malformed(format!("completion batch: expected 1 result, got {}", results.len())));
                 };
-                match single_row(completion, 1, "completion")? {
-                    Some(_) => CompletionOutcome::Stored,
-                    None => CompletionOutcome::FencedOut,
+                match changed_one(completion, "completion")? {
+                    true => CompletionOutcome::Stored,
+                    false => CompletionOutcome::FencedOut,
                 }
             }
             CompletionAction::Release => match self.finish_release(results)? {
@@ -383,7 +381,7 @@ impl Session {
     /// with the line to log.
     pub fn renewed(&self, ticket: &Ticket, result: Result<&[StatementResult], &BatchError>) -> Lease {
         let read = match result {
-            Ok([renewal]) => single_row(renewal, 1, "renewal").map(|row| row.is_some()),
+            Ok([renewal]) => changed_one(renewal, "renewal"),
             Ok(results) => Err(malformed(format!("renewal batch: expected 1 result, got {}", results.len()))),
             Err(error) => Err(ProtocolError::Ledger(self.classify(error))),
         };
@@ -515,6 +513,22 @@ fn owned_row(ticket: &Ticket) -> [Value; 5] {
 
 fn malformed(message: String) -> ProtocolError {
     ProtocolError::MalformedResult(message)
+}
+
+/// The lookup's columns (sql.rs): fingerprint, status, generation,
+/// response_status, response_body, response_headers, updated_at, created_at.
+const LOOKUP_COLUMNS: usize = 8;
+
+/// Whether a write that names one key by its primary key (the claim, the
+/// takeover, the completion, the renewal; none returns rows) changed it.
+fn changed_one(result: &StatementResult, what: &str) -> Result<bool, ProtocolError> {
+    if !result.rows.is_empty() {
+        return Err(malformed(format!("{what}: expected no rows, got {}", result.rows.len())));
+    }
+    match result.changes {
+        0 | 1 => Ok(result.changes == 1),
+        n => Err(malformed(format!("{what}: {n} rows changed for one key"))),
+    }
 }
 
 /// `None` for no row, the row for exactly one row of `columns` values.

@@ -135,24 +135,20 @@ pub const SQLITE: Statements = Statements {
     ],
     claim: "INSERT INTO idempotency_keys (principal, key, fingerprint, status, generation, created_at, updated_at) \
 VALUES (?, ?, ?, 'pending', 1, ?, ?) \
-ON CONFLICT (principal, key) DO NOTHING \
-RETURNING generation, created_at",
+ON CONFLICT (principal, key) DO NOTHING",
     takeover: "UPDATE idempotency_keys SET generation = generation + 1, updated_at = ? \
-WHERE principal = ? AND key = ? AND fingerprint = ? AND status = 'pending' AND updated_at < ? \
-RETURNING generation, created_at",
-    lookup: "SELECT fingerprint, status, generation, response_status, response_body, response_headers, updated_at \
+WHERE principal = ? AND key = ? AND fingerprint = ? AND status = 'pending' AND updated_at < ?",
+    lookup: "SELECT fingerprint, status, generation, response_status, response_body, response_headers, updated_at, created_at \
 FROM idempotency_keys WHERE principal = ? AND key = ?",
     complete: "UPDATE idempotency_keys \
 SET status = 'completed', response_status = ?, response_body = ?, response_headers = ?, updated_at = ? \
-WHERE principal = ? AND key = ? AND generation = ? AND created_at = ? AND fingerprint = ? AND status = 'pending' \
-RETURNING generation",
+WHERE principal = ? AND key = ? AND generation = ? AND created_at = ? AND fingerprint = ? AND status = 'pending'",
     release: "DELETE FROM idempotency_keys \
 WHERE principal = ? AND key = ? AND generation = ? AND created_at = ? AND fingerprint = ? AND status = 'pending'",
     sweep: "DELETE FROM idempotency_keys WHERE (principal, key) IN \
 (SELECT principal, key FROM idempotency_keys WHERE updated_at < ? LIMIT ?)",
     renew: "UPDATE idempotency_keys SET updated_at = MAX(updated_at, ?) \
-WHERE principal = ? AND key = ? AND generation = ? AND created_at = ? AND fingerprint = ? AND status = 'pending' \
-RETURNING generation",
+WHERE principal = ? AND key = ? AND generation = ? AND created_at = ? AND fingerprint = ? AND status = 'pending'",
     fence: "INSERT INTO idempotency_keys (principal, key, fingerprint, status, generation, created_at, updated_at) \
 SELECT ?, ?, ?, NULL, ?, ?, 0 WHERE NOT EXISTS \
 (SELECT 1 FROM idempotency_keys \
@@ -177,24 +173,20 @@ pub const POSTGRES: Statements = Statements {
     ],
     claim: "INSERT INTO idempotency_keys (principal, key, fingerprint, status, generation, created_at, updated_at) \
 VALUES ($1, $2, $3, 'pending', 1, $4, $5) \
-ON CONFLICT (principal, key) DO NOTHING \
-RETURNING generation, created_at",
+ON CONFLICT (principal, key) DO NOTHING",
     takeover: "UPDATE idempotency_keys SET generation = generation + 1, updated_at = $1 \
-WHERE principal = $2 AND key = $3 AND fingerprint = $4 AND status = 'pending' AND updated_at < $5 \
-RETURNING generation, created_at",
-    lookup: "SELECT fingerprint, status, generation, response_status, response_body, response_headers, updated_at \
+WHERE principal = $2 AND key = $3 AND fingerprint = $4 AND status = 'pending' AND updated_at < $5",
+    lookup: "SELECT fingerprint, status, generation, response_status, response_body, response_headers, updated_at, created_at \
 FROM idempotency_keys WHERE principal = $1 AND key = $2",
     complete: "UPDATE idempotency_keys \
 SET status = 'completed', response_status = $1, response_body = $2, response_headers = $3, updated_at = $4 \
-WHERE principal = $5 AND key = $6 AND generation = $7 AND created_at = $8 AND fingerprint = $9 AND status = 'pending' \
-RETURNING generation",
+WHERE principal = $5 AND key = $6 AND generation = $7 AND created_at = $8 AND fingerprint = $9 AND status = 'pending'",
     release: "DELETE FROM idempotency_keys \
 WHERE principal = $1 AND key = $2 AND generation = $3 AND created_at = $4 AND fingerprint = $5 AND status = 'pending'",
     sweep: "DELETE FROM idempotency_keys WHERE (principal, key) IN \
 (SELECT principal, key FROM idempotency_keys WHERE updated_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)",
     renew: "UPDATE idempotency_keys SET updated_at = GREATEST(updated_at, $1) \
-WHERE principal = $2 AND key = $3 AND generation = $4 AND created_at = $5 AND fingerprint = $6 AND status = 'pending' \
-RETURNING generation",
+WHERE principal = $2 AND key = $3 AND generation = $4 AND created_at = $5 AND fingerprint = $6 AND status = 'pending'",
     // The select list's parameters are cast: PostgreSQL would read them as text.
     fence: "INSERT INTO idempotency_keys (principal, key, fingerprint, status, generation, created_at, updated_at) \
 SELECT $1::TEXT, $2::TEXT, $3::TEXT, NULL, $4::BIGINT, $5::BIGINT, 0 WHERE NOT EXISTS \

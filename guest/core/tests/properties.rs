@@ -89,7 +89,7 @@ proptest! {
         let config = Config::default();
         let stored = "a".repeat(64);
         let asked = "b".repeat(64);
-        let row = vec![Value::Text(stored), Value::Text(status), Value::Integer(generation), Value::Null, Value::Null, Value::Null, Value::Integer(updated)];
+        let row = vec![Value::Text(stored), Value::Text(status), Value::Integer(generation), Value::Null, Value::Null, Value::Null, Value::Integer(updated), Value::Integer(0)];
         let results = [StatementResult::default(), StatementResult::default(), StatementResult { rows: vec![row], changes: 0 }];
         match Session::open(config).expect("defaults are valid").decide("p", "k", &asked, now, now, &results) {
             Ok(Decision::Reject(r)) => prop_assert_eq!(r.reason, RejectionReason::KeyReused),
