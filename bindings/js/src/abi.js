@@ -25,7 +25,6 @@ export class Memory {
   constructor(memory, realloc) {
     this.memory = memory;
     this.realloc = realloc;
-    this.buffer = null;
     this.dv = null;
     this.u8 = null;
     this.len = 0; // the length of the last string or list lowered
@@ -37,12 +36,12 @@ export class Memory {
   }
 
   refresh() {
+    // memory.grow() detaches the old buffer (its views' length becomes 0):
+    // checked through a view, as reading `memory.buffer` costs more.
+    if (this.u8 !== null && this.u8.byteLength !== 0) return;
     const buffer = this.memory.buffer;
-    if (buffer !== this.buffer) {
-      this.buffer = buffer;
-      this.dv = new DataView(buffer);
-      this.u8 = new Uint8Array(buffer);
-    }
+    this.dv = new DataView(buffer);
+    this.u8 = new Uint8Array(buffer);
   }
 
   alloc(align, size) {
