@@ -51,12 +51,8 @@ impl NativeLedger {
         // them, no database access); then the pool, which opens nothing yet
         // (a PostgreSQL URL is parsed).
         let dialect = source.dialect();
-        let (config, request_headers) = py
-            .detach(|| {
-                let runtime = Runtime::shared()?;
-                Ok::<_, Error>((runtime.resolve(&settings, dialect)?, runtime.request_headers(&settings, dialect)?))
-            })
-            .map_err(|e| error_object(py, &e))?;
+        let (config, request_headers) =
+            py.detach(|| Runtime::shared()?.resolve_with_request_headers(&settings, dialect)).map_err(|e| error_object(py, &e))?;
         let pool = py.detach(|| source.pool(settings.clone(), clock.clone())).map_err(|e| match e {
             Error::Setup(message) => PyValueError::new_err(message),
             other => error_object(py, &other),

@@ -166,12 +166,13 @@ impl Runtime {
         Ok(instance.config)
     }
 
-    /// The request headers an exchange reads under these settings
-    /// (`session.request-headers`, lower-cased): a host need not convert
-    /// the others, which never reach the component.
-    pub fn request_headers(&self, settings: &Settings, dialect: Dialect) -> Result<Vec<String>, Error> {
+    /// `resolve`, and the request headers an exchange reads under these
+    /// settings (`session.request-headers`, lower-cased: a host need not
+    /// convert the others, which never reach the component), from one
+    /// session.
+    pub fn resolve_with_request_headers(&self, settings: &Settings, dialect: Dialect) -> Result<(wit::Config, Vec<String>), Error> {
         let instance = self.instantiate(settings, dialect, Box::new(NoBackend))?;
-        Ok(instance.request_headers)
+        Ok((instance.config, instance.request_headers))
     }
 
     /// The fingerprint an exchange computes for `request` under the default
