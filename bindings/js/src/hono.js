@@ -7,7 +7,7 @@ import { matchedRoutes } from "hono/route";
 import { drainRequestBody, mutationOf, readFetchBody, requestHead, toFetchResponse } from "./fetch.js";
 import { handlerContext, neverAborted, raisedResult } from "./ledger.js";
 import { adapterOptions, nodeHead, principalValue } from "./middleware.js";
-import { closeAfterAnswer, holdResponse, readNodeBody, sendCore } from "./node-http.js";
+import { closeAfterAnswer, holdResponse, readNodeBodyNow, sendCore } from "./node-http.js";
 
 function waitUntilOf(c) {
   // Under @hono/node-server (its HttpBindings: c.env.incoming) there is no
@@ -79,15 +79,21 @@ const HANDED_OFF = Symbol("handed off");
  * reader of its Request from rawBody: the request is not rebuilt); elsewhere
  * (Workers) c.req.raw is rebuilt around the bytes read.
  */
-async function readBody(c, incoming, request, cap) {
-  let body;
+function readBody(c, incoming, request, cap) {
   if (incoming) {
-    body = await readNodeBody(incoming, cap, { putBack: false });
-    if (typeof body !== "string") incoming.rawBody = body;
-  } else {
-    body = await readFetchBody(request, cap);
-    if (typeof body !== "string" && request.method !== "GET" && request.method !== "HEAD") c.req.raw = new Request(request, { body });
+    const keep = (body) => {
+      if (typeof body !== "string") incoming.rawBody = body;
+      return body;
+    };
+    const body = readNodeBodyNow(incoming, cap, { putBack: false });
+    return body instanceof Promise ? body.then(keep) : keep(body);
   }
+  return readFetchBodyFor(c, request, cap);
+}
+
+async function readFetchBodyFor(c, request, cap) {
+  const body = await readFetchBody(request, cap);
+  if (typeof body !== "string" && request.method !== "GET" && request.method !== "HEAD") c.req.raw = new Request(request, { body });
   return body;
 }
 

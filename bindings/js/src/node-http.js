@@ -22,9 +22,50 @@ export function nodePath(req) {
  * back into the stream (`unshift`), so the application's body parser
  * (express.json(), ...) reads the same body afterwards.
  */
-export function readNodeBody(req, cap, { putBack = true } = {}) {
-  if (req.readableDidRead || req.readableEnded) return Promise.resolve("consumed");
+export function readNodeBody(req, cap, options) {
+  return Promise.resolve(readNodeBodyNow(req, cap, options));
+}
+
+/**
+ * Whether every byte of the body is buffered on `req`: the request is
+ * complete, or its Content-Length (no Transfer-Encoding) says as many bytes
+ * as are buffered (Node's parser pushes a body that came with the head
+ * before a middleware's first await resumes, and marks the request complete
+ * only on a later callback).
+ */
+function bodyBuffered(req) {
+  if (req.readableFlowing === true) return false;
+  if (req.complete) return true;
+  const length = req.headers["content-length"];
+  return typeof length === "string" && req.headers["transfer-encoding"] === undefined && /^\d+$/.test(length) && req.readableLength === Number(length);
+}
+
+/**
+ * readNodeBody, answered at once when the whole body is already buffered
+ * (the usual case for a small body): the value itself then (no listener,
+ * no turn of the event loop); else the promise.
+ */
+export function readNodeBodyNow(req, cap, { putBack = true } = {}) {
+  if (req.readableDidRead || req.readableEnded) return "consumed";
   const limit = Number(cap);
+  if (bodyBuffered(req)) {
+    if (req.readableLength > limit) {
+      req.pause();
+      return "too-large";
+    }
+    const chunks = [];
+    let total = 0;
+    let chunk;
+    while ((chunk = req.read()) !== null) {
+      if (typeof chunk === "string") chunk = Buffer.from(chunk);
+      total += chunk.length;
+      chunks.push(chunk);
+    }
+    const body = chunks.length === 1 ? chunks[0] : Buffer.concat(chunks, total);
+    if (total > limit) return "too-large"; // not reached: readableLength counted it
+    if (putBack && body.length > 0) req.unshift(body);
+    return body;
+  }
   return new Promise((resolve) => {
     const chunks = [];
     let total = 0;
@@ -345,10 +386,13 @@ export async function handleNode(api, options, parts, req, res, run, { framework
     nodeHead(req),
     principal,
     {
-      readBody: async (cap) => {
-        const body = await readNodeBody(req, cap);
-        if (typeof body !== "string") req.rawBody = body;
-        return body;
+      readBody: (cap) => {
+        const keep = (body) => {
+          if (typeof body !== "string") req.rawBody = body;
+          return body;
+        };
+        const body = readNodeBodyNow(req, cap);
+        return body instanceof Promise ? body.then(keep) : keep(body);
       },
       runHandler: (ticket, body, context) => runHeld(context),
     },

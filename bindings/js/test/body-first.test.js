@@ -3,11 +3,14 @@
 // it read, when, and what it gave the core.
 import assert from "node:assert/strict";
 import { mkdtempSync, rmSync } from "node:fs";
+import { createServer, request as httpRequest } from "node:http";
+import { connect } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, describe, test } from "node:test";
 import { ledgerFor, openLedgerDatabase } from "../src/node.js";
 import { BODY_AT_START_MAX_BYTES } from "../src/ledger.js";
+import { readNodeBodyNow } from "../src/node-http.js";
 
 const dir = mkdtempSync(join(tmpdir(), "idem-body-first-"));
 after(() => rmSync(dir, { recursive: true, force: true }));
@@ -97,5 +100,87 @@ describe("the body read before the exchange starts", () => {
     assert.equal(end.outcome, "executed");
     assert.deepEqual(l.started, [{ body: undefined, reads: 0 }]);
     assert.equal(l.reads, 1);
+  });
+});
+
+describe("readNodeBodyNow on a real node:http server", () => {
+  /**
+   * Serves one request: after the handler's first await (where a middleware
+   * reads), `read(req)` runs; then the rest of the stream is read as an app's
+   * body parser would. Resolves with what both saw.
+   */
+  function serveOne(read, send) {
+    return new Promise((resolve, reject) => {
+      const server = createServer(async (req, res) => {
+        await Promise.resolve();
+        const first = read(req);
+        const sync = !(first instanceof Promise);
+        const body = await first;
+        const rest = [];
+        req.on("data", (c) => rest.push(c));
+        req.on("end", () => {
+          res.end("ok");
+          server.close();
+          resolve({ sync, body: typeof body === "string" ? body : body.toString(), rest: Buffer.concat(rest).toString() });
+        });
+        req.resume();
+      });
+      server.on("error", reject);
+      server.listen(0, "127.0.0.1", () => send(server.address().port).catch(reject));
+    });
+  }
+  const post = (headers, chunks) => (port) =>
+    new Promise((resolve, reject) => {
+      const req = httpRequest({ host: "127.0.0.1", port, method: "POST", path: "/", headers }, (res) => {
+        res.resume();
+        res.on("end", resolve);
+      });
+      req.on("error", reject);
+      for (const c of chunks.slice(0, -1)) req.write(c);
+      req.end(chunks.at(-1));
+    });
+
+  test("a body with its Content-Length, arrived with the head: read at once, put back for the app", async () => {
+    const seen = await serveOne((req) => readNodeBodyNow(req, 1000n), post({ "content-length": "11" }, ["hello world"]));
+    assert.deepEqual(seen, { sync: true, body: "hello world", rest: "hello world" });
+  });
+
+  test("putBack false: read at once, the stream left drained", async () => {
+    const seen = await serveOne((req) => readNodeBodyNow(req, 1000n, { putBack: false }), post({ "content-length": "5" }, ["hello"]));
+    assert.deepEqual(seen, { sync: true, body: "hello", rest: "" });
+  });
+
+  test("a body still arriving (bytes missing from its Content-Length): read as it comes", async () => {
+    const seen = await serveOne(
+      (req) => readNodeBodyNow(req, 1000n),
+      (port) =>
+        new Promise((resolve, reject) => {
+          // The head and part of the body, the rest a moment later.
+          const socket = connect(port, "127.0.0.1", () => {
+            socket.write("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\nConnection: close\r\n\r\nhello");
+            setTimeout(() => socket.write("world"), 20);
+          });
+          socket.on("error", reject);
+          socket.on("close", resolve);
+          socket.resume();
+        }),
+    );
+    assert.deepEqual(seen, { sync: false, body: "helloworld", rest: "helloworld" });
+  });
+
+  test("a chunked body over the cap: too-large, whichever way it is read", async () => {
+    const seen = await serveOne((req) => readNodeBodyNow(req, 4n, { putBack: false }), post({ "transfer-encoding": "chunked" }, ["hel", "lo"]));
+    assert.equal(seen.body, "too-large");
+  });
+
+  test("a stream something read before: consumed", async () => {
+    const seen = await serveOne(
+      (req) => {
+        req.read();
+        return readNodeBodyNow(req, 1000n);
+      },
+      post({ "content-length": "5" }, ["hello"]),
+    );
+    assert.equal(seen.body, "consumed");
   });
 });
