@@ -108,6 +108,74 @@ fn until_decision(ledger: &mut Ledger, req: &Request, hashed: bool) -> String {
         .expect("instance")
 }
 
+/// The fresh and replay paths of the table above with the thread asleep for
+/// a millisecond before each request, as a server's thread is between
+/// requests: what both sides cost when their code and data are no longer in
+/// the CPU's caches.
+fn after_idle(md: &mut String, runtime: &Runtime, dir: &std::path::Path, only_paths: Option<&str>) {
+    const ROUNDS: usize = 6;
+    const PER_ROUND: usize = 100;
+    const IDLE: Duration = Duration::from_millis(1);
+    let mut rows = Vec::new();
+    for path in ["fresh", "replay"] {
+        if only_paths.is_some_and(|only| !only.split(',').any(|p| path.starts_with(p.trim()))) {
+            continue;
+        }
+        let clock = ManualClock::new(T0);
+        let comp_db = dir.join(format!("idle-c-{path}.sqlite"));
+        let mut component = Ledger::new(runtime.clone(), SqliteBackend::open(&comp_db).expect("db"), Settings::default(), clock).expect("ledger");
+        component.migrate().expect("migrate");
+        let mut native = native::Native::open(&dir.join(format!("idle-n-{path}.sqlite")), core::Config::default(), T0);
+        let body = br#"{"sku":"A-1","qty":2}"#;
+        if path == "replay" {
+            black_box(component.handle("acct", &order("done", body), created).expect("handled"));
+            black_box(native.handle("acct", &order("done", body), created));
+        }
+        let mut times: [Vec<Duration>; 2] = Default::default();
+        for round in 0..=ROUNDS {
+            for k in 0..2 {
+                let side = if round % 2 == 0 { k } else { 1 - k };
+                for i in round * PER_ROUND..(round + 1) * PER_ROUND {
+                    let request = if path == "fresh" { order(&format!("idle-{i}"), body) } else { order("done", body) };
+                    std::thread::sleep(IDLE);
+                    let start = Instant::now();
+                    if side == 0 {
+                        black_box(component.handle("acct", &request, created).expect("handled"));
+                    } else {
+                        black_box(native.handle("acct", &request, created));
+                    }
+                    if round > 0 {
+                        times[side].push(start.elapsed());
+                    }
+                }
+            }
+        }
+        let [c, n] = times.map(stats);
+        rows.push(format!(
+            "| {path} | {} / {} | {} / {} | {:.2}x |",
+            us(c.median),
+            us(c.p99),
+            us(n.median),
+            us(n.p99),
+            c.median.as_secs_f64() / n.median.as_secs_f64()
+        ));
+    }
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "\nThe same two sides with the thread asleep for {} ms before each request (as a server's thread is between requests; {ROUNDS} rounds of \
+         {PER_ROUND} per side, interleaved): what each costs once its code and data have left the CPU's caches.\n",
+        IDLE.as_millis()
+    );
+    let _ = writeln!(md, "| path, after 1 ms idle | component median / p99 (us) | native median / p99 (us) | component / native |");
+    let _ = writeln!(md, "| --- | --- | --- | ---: |");
+    for row in rows {
+        let _ = writeln!(md, "{row}");
+    }
+}
+
 fn created(_: &Request) -> Result<MutationResponse, String> {
     Ok(MutationResponse::json(201, r#"{"order":"o_1","status":"created"}"#).header("Location", "/orders/o_1"))
 }
@@ -280,6 +348,7 @@ fn main() {
         );
     }
     let _ = writeln!(md, "\nRound trips are counted by `host-test/tests/failures.rs` (ours) and read off the recipe's code (claim, then SELECT, then takeover UPDATE, then completion; its sweep is one more per request).");
+    after_idle(&mut md, &runtime, dir.path(), only_paths.as_deref());
 
     }
 

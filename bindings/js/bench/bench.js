@@ -45,6 +45,7 @@ const f2 = (x) => x.toFixed(2);
 const ms = (x) => `${f2(x)} ms`;
 const signed = (x, digits = 2) => `${x >= 0 ? "+" : "−"}${Math.abs(x).toFixed(digits)} ms`;
 const us = (x) => `${x.toFixed(1)} µs`;
+const signedUs = (x) => `${x >= 0 ? "+" : "−"}${us(Math.abs(x))}`;
 const kib = (n) => `${(n / 1024).toFixed(1)} KiB`;
 const ratio = (x) => `${x.toFixed(2)}×`;
 const report = {};
@@ -463,11 +464,19 @@ async function harnessRoundTrips() {
 // 3. Node: the Hono and Express middleware vs the same app without it, over loopback HTTP.
 const FRAMEWORKS = ["hono", "express"];
 
-function httpPost(agent, port, key, body) {
+/** `tag`: which measure the server files the request under (x-bench-path: fresh, replay or warm). */
+function httpPost(agent, port, key, body, tag) {
   return new Promise((resolve, reject) => {
     const t = performance.now();
     const req = httpRequest(
-      { agent, host: "127.0.0.1", port, path: "/orders", method: "POST", headers: { "content-type": "application/json", "idempotency-key": key, "content-length": Buffer.byteLength(body) } },
+      {
+        agent,
+        host: "127.0.0.1",
+        port,
+        path: "/orders",
+        method: "POST",
+        headers: { "content-type": "application/json", "idempotency-key": key, "content-length": Buffer.byteLength(body), "x-bench-path": tag },
+      },
       (res) => {
         const chunks = [];
         res.on("data", (c) => chunks.push(c));
@@ -482,15 +491,31 @@ function httpPost(agent, port, key, body) {
 
 async function nodeOverhead(n = count(1500), warm = count(300)) {
   const child = spawn(process.execPath, [join(PACKAGE_ROOT, "bench/node-apps.js")], { stdio: ["pipe", "pipe", "inherit"] });
-  const { ports } = await new Promise((resolve, reject) => {
-    let out = "";
-    child.stdout.on("data", (d) => {
-      out += d;
-      const line = out.split("\n").find((l) => l.startsWith("{"));
-      if (line && out.includes("\n")) resolve(JSON.parse(line));
-    });
-    child.on("exit", (code) => reject(new Error(`bench/node-apps.js exited (${code})`)));
+  // The child prints one JSON line when listening and one more (what its servers measured) when its stdin closes.
+  let out = "";
+  const lines = [];
+  let onLine = null;
+  child.stdout.on("data", (d) => {
+    out += d;
+    let nl;
+    while ((nl = out.indexOf("\n")) !== -1) {
+      const line = out.slice(0, nl);
+      out = out.slice(nl + 1);
+      if (line.startsWith("{")) lines.push(JSON.parse(line));
+      onLine?.();
+    }
   });
+  const nextLine = (what) =>
+    new Promise((resolve, reject) => {
+      const check = () => {
+        if (lines.length > 0) resolve(lines.shift());
+        else if (child.exitCode !== null) reject(new Error(`bench/node-apps.js exited (${child.exitCode}) before ${what}`));
+      };
+      onLine = check;
+      child.on("exit", check);
+      check();
+    });
+  const { ports } = await nextLine("listening");
   const agents = Object.fromEntries(Object.keys(ports).map((name) => [name, new Agent({ keepAlive: true, maxSockets: 1 })]));
   const samples = {};
   for (const fw of FRAMEWORKS) for (const v of ["bare", "ledger"]) samples[`${fw} ${v}`] = { fresh: [], replay: [] };
@@ -502,8 +527,8 @@ async function nodeOverhead(n = count(1500), warm = count(300)) {
           const name = `${fw} ${v}`;
           const key = uniqueKey("n");
           const body = `{"sku":"B${i}","qty":1}`;
-          const fresh = await httpPost(agents[name], ports[name], key, body);
-          const replay = await httpPost(agents[name], ports[name], key, body);
+          const fresh = await httpPost(agents[name], ports[name], key, body, i >= warm ? "fresh" : "warm");
+          const replay = await httpPost(agents[name], ports[name], key, body, i >= warm ? "replay" : "warm");
           if (fresh.status !== 201 || replay.status !== 201) throw new Error(`${name} answered ${fresh.status}/${replay.status}: ${fresh.text} ${replay.text}`);
           if (v === "ledger" && replay.text !== fresh.text) throw new Error(`${name}: the replay differs from the first answer`);
           if (i >= warm) {
@@ -516,8 +541,9 @@ async function nodeOverhead(n = count(1500), warm = count(300)) {
   } finally {
     for (const a of Object.values(agents)) a.destroy();
     child.stdin.end();
-    await new Promise((resolve) => (child.exitCode !== null ? resolve() : child.on("exit", resolve)));
   }
+  const { measured } = await nextLine("what its servers measured");
+  await new Promise((resolve) => (child.exitCode !== null ? resolve() : child.on("exit", resolve)));
   const result = {};
   for (const fw of FRAMEWORKS) {
     result[fw] = {};
@@ -528,6 +554,14 @@ async function nodeOverhead(n = count(1500), warm = count(300)) {
         bare: { median: median(bare), p99: pct(bare, 99) },
         ledger: { median: median(ledger), p99: pct(ledger, 99) },
         overhead: median(ledger) - median(bare),
+        // In the server: CPU and wall time per request, and (with the middleware) the request's SQLite batches.
+        server: {
+          bareCpuUs: median(measured[`${fw} bare`][path].cpuUs),
+          ledgerCpuUs: median(measured[`${fw} ledger`][path].cpuUs),
+          bareWallUs: median(measured[`${fw} bare`][path].wallUs),
+          ledgerWallUs: median(measured[`${fw} ledger`][path].wallUs),
+          batchesUs: median(measured[`${fw} ledger`][path].batchUs),
+        },
       };
     }
   }
@@ -611,17 +645,25 @@ async function nodeBreakdown(n = count(3000), warm = count(500)) {
     readBody: () => body,
     runHandler: async () => ({ tag: "answered", val: (await mutationOf(result)).wit }),
   };
+  // Back to back, and (interleaved) each exchange after the process sat idle
+  // for a millisecond, as a server does between requests.
   const whole = { fresh: [], replay: [] };
+  const idle = { fresh: [], replay: [] };
+  const rest = () => new Promise((resolve) => setTimeout(resolve, 1));
   for (let i = 0; i < n; i++) {
-    const key = uniqueKey("w");
-    let t = performance.now();
-    const fresh = await ledger.exchange(head(key), principal, io);
-    whole.fresh.push(performance.now() - t);
-    if (fresh.outcome !== "executed") throw new Error(`expected executed, got ${fresh.outcome}`);
-    t = performance.now();
-    const again = await ledger.exchange(head(key), principal, io);
-    whole.replay.push(performance.now() - t);
-    if (again.outcome !== "replayed") throw new Error(`expected a replay, got ${again.outcome}`);
+    for (const side of i % 2 === 0 ? [whole, idle] : [idle, whole]) {
+      const key = uniqueKey("w");
+      if (side === idle) await rest();
+      let t = performance.now();
+      const fresh = await ledger.exchange(head(key), principal, io);
+      side.fresh.push(performance.now() - t);
+      if (fresh.outcome !== "executed") throw new Error(`expected executed, got ${fresh.outcome}`);
+      if (side === idle) await rest();
+      t = performance.now();
+      const again = await ledger.exchange(head(key), principal, io);
+      side.replay.push(performance.now() - t);
+      if (again.outcome !== "replayed") throw new Error(`expected a replay, got ${again.outcome}`);
+    }
   }
   // The same fresh exchange on a file opened with better-sqlite3's defaults
   // (journal_mode=delete: each commit writes, syncs and deletes a journal),
@@ -648,6 +690,7 @@ async function nodeBreakdown(n = count(3000), warm = count(500)) {
     requests: n,
     steps: out,
     whole: { freshMedianUs: median(whole.fresh) * 1000, replayMedianUs: median(whole.replay) * 1000 },
+    afterIdle: { freshMedianUs: median(idle.fresh) * 1000, replayMedianUs: median(idle.replay) * 1000 },
     journal: { mode: journal.mode, requests: journal.wal.length, rollbackFreshMedianUs: median(journal.rollback) * 1000, walFreshMedianUs: median(journal.wal) * 1000 },
   };
 }
@@ -1012,6 +1055,40 @@ md.push(
   }
   table(["app, request", "without", "without p99", "with the middleware", "with p99", "overhead", "target", "overhead / the path's SQLite batches", "target", "previous run: overhead, ratio"], rows);
   const b = report.nodeBreakdown;
+  md.push(
+    "What the overhead is made of, measured in the server during the same requests (`bench/node-apps.js`, medians per request): the CPU time the server process spent " +
+      "from the request's arrival until its response finished (`process.cpuUsage`, user + system), the wall time between the two, and, with the middleware, the time of the " +
+      "request's own SQLite batches (the package's better-sqlite3 ledger behind a LedgerDb that times each batch). *Rest*: the CPU the middleware adds beyond its batches " +
+      "(its JavaScript, the component's calls, the held response, the body read twice: by the middleware and by the app's parser). " +
+      "A replay is compared with the app running again (without the middleware the same request inserts another order): its batches replace the app's work.",
+    "",
+  );
+  const serverRows = [];
+  for (const fw of FRAMEWORKS) {
+    for (const path of ["fresh", "replay"]) {
+      const v = o.result[fw][path].server;
+      const cpuAdded = v.ledgerCpuUs - v.bareCpuUs;
+      serverRows.push([
+        `${fw === "hono" ? "Hono" : "Express"}, ${path === "fresh" ? "fresh key" : "replay"}`,
+        us(v.bareCpuUs),
+        us(v.ledgerCpuUs),
+        signedUs(cpuAdded),
+        signedUs(v.ledgerWallUs - v.bareWallUs),
+        us(v.batchesUs),
+        signedUs(cpuAdded - v.batchesUs),
+        `${(cpuAdded / v.batchesUs).toFixed(2)}x`,
+      ]);
+    }
+  }
+  table(["app, request", "server CPU without", "with the middleware", "CPU added", "wall time added", "its SQLite batches, in the request", "rest", "CPU added / its batches"], serverRows);
+  const inflated = (path) => (b.afterIdle[`${path}MedianUs`] / b.whole[`${path}MedianUs`]).toFixed(2);
+  md.push(
+    `The same exchange costs more when the process sat idle before it, as a server does between requests: in-process (no HTTP), the whole exchange after a 1 ms sleep ` +
+      `takes ${us(b.afterIdle.freshMedianUs)} for a fresh key and ${us(b.afterIdle.replayMedianUs)} for a replay, against ${us(b.whole.freshMedianUs)} and ` +
+      `${us(b.whole.replayMedianUs)} back to back (${inflated("fresh")}x and ${inflated("replay")}x; the two interleaved, ${b.requests} pairs each, medians). ` +
+      "The SQLite batches above, timed inside the HTTP requests, can be compared with the same batches timed in the loop below.",
+    "",
+  );
   md.push(
     `Where the middleware's time goes (in-process, no HTTP, better-sqlite3 file): the steps of one exchange (\`IdempotencyLedger.exchange\`) performed one by one, mean per call over ${b.requests} requests. ` +
       `The whole exchange of a fresh key: ${us(b.whole.freshMedianUs)}; of a replay: ${us(b.whole.replayMedianUs)} (medians). ` +

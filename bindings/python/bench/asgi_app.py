@@ -6,13 +6,20 @@ under uvicorn on 127.0.0.1:PORT, without or with the ASGI middleware.
 
 `ledger` is the middleware as it runs by default (on a `Ledger(path)` file
 with `wait_ms` 0: its calls on the event loop); `ledger-thread` forces
-`inline=False` (every ledger call in a worker thread)."""
+`inline=False` (every ledger call in a worker thread).
+
+Around the whole app (the middleware included), `Measured` records per
+request, filed under the client's `x-bench-path` header, the CPU time this
+process spent (all its threads) and the wall time until the app returned
+(its response sent); `GET /bench-measured` answers them as JSON."""
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import sys
+import time
 import uuid
 from typing import Any
 
@@ -24,6 +31,28 @@ from starlette.routing import Route
 
 from idempotency_ledger import Ledger
 from idempotency_ledger.asgi import IdempotencyMiddleware
+
+
+class Measured:
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.samples: dict[str, dict[str, list[float]]] = {}
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if scope["path"] == "/bench-measured":
+            body = json.dumps(self.samples).encode()
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        tag = next((v.decode("latin-1") for n, v in scope["headers"] if n == b"x-bench-path"), "other")
+        cpu, wall = time.process_time_ns(), time.perf_counter_ns()
+        await self.app(scope, receive, send)
+        sample = self.samples.setdefault(tag, {"cpu_us": [], "wall_us": []})
+        sample["cpu_us"].append((time.process_time_ns() - cpu) / 1000)
+        sample["wall_us"].append((time.perf_counter_ns() - wall) / 1000)
 
 
 def make(variant: str, directory: str) -> Any:
@@ -49,4 +78,4 @@ def make(variant: str, directory: str) -> Any:
 
 if __name__ == "__main__":
     variant, port, directory = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    uvicorn.run(make(variant, directory), host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    uvicorn.run(Measured(make(variant, directory)), host="127.0.0.1", port=port, log_level="warning", access_log=False)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import platform
 import sqlite3
 import statistics
@@ -191,11 +192,12 @@ def cold_start(tmp: Path) -> tuple[float, float, int]:
 ASGI_VARIANTS = ("bare", "ledger", "ledger-thread")
 
 
-def asgi_over_http(tmp: Path, pairs: int, warm: int) -> dict[str, dict[str, list[float]]]:
+def asgi_over_http(tmp: Path, pairs: int, warm: int) -> tuple[dict[str, dict[str, list[float]]], dict[str, Any]]:
     """The ASGI middleware as a user sees it: bench/asgi_app.py under uvicorn,
     one process per variant, a keep-alive client over loopback sending a
     fresh key and then the same request again; variants interleaved (order
-    alternating). Returns ms per request, per variant, fresh and replay."""
+    alternating). Returns ms per request, per variant, fresh and replay;
+    and what each server measured (CPU and wall time per request, in us)."""
     import http.client
     import socket
 
@@ -223,9 +225,9 @@ def asgi_over_http(tmp: Path, pairs: int, warm: int) -> dict[str, dict[str, list
                     time.sleep(0.05)
         samples: dict[str, dict[str, list[float]]] = {v: {"fresh": [], "replay": []} for v in ASGI_VARIANTS}
 
-        def post(conn: http.client.HTTPConnection, key: str, body: str) -> tuple[float, int, bytes]:
+        def post(conn: http.client.HTTPConnection, key: str, body: str, tag: str) -> tuple[float, int, bytes]:
             started = time.perf_counter()
-            conn.request("POST", "/orders", body=body, headers={"content-type": "application/json", "idempotency-key": key})
+            conn.request("POST", "/orders", body=body, headers={"content-type": "application/json", "idempotency-key": key, "x-bench-path": tag})
             answer = conn.getresponse()
             text = answer.read()
             return (time.perf_counter() - started) * 1000, answer.status, text
@@ -236,16 +238,19 @@ def asgi_over_http(tmp: Path, pairs: int, warm: int) -> dict[str, dict[str, list
             order = ASGI_VARIANTS if i % 2 == 0 else tuple(reversed(ASGI_VARIANTS))
             for v in order:
                 key, body = f"{v}-{i}", f'{{"sku":"B{i}","qty":1}}'
-                fresh, status, first = post(conns[v], key, body)
-                replay, again, second = post(conns[v], key, body)
+                fresh, status, first = post(conns[v], key, body, "fresh" if i >= warm else "warm")
+                replay, again, second = post(conns[v], key, body, "replay" if i >= warm else "warm")
                 if status != 201 or again != 201 or (v != "bare" and first != second):
                     raise RuntimeError(f"{v}: {status}/{again}: {first!r} {second!r}")
                 if i >= warm:
                     samples[v]["fresh"].append(fresh)
                     samples[v]["replay"].append(replay)
-        for conn in conns.values():
+        measured: dict[str, Any] = {}
+        for v, conn in conns.items():
+            conn.request("GET", "/bench-measured")
+            measured[v] = json.loads(conn.getresponse().read())
             conn.close()
-        return samples
+        return samples, measured
     finally:
         for proc in procs:
             proc.terminate()
@@ -294,7 +299,7 @@ def main() -> None:
         samples = per_request(tmp, args.rounds, args.per_round)
         get = get_pass_through(tmp, args.rounds, args.per_round)
         imports, first, cold_n = cold_start(tmp)
-        asgi = asgi_over_http(tmp, args.asgi_pairs, 200)
+        asgi, asgi_server = asgi_over_http(tmp, args.asgi_pairs, 200)
     took = time.perf_counter() - started
     previous = previous_figures()
     out = []
@@ -355,6 +360,29 @@ def main() -> None:
             continue
         met = "met" if f - bare_fresh <= 0.25 and r - bare_replay <= 0.08 else "**not met**"
         out.append(f"| {label} | {f:.3f} | **{f - bare_fresh:+.3f} ms** | {r:.3f} | **{r - bare_replay:+.3f} ms** | {met} | {previous.get(label, '-')} |")
+    out.append("")
+    out.append(
+        "Measured in each server during the same requests (`bench/asgi_app.py`, around the whole app, medians per request): the CPU time the process spent "
+        "(`time.process_time`, all its threads) and the wall time until the app returned, its response sent. A replay is compared with the app running again."
+    )
+    out.append("")
+    out.append("| variant | fresh: server CPU | CPU added | wall time added | replay: server CPU | CPU added | wall time added |")
+    out.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+
+    def server(v: str, path: str, what: str) -> float:
+        return statistics.median(asgi_server[v][path][what])
+
+    for v, label in (("bare", "without the middleware"), ("ledger", "the middleware (default: on the event loop)"), ("ledger-thread", "the middleware, `inline=False` (worker threads)")):
+        cells = [label]
+        for path in ("fresh", "replay"):
+            cpu = server(v, path, "cpu_us")
+            cells.append(f"{fmt(cpu)} µs")
+            if v == "bare":
+                cells += ["", ""]
+            else:
+                cells.append(f"{cpu - server('bare', path, 'cpu_us'):+.1f} µs")
+                cells.append(f"{server(v, path, 'wall_us') - server('bare', path, 'wall_us'):+.1f} µs")
+        out.append("| " + " | ".join(cells) + " |")
     out.append("")
     out.append("### Cold start (a fresh interpreter each time)")
     out.append("")
