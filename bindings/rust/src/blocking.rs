@@ -32,6 +32,8 @@ pub struct Ledger {
     dialect: Dialect,
     config: Config,
     protected_methods: Vec<String>,
+    /// Lower-cased: the request headers an exchange reads (no other is converted).
+    request_headers: Vec<String>,
     /// The reply for a request whose exchange the component could not continue.
     fault: Fault,
     clock: Arc<dyn Clock>,
@@ -159,6 +161,7 @@ impl Ledger {
         Ok(Ledger {
             config: instance.config.clone(),
             protected_methods: instance.protected_methods.clone(),
+            request_headers: instance.request_headers.clone(),
             fault: instance.fault.clone(),
             runtime,
             instance: Some(instance),
@@ -248,7 +251,14 @@ impl Ledger {
         B: FnOnce(&Request, &mut Tx<'_>) -> Result<MutationResponse, E>,
     {
         let transactional = matches!(handler, Handler::Transactional(_));
-        let (mut next, mut exchange) = self.start_with(principal, request.head(), transactional, request.start_body());
+        // Only the headers the exchange reads are converted (the others never reach it).
+        let read = &self.request_headers;
+        let head = crate::convert::head(
+            &request.method,
+            &request.path_and_query,
+            request.headers.iter().filter(|(name, _)| read.iter().any(|r| name.eq_ignore_ascii_case(r))).map(|(n, v)| (n.as_str(), v.as_str())),
+        );
+        let (mut next, mut exchange) = self.start_with(principal, head, transactional, request.start_body());
         let mut handler = Some(handler);
         let mut produced: Option<MutationResponse> = None;
         let mut failed: Option<E> = None;
