@@ -108,6 +108,42 @@ fn until_decision(ledger: &mut Ledger, req: &Request, hashed: bool) -> String {
         .expect("instance")
 }
 
+/// `Ledger::handle` and the native protocol on the same requests, the sides
+/// interleaved (order alternating each round); round 0 warms up, and request
+/// `i` is the same request on both sides. `idle`: the thread sleeps that long
+/// before each request. The times of the component, then of the native side.
+fn side_by_side(
+    rounds: usize,
+    per_round: usize,
+    idle: Option<Duration>,
+    component: &mut Ledger,
+    native: &mut native::Native,
+    request_for: impl Fn(usize) -> Request,
+) -> [Vec<Duration>; 2] {
+    let mut times: [Vec<Duration>; 2] = Default::default();
+    for round in 0..=rounds {
+        for k in 0..2 {
+            let side = if round % 2 == 0 { k } else { 1 - k };
+            for i in round * per_round..(round + 1) * per_round {
+                let request = request_for(i);
+                if let Some(idle) = idle {
+                    std::thread::sleep(idle);
+                }
+                let start = Instant::now();
+                if side == 0 {
+                    black_box(component.handle("acct", &request, created).expect("handled"));
+                } else {
+                    black_box(native.handle("acct", &request, created));
+                }
+                if round > 0 {
+                    times[side].push(start.elapsed());
+                }
+            }
+        }
+    }
+    times
+}
+
 /// The fresh and replay paths of the table above with the thread asleep for
 /// a millisecond before each request, as a server's thread is between
 /// requests: what both sides cost when their code and data are no longer in
@@ -131,26 +167,8 @@ fn after_idle(md: &mut String, runtime: &Runtime, dir: &std::path::Path, only_pa
             black_box(component.handle("acct", &order("done", body), created).expect("handled"));
             black_box(native.handle("acct", &order("done", body), created));
         }
-        let mut times: [Vec<Duration>; 2] = Default::default();
-        for round in 0..=ROUNDS {
-            for k in 0..2 {
-                let side = if round % 2 == 0 { k } else { 1 - k };
-                for i in round * PER_ROUND..(round + 1) * PER_ROUND {
-                    let request = if path == "fresh" { order(&format!("idle-{i}"), body) } else { order("done", body) };
-                    std::thread::sleep(IDLE);
-                    let start = Instant::now();
-                    if side == 0 {
-                        black_box(component.handle("acct", &request, created).expect("handled"));
-                    } else {
-                        black_box(native.handle("acct", &request, created));
-                    }
-                    if round > 0 {
-                        times[side].push(start.elapsed());
-                    }
-                }
-            }
-        }
-        let [c, n] = times.map(stats);
+        let request_for = |i: usize| if path == "fresh" { order(&format!("idle-{i}"), body) } else { order("done", body) };
+        let [c, n] = side_by_side(ROUNDS, PER_ROUND, Some(IDLE), &mut component, &mut native, request_for).map(stats);
         rows.push(format!(
             "| {path} | {} / {} | {} / {} | {:.2}x |",
             us(c.median),
@@ -313,26 +331,7 @@ fn main() {
             "in progress (409)" => order("busy", body),
             _ => order(&format!("stale-{i}"), body),
         };
-        let mut times: [Vec<Duration>; 2] = Default::default();
-        // Round 0 warms up; request i is the same request on both sides.
-        for round in 0..=rounds {
-            for k in 0..2 {
-                let side = if round % 2 == 0 { k } else { 1 - k };
-                for i in round * per_round..(round + 1) * per_round {
-                    let request = request_for(i);
-                    let start = Instant::now();
-                    if side == 0 {
-                        black_box(component.handle("acct", &request, created).expect("handled"));
-                    } else {
-                        black_box(native.handle("acct", &request, created));
-                    }
-                    if round > 0 {
-                        times[side].push(start.elapsed());
-                    }
-                }
-            }
-        }
-        let [c, n] = times.map(stats);
+        let [c, n] = side_by_side(rounds, per_round, None, &mut component, &mut native, request_for).map(stats);
         let ratio = c.median.as_secs_f64() / n.median.as_secs_f64();
         let target = if path == "fresh" || path == "takeover" { 1.10 } else { 1.15 };
         let met = if path == "takeover" { "-".to_string() } else if ratio <= target { format!("met (<= {target:.2}x)") } else { format!("**not met** (> {target:.2}x)") };
