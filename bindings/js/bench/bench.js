@@ -1059,7 +1059,7 @@ md.push(
     "What the overhead is made of, measured in the server during the same requests (`bench/node-apps.js`, medians per request): the CPU time the server process spent " +
       "from the request's arrival until its response finished (`process.cpuUsage`, user + system), the wall time between the two, and, with the middleware, the time of the " +
       "request's own SQLite batches (the package's better-sqlite3 ledger behind a LedgerDb that times each batch). *Rest*: the CPU the middleware adds beyond its batches " +
-      "(its JavaScript, the component's calls, the held response, the body read twice: by the middleware and by the app's parser). " +
+      "(its JavaScript, the component's calls, the held response; under Express the body is read twice, by the middleware and again by `express.json()` from the stream it put back). " +
       "A replay is compared with the app running again (without the middleware the same request inserts another order): its batches replace the app's work.",
     "",
   );
