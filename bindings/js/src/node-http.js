@@ -62,7 +62,8 @@ export function readNodeBodyNow(req, cap, { putBack = true } = {}) {
       chunks.push(chunk);
     }
     const body = chunks.length === 1 ? chunks[0] : Buffer.concat(chunks, total);
-    if (total > limit) return "too-large"; // not reached: readableLength counted it
+    // A stream decoded to text (setEncoding) counts characters, not bytes.
+    if (total > limit) return "too-large";
     if (putBack && body.length > 0) req.unshift(body);
     return body;
   }
