@@ -7,7 +7,7 @@ import { matchedRoutes } from "hono/route";
 import { drainRequestBody, mutationOf, readFetchBody, requestHead, toFetchResponse } from "./fetch.js";
 import { handlerContext, neverAborted, raisedResult } from "./ledger.js";
 import { adapterOptions, nodeHead, principalValue } from "./middleware.js";
-import { closeAfterAnswer, holdResponse, readNodeBodyNow, sendCore } from "./node-http.js";
+import { closeAfterAnswer, holdResponse, readNodeRawBody, sendCore } from "./node-http.js";
 
 function waitUntilOf(c) {
   // Under @hono/node-server (its HttpBindings: c.env.incoming) there is no
@@ -80,14 +80,7 @@ const HANDED_OFF = Symbol("handed off");
  * (Workers) c.req.raw is rebuilt around the bytes read.
  */
 function readBody(c, incoming, request, cap) {
-  if (incoming) {
-    const keep = (body) => {
-      if (typeof body !== "string") incoming.rawBody = body;
-      return body;
-    };
-    const body = readNodeBodyNow(incoming, cap, { putBack: false });
-    return body instanceof Promise ? body.then(keep) : keep(body);
-  }
+  if (incoming) return readNodeRawBody(incoming, cap, { putBack: false });
   return readFetchBodyFor(c, request, cap);
 }
 

@@ -121,6 +121,16 @@ export function readNodeBodyNow(req, cap, { putBack = true } = {}) {
   });
 }
 
+/** readNodeBodyNow, the bytes also kept on `req.rawBody` (where handlers find them). */
+export function readNodeRawBody(req, cap, options) {
+  const keep = (body) => {
+    if (typeof body !== "string") req.rawBody = body;
+    return body;
+  };
+  const body = readNodeBodyNow(req, cap, options);
+  return body instanceof Promise ? body.then(keep) : keep(body);
+}
+
 function toBuffer(chunk, encoding) {
   if (chunk === undefined || chunk === null) return null;
   if (Buffer.isBuffer(chunk)) return chunk;
@@ -387,14 +397,7 @@ export async function handleNode(api, options, parts, req, res, run, { framework
     nodeHead(req),
     principal,
     {
-      readBody: (cap) => {
-        const keep = (body) => {
-          if (typeof body !== "string") req.rawBody = body;
-          return body;
-        };
-        const body = readNodeBodyNow(req, cap);
-        return body instanceof Promise ? body.then(keep) : keep(body);
-      },
+      readBody: (cap) => readNodeRawBody(req, cap),
       runHandler: (ticket, body, context) => runHeld(context),
     },
     { route, transactional },

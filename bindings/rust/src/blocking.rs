@@ -251,13 +251,7 @@ impl Ledger {
         B: FnOnce(&Request, &mut Tx<'_>) -> Result<MutationResponse, E>,
     {
         let transactional = matches!(handler, Handler::Transactional(_));
-        // Only the headers the exchange reads are converted (the others never reach it).
-        let read = &self.request_headers;
-        let head = crate::convert::head(
-            &request.method,
-            &request.path_and_query,
-            request.headers.iter().filter(|(name, _)| read.iter().any(|r| name.eq_ignore_ascii_case(r))).map(|(n, v)| (n.as_str(), v.as_str())),
-        );
+        let head = request.head_reading(&self.request_headers);
         let (mut next, mut exchange) = self.start_with(principal, head, transactional, request.start_body());
         let mut handler = Some(handler);
         let mut produced: Option<MutationResponse> = None;

@@ -45,6 +45,13 @@ impl Request {
         head(&self.method, &self.path_and_query, self.headers.iter().map(|(n, v)| (n.as_str(), v.as_str())))
     }
 
+    /// The head with only the headers in `read` (`session.request-headers`):
+    /// the others never reach the component, so they are not converted.
+    pub(crate) fn head_reading(&self, read: &[String]) -> wit::RequestHead {
+        let headers = self.headers.iter().filter(|(name, _)| reads_header(read, name));
+        head(&self.method, &self.path_and_query, headers.map(|(n, v)| (n.as_str(), v.as_str())))
+    }
+
     /// The body to give the exchange with the head (`request-start.body`):
     /// the whole body up to [`BODY_AT_START_MAX_BYTES`]; `None` for a larger
     /// one, which is hashed natively at `read-body`.
@@ -73,6 +80,12 @@ pub(crate) fn head<'a>(
         path_and_query: path_and_query.to_string(),
         headers: headers.map(|(name, value)| wit::Header { name: name.to_string(), value: value.to_string() }).collect(),
     }
+}
+
+/// Whether `name` is one of the request headers an exchange reads (`read`:
+/// `session.request-headers`, lower-cased).
+pub(crate) fn reads_header(read: &[String], name: &str) -> bool {
+    read.iter().any(|r| name.eq_ignore_ascii_case(r))
 }
 
 /// Header bytes as ISO-8859-1 code points (what Fetch, WSGI and ASGI do).

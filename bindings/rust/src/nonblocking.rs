@@ -185,7 +185,7 @@ impl AsyncLedger {
     /// (`session.request-headers`): an adapter need not convert the others,
     /// which never reach the component.
     pub fn reads_header(&self, name: &str) -> bool {
-        self.inner.request_headers.iter().any(|n| n.eq_ignore_ascii_case(name))
+        crate::convert::reads_header(&self.inner.request_headers, name)
     }
 
     /// Creates the table and index if missing.
@@ -233,8 +233,8 @@ impl AsyncLedger {
     /// A request's exchange, its body given with the head when it is small.
     async fn start_request(&self, principal: Option<&str>, request: &Request, transactional: bool) -> (Next, AsyncExchange) {
         match request.start_body() {
-            Some(body) => self.start_with_body(principal, request.head(), body, transactional).await,
-            None => self.start_with(principal, request.head(), transactional, None),
+            Some(body) => self.start_with_body(principal, request.head_reading(&self.inner.request_headers), body, transactional).await,
+            None => self.start_with(principal, request.head_reading(&self.inner.request_headers), transactional, None),
         }
     }
 

@@ -256,7 +256,7 @@ impl Instance {
     /// component (`session.request-headers`: the same answers).
     pub(crate) fn start(&mut self, mut start: wit::RequestStart) -> Result<wit::Started, Error> {
         let read = &self.request_headers;
-        start.head.headers.retain(|header| read.iter().any(|name| header.name.eq_ignore_ascii_case(name)));
+        start.head.headers.retain(|header| crate::convert::reads_header(read, &header.name));
         let methods = self.core.idempotency_ledger_session().session();
         methods.call_start(&mut self.store, self.session, &start).map_err(Error::Trap)
     }
