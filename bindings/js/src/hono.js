@@ -195,7 +195,7 @@ export function makeHonoIdempotency(api) {
       const handedOff = outgoing === undefined ? null : new Promise((resolve) => (handOff = resolve));
       const holdAnswer = () =>
         new Promise((resolve) => {
-          held = holdResponse(outgoing, (captured) => resolve(heldResult(captured)));
+          held = holdResponse(outgoing, ledger.session.responseHeaders, (captured) => resolve(heldResult(captured)));
           // A connection that closed before the answer was written: nothing
           // to store, and nobody to send it to.
           outgoing.once("close", () => {

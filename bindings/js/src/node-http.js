@@ -138,10 +138,11 @@ function toBuffer(chunk, encoding) {
   return Buffer.from(String(chunk), typeof encoding === "string" ? encoding : "utf8");
 }
 
-/** Every header set on `res`, as WIT headers. */
-function headersOf(res) {
+/** The headers set on `res` that `names` lists (lower-cased), as WIT headers. */
+function headersOf(res, names) {
   const list = [];
-  for (const [name, value] of Object.entries(res.getHeaders())) {
+  for (const name of names) {
+    const value = res.getHeader(name);
     if (Array.isArray(value)) for (const v of value) list.push({ name, value: String(v) });
     else if (value !== undefined) list.push({ name, value: String(value) });
   }
@@ -151,10 +152,12 @@ function headersOf(res) {
 /**
  * Holds what the handler writes to `res` (status and headers stay on `res`;
  * the body chunks are kept) instead of sending it. `onEnd({ status, headers,
- * body })` runs once at `res.end()`. Returns { send(), restore() }: send()
- * writes the held response as the application made it.
+ * body })` runs once at `res.end()`, with the headers `names` lists (the
+ * exchange's `Session.responseHeaders`: the core reads no other). Returns {
+ * send(), restore() }: send() writes the held response as the application
+ * made it, every header included.
  */
-export function holdResponse(res, onEnd) {
+export function holdResponse(res, names, onEnd) {
   const original = { writeHead: res.writeHead, write: res.write, end: res.end, flushHeaders: res.flushHeaders };
   const chunks = [];
   let ended = false;
@@ -198,7 +201,7 @@ export function holdResponse(res, onEnd) {
     const b = toBuffer(chunk, encoding);
     if (b) chunks.push(b);
     restore();
-    onEnd({ status: res.statusCode, headers: headersOf(res), body: Buffer.concat(chunks) });
+    onEnd({ status: res.statusCode, headers: headersOf(res, names), body: Buffer.concat(chunks) });
     return res;
   };
   return {
@@ -348,7 +351,7 @@ export async function handleNode(api, options, parts, req, res, run, { framework
         state.check = null;
         resolve(handlerResult(captured));
       };
-      state.held = holdResponse(res, (c) => {
+      state.held = holdResponse(res, ledger.session.responseHeaders, (c) => {
         captured = c;
         state.check?.();
       });

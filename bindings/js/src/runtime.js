@@ -197,6 +197,8 @@ export class Session {
     this.protectedMethods = new Set(this.call((s) => s.protectedMethods()));
     /** The request headers an exchange reads, lower-cased: `start` copies no other into the component (the same answers). */
     this.requestHeaders = new Set(this.call((s) => s.requestHeaders()));
+    /** The handler's response headers an exchange reads (its replay-headers), lower-cased: `Exchange.step` copies no other into the component (the same answers). */
+    this.responseHeaders = new Set(this.call((s) => s.responseHeaders()));
     /** The reply for a request whose exchange the component could not finish (it trapped). */
     this.faultReply = this.call((s) => s.fault());
     this.dialect = config.dialect;
@@ -252,7 +254,7 @@ export class Session {
       epoch = this.#core.epoch;
       return s.start(request);
     });
-    return { action: started.action, exchange: started.exchange === undefined ? undefined : new Exchange(this.#core, started.exchange, epoch) };
+    return { action: started.action, exchange: started.exchange === undefined ? undefined : new Exchange(this.#core, started.exchange, epoch, this.responseHeaders) };
   }
 
   /** The migration as one batch (statements). */
@@ -306,16 +308,30 @@ export class Exchange {
   #core;
   #resource;
   #epoch;
+  #responseHeaders;
 
-  constructor(core, resource, epoch) {
+  constructor(core, resource, epoch, responseHeaders) {
     this.#core = core;
     this.#resource = resource;
     this.#epoch = epoch;
+    this.#responseHeaders = responseHeaders;
   }
 
-  /** Feeds `event` (a WIT event) that happened at `now` (ms); the next action. */
+  /**
+   * Feeds `event` (a WIT event) that happened at `now` (ms); the next
+   * action. A handler's answer crosses with only the response headers the
+   * exchange reads (`Session.responseHeaders`).
+   */
   step(now, event) {
+    if (event.tag === "handler-done" && event.val.tag === "answered") event = { tag: "handler-done", val: { tag: "answered", val: this.#readable(event.val.val) } };
     return this.#core.call(() => this.#resource.step(BigInt(now), event), this.#epoch);
+  }
+
+  /** `response` with only the headers the exchange reads (itself when it has no other). */
+  #readable(response) {
+    const read = this.#responseHeaders;
+    const headers = response.headers.filter((h) => read.has(String(h.name).toLowerCase()));
+    return headers.length === response.headers.length ? response : { status: response.status, headers, body: response.body };
   }
 
   /** Drops the resource (the exchange runs nothing more). */

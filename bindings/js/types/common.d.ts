@@ -334,6 +334,8 @@ export declare class Session {
   readonly protectedMethods: Set<string>;
   /** The request headers an exchange reads, lower-cased: `start` copies no other into the component. */
   readonly requestHeaders: Set<string>;
+  /** The handler's response headers an exchange reads (its replay-headers), lower-cased: `Exchange.step` copies no other into the component. */
+  readonly responseHeaders: Set<string>;
   readonly faultReply: Reply;
   readonly sql: Record<Statement["query"], string>;
   protects(method: string): boolean;

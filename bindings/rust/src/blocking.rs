@@ -34,6 +34,8 @@ pub struct Ledger {
     protected_methods: Vec<String>,
     /// Lower-cased: the request headers an exchange reads (no other is converted).
     request_headers: Vec<String>,
+    /// Lower-cased: the handler's response headers an exchange reads.
+    response_headers: Vec<String>,
     /// The reply for a request whose exchange the component could not continue.
     fault: Fault,
     clock: Arc<dyn Clock>,
@@ -162,6 +164,7 @@ impl Ledger {
             config: instance.config.clone(),
             protected_methods: instance.protected_methods.clone(),
             request_headers: instance.request_headers.clone(),
+            response_headers: instance.response_headers.clone(),
             fault: instance.fault.clone(),
             runtime,
             instance: Some(instance),
@@ -408,7 +411,7 @@ impl Ledger {
             // The handler ended: no more renewals (SPEC 10.1).
             exchange.renewal.stop();
         }
-        let event = event_of(feed, &mut exchange.prefix);
+        let event = event_of(feed, &mut exchange.prefix, &self.response_headers);
         let began = Instant::now();
         let next = self.step(exchange, event);
         exchange.telemetry.add(began.elapsed().saturating_sub(std::mem::take(&mut exchange.slept)));

@@ -247,7 +247,7 @@ where
                         let collected = response_body.collect().await.map_err(|e| format!("the response body failed: {e}"));
                         match collected {
                             Ok(collected) => {
-                                let (result, held) = handler_result(&response_parts, collected.to_bytes());
+                                let (result, held) = handler_result(&layer.ledger, &response_parts, collected.to_bytes());
                                 produced = Some(held);
                                 exchange.feed(Feed::Handler(result)).await
                             }
@@ -297,9 +297,9 @@ fn reads_first(headers: &http::HeaderMap, cap: u64) -> bool {
     keyed && within
 }
 
-/// What the exchange is told the inner service answered, and the response
-/// held to send as it is.
-fn handler_result(parts: &http::response::Parts, body: Bytes) -> (wit::HandlerResult, http::Response<Bytes>) {
+/// What the exchange is told the inner service answered (with only the
+/// response headers it reads), and the response held to send as it is.
+fn handler_result(ledger: &AsyncLedger, parts: &http::response::Parts, body: Bytes) -> (wit::HandlerResult, http::Response<Bytes>) {
     let result = if parts.extensions.get::<NothingChanged>().is_some() {
         wit::HandlerResult::NothingChanged
     } else if parts.extensions.get::<Declined>().is_some() {
@@ -307,7 +307,12 @@ fn handler_result(parts: &http::response::Parts, body: Bytes) -> (wit::HandlerRe
     } else {
         wit::HandlerResult::Answered(wit::MutationResponse {
             status: parts.status.as_u16(),
-            headers: parts.headers.iter().map(|(n, v)| wit::Header { name: n.as_str().to_string(), value: latin1(v.as_bytes()) }).collect(),
+            headers: parts
+                .headers
+                .iter()
+                .filter(|(name, _)| ledger.reads_response_header(name.as_str()))
+                .map(|(n, v)| wit::Header { name: n.as_str().to_string(), value: latin1(v.as_bytes()) })
+                .collect(),
             body: wit::ResponseBody::Bytes(body.to_vec()),
         })
     };

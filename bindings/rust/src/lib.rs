@@ -356,8 +356,9 @@ pub(crate) fn next_of(action: wit::Action, prefix: &mut Option<String>) -> Resul
 }
 
 /// The event an adapter's feed becomes (the body hashed natively with the
-/// exchange's prefix).
-pub(crate) fn event_of(feed: Feed<'_>, prefix: &mut Option<String>) -> wit::Event {
+/// exchange's prefix; the handler's answer with only the response headers
+/// the exchange reads, `read`: `session.response-headers`).
+pub(crate) fn event_of(feed: Feed<'_>, prefix: &mut Option<String>, read: &[String]) -> wit::Event {
     match feed {
         Feed::Body(body) => match prefix.take() {
             Some(prefix) => wit::Event::BodyHashed(sha256_hex(prefix.as_bytes(), body)),
@@ -365,6 +366,42 @@ pub(crate) fn event_of(feed: Feed<'_>, prefix: &mut Option<String>) -> wit::Even
         },
         Feed::BodyTooLarge => wit::Event::BodyTooLarge,
         Feed::BodyUnreadable(problem) => wit::Event::BodyUnreadable(problem),
-        Feed::Handler(result) => wit::Event::HandlerDone(result),
+        Feed::Handler(mut result) => {
+            if let wit::HandlerResult::Answered(response) = &mut result {
+                response.headers.retain(|header| convert::reads_header(read, &header.name));
+            }
+            wit::Event::HandlerDone(result)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(name: &str, value: &str) -> wit::Header {
+        wit::Header { name: name.into(), value: value.into() }
+    }
+
+    #[test]
+    fn a_handlers_answer_crosses_with_only_the_response_headers_the_exchange_reads() {
+        let answered = wit::HandlerResult::Answered(wit::MutationResponse {
+            status: 201,
+            headers: vec![header("Content-Type", "application/json"), header("Set-Cookie", "s=1"), header("X-Frame-Options", "DENY"), header("LOCATION", "/o/1"), header("location", "/o/2")],
+            body: wit::ResponseBody::Text("{}".into()),
+        });
+        let read = ["content-type".to_string(), "location".to_string()];
+        match event_of(Feed::Handler(answered), &mut None, &read) {
+            wit::Event::HandlerDone(wit::HandlerResult::Answered(response)) => {
+                // The generated WIT types have no PartialEq: compared as pairs.
+                let kept: Vec<(&str, &str)> = response.headers.iter().map(|h| (h.name.as_str(), h.value.as_str())).collect();
+                assert_eq!(kept, [("Content-Type", "application/json"), ("LOCATION", "/o/1"), ("location", "/o/2")]);
+                assert_eq!(response.status, 201);
+                assert!(matches!(response.body, wit::ResponseBody::Text(ref t) if t == "{}"));
+            }
+            other => panic!("expected the handler's answer, got {other:?}"),
+        }
+        let raised = event_of(Feed::Handler(wit::HandlerResult::Raised("boom".into())), &mut None, &read);
+        assert!(matches!(raised, wit::Event::HandlerDone(wit::HandlerResult::Raised(ref d)) if d == "boom"));
     }
 }

@@ -60,6 +60,8 @@ struct Inner {
     protected_methods: Vec<String>,
     /// Lower-cased: the request headers an exchange reads.
     request_headers: Vec<String>,
+    /// Lower-cased: the handler's response headers an exchange reads.
+    response_headers: Vec<String>,
     fault: Fault,
     clock: Arc<dyn Clock>,
     /// Key and principal in clear on spans (see [`AsyncLedger::record_keys`]).
@@ -140,7 +142,7 @@ impl AsyncLedger {
         let count = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(2, 16);
         let mut slots = Vec::with_capacity(count);
         let (config, protected_methods, fault) = (first.config.clone(), first.protected_methods.clone(), first.fault.clone());
-        let request_headers = first.request_headers.clone();
+        let (request_headers, response_headers) = (first.request_headers.clone(), first.response_headers.clone());
         slots.push(Mutex::new(Slot { instance: Some(first), epoch: 0 }));
         for _ in 1..count {
             slots.push(Mutex::new(Slot { instance: None, epoch: 0 }));
@@ -157,6 +159,7 @@ impl AsyncLedger {
                 config,
                 protected_methods,
                 request_headers,
+                response_headers,
                 fault,
                 clock: Arc::new(clock),
                 record_keys: std::sync::atomic::AtomicBool::new(false),
@@ -186,6 +189,14 @@ impl AsyncLedger {
     /// which never reach the component.
     pub fn reads_header(&self, name: &str) -> bool {
         crate::convert::reads_header(&self.inner.request_headers, name)
+    }
+
+    /// True when an exchange reads the handler's response headers of this
+    /// name (`session.response-headers`: the replay-headers): an adapter
+    /// need not convert the others, which never reach the component (the
+    /// handler's own response keeps them).
+    pub fn reads_response_header(&self, name: &str) -> bool {
+        crate::convert::reads_header(&self.inner.response_headers, name)
     }
 
     /// Creates the table and index if missing.
@@ -572,7 +583,7 @@ impl AsyncExchange {
             // The handler ended: no more renewals (SPEC 10.1).
             self.stop_renewal();
         }
-        let event = event_of(feed, &mut self.prefix);
+        let event = event_of(feed, &mut self.prefix, &self.ledger.inner.response_headers);
         self.step(event).await
     }
 

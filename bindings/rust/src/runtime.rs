@@ -211,7 +211,8 @@ impl Runtime {
         let fault = Fault::new(methods.call_fault(&mut store, session).map_err(Error::Trap)?)?;
         let protected_methods = methods.call_protected_methods(&mut store, session).map_err(Error::Trap)?;
         let request_headers = methods.call_request_headers(&mut store, session).map_err(Error::Trap)?;
-        Ok(Instance { store, core, session, config, fault, protected_methods, request_headers })
+        let response_headers = methods.call_response_headers(&mut store, session).map_err(Error::Trap)?;
+        Ok(Instance { store, core, session, config, fault, protected_methods, request_headers, response_headers })
     }
 }
 
@@ -247,6 +248,9 @@ pub(crate) struct Instance {
     /// Lower-cased: the request headers an exchange reads; no other is
     /// copied into the component.
     pub(crate) request_headers: Vec<String>,
+    /// Lower-cased: the handler's response headers an exchange reads; no
+    /// other is copied into the component.
+    pub(crate) response_headers: Vec<String>,
 }
 
 impl Instance {

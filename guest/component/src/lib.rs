@@ -89,6 +89,10 @@ impl wit_session::GuestSession for Session {
         self.0.policy().request_headers.clone()
     }
 
+    fn response_headers(&self) -> Vec<String> {
+        self.0.policy().response_headers.clone()
+    }
+
     fn start(&self, request: wit_exchange::RequestStart) -> wit_session::Started {
         let head = core::RequestHead {
             method: request.head.method,

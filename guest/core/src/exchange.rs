@@ -716,6 +716,15 @@ mod tests {
         assert_eq!(names(config), ["idempotency-key", "content-length", "content-type", "x-tenant"]);
     }
 
+    #[test]
+    fn the_policy_names_each_response_header_the_completion_reads_once() {
+        let names = |config: Config| session(config).policy().response_headers.clone();
+        assert_eq!(names(Config::default()), ["content-type", "location"]);
+        let config = Config { replay_headers: vec!["Content-Type".into(), "content-type".into(), "X-Order-Id".into()], ..Config::default() };
+        assert_eq!(names(config), ["content-type", "x-order-id"]);
+        assert!(names(Config { replay_headers: Vec::new(), ..Config::default() }).is_empty());
+    }
+
     fn started(s: &Session, head: &RequestHead) -> (ReadBody, Exchange) {
         match s.start(head, Some("acct"), false) {
             (Action::ReadBody(read), Some(exchange)) => (read, exchange),

@@ -441,6 +441,9 @@ pub fn completion_roundtrip(data: &[u8]) {
     let handler = MutationResponse { status, headers, body };
     let ticket = Ticket { principal: "p".into(), key: "k".into(), fingerprint: fp.clone(), generation: 1, created_at: 0 };
     let plan = session.plan_completion(&ticket, handler.clone(), 5).expect("valid");
+    let names = &session.policy().response_headers;
+    let read_only = MutationResponse { headers: handler.headers.iter().filter(|h| names.iter().any(|n| h.name.eq_ignore_ascii_case(n))).cloned().collect(), ..handler.clone() };
+    assert_eq!(session.plan_completion(&ticket, read_only, 5).expect("valid"), plan, "a response of only the headers the policy names");
     if let Answer::Core(sent) = &plan.answer {
         assert_eq!(sent.status, 500, "the core answers an executed request only with its unstorable 500");
         assert!(plan.log.is_some());

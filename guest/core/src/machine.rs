@@ -46,6 +46,19 @@ fn request_headers(config: &Config) -> Vec<String> {
     names
 }
 
+/// Every response header the completion reads (`responses::shape`): the
+/// replay-headers, lower-cased, each once.
+fn response_headers(config: &Config) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for name in &config.replay_headers {
+        let name = name.to_ascii_lowercase();
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    names
+}
+
 /// The protocol on one validated config.
 #[derive(Clone, Debug)]
 pub struct Session {
@@ -62,6 +75,7 @@ impl Session {
         let policy = RequestPolicy {
             protected_methods: config.protected_methods.iter().map(|m| m.to_ascii_uppercase()).collect(),
             request_headers: request_headers(&config),
+            response_headers: response_headers(&config),
         };
         let replay_header = config.replay_header.as_ref().map(|h| h.to_ascii_lowercase());
         Ok(Session { config, policy, replay_header })

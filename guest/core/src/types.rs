@@ -295,6 +295,10 @@ pub struct RequestPolicy {
     /// may leave every other header out of the head it starts an exchange
     /// with, and gets the same answers.
     pub request_headers: Vec<String>,
+    /// The handler's response headers an exchange reads (its replay-headers),
+    /// lower-cased, each once: a host may leave every other header out of
+    /// the `MutationResponse` it feeds, and gets the same answers.
+    pub response_headers: Vec<String>,
 }
 
 /// Host-side events the core words for the log.

@@ -1,0 +1,88 @@
+// Only the handler's response headers the core reads (its `response-headers`:
+// the replay-headers) cross into the component: Exchange.step copies no
+// other, and the answers are the ones all the headers would have given.
+import assert from "node:assert/strict";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { after, test } from "node:test";
+import { getCore, ledgerFor, openLedgerDatabase } from "../src/node.js";
+
+const dir = mkdtempSync(join(tmpdir(), "idem-response-headers-"));
+after(() => rmSync(dir, { recursive: true, force: true }));
+
+const head = (key) => ({
+  method: "POST",
+  pathAndQuery: "/orders",
+  headers: [
+    { name: "Idempotency-Key", value: key },
+    { name: "Content-Type", value: "application/json" },
+  ],
+});
+
+test("the session names the replay-headers, lower-cased, each once", () => {
+  const core = getCore();
+  assert.deepEqual([...core.open(core.defaultConfig()).responseHeaders], ["content-type", "location"]);
+  const custom = core.open({ ...core.defaultConfig(), replayHeaders: ["Content-Type", "X-Order-Id", "content-type"] });
+  assert.deepEqual([...custom.responseHeaders], ["content-type", "x-order-id"]);
+});
+
+test("a handler's answer crosses with only those headers, and replays as with all of them", async () => {
+  const db = await openLedgerDatabase(join(dir, "ledger.sqlite"));
+  const l = ledgerFor(db, { sweep: false, replayHeaders: ["content-type", "X-Order-Id"] });
+  const given = [];
+  // Every handler answer the component's exchange.step receives, as it receives it.
+  const spied = (exchange) =>
+    new Proxy(exchange, {
+      get(target, name) {
+        if (name === "step")
+          return (now, event) => {
+            if (event.tag === "handler-done" && event.val.tag === "answered") given.push(event.val.val.headers.map((h) => `${h.name}: ${h.value}`));
+            return target.step(now, event);
+          };
+        const value = Reflect.get(target, name);
+        return typeof value === "function" ? value.bind(target) : value;
+      },
+    });
+  const call = l.session.call.bind(l.session);
+  l.session.call = (fn) =>
+    call((resource) =>
+      fn(
+        new Proxy(resource, {
+          get(target, name) {
+            if (name === "start")
+              return (request) => {
+                const started = target.start(request);
+                return started.exchange === undefined ? started : { action: started.action, exchange: spied(started.exchange) };
+              };
+            const value = Reflect.get(target, name);
+            return typeof value === "function" ? value.bind(target) : value;
+          },
+        }),
+      ),
+    );
+  const body = Buffer.from('{"sku":"A-1"}');
+  const headers = [
+    { name: "Content-Type", value: "application/json" },
+    { name: "Set-Cookie", value: "session=abc" },
+    { name: "X-Frame-Options", value: "DENY" },
+    { name: "Cache-Control", value: "no-store" },
+    { name: "x-order-id", value: "o_1" },
+    { name: "X-Order-Id", value: "o_1b" },
+  ];
+  let ran = 0;
+  const io = { readBody: () => body, runHandler: () => (ran++, { tag: "answered", val: { status: 201, headers, body: { tag: "text", val: '{"order":"o_1"}' } } }) };
+  const first = await l.exchange(head("k-1"), "acct", io);
+  const replay = await l.exchange(head("k-1"), "acct", io);
+  assert.deepEqual([first.outcome, replay.outcome, ran], ["executed", "replayed", 1]);
+  assert.deepEqual(given, [["Content-Type: application/json", "x-order-id: o_1", "X-Order-Id: o_1b"]]);
+  const sent = replay.action.val.send.val;
+  assert.deepEqual(
+    sent.headers.map((h) => [h.name, h.value]),
+    [
+      ["content-type", "application/json"],
+      ["x-order-id", "o_1, o_1b"],
+    ],
+  );
+  db.close();
+});
