@@ -197,7 +197,7 @@ def asgi_over_http(tmp: Path, pairs: int, warm: int) -> tuple[dict[str, dict[str
     one process per variant, a keep-alive client over loopback sending a
     fresh key and then the same request again; variants interleaved (order
     alternating). Returns ms per request, per variant, fresh and replay;
-    and what each server measured (CPU and wall time per request, in us)."""
+    and what each server measured (CPU time and wall time to the answer per request, in us)."""
     import http.client
     import socket
 
@@ -363,10 +363,11 @@ def main() -> None:
     out.append("")
     out.append(
         "Measured in each server during the same requests (`bench/asgi_app.py`, around the whole app, medians per request): the CPU time the process spent "
-        "(`time.process_time`, all its threads) and the wall time until the app returned, its response sent. A replay is compared with the app running again."
+        "(`time.process_time`, all its threads) and the wall time until the response's start was sent (the answer ready: the middleware holds the handler's answer until its completion committed). "
+        "A replay is compared with the app running again."
     )
     out.append("")
-    out.append("| variant | fresh: server CPU | CPU added | wall time added | replay: server CPU | CPU added | wall time added |")
+    out.append("| variant | fresh: server CPU | CPU added | wall time to the answer, added | replay: server CPU | CPU added | wall time to the answer, added |")
     out.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
 
     def server(v: str, path: str, what: str) -> float:
@@ -381,7 +382,7 @@ def main() -> None:
                 cells += ["", ""]
             else:
                 cells.append(f"{cpu - server('bare', path, 'cpu_us'):+.1f} µs")
-                cells.append(f"{server(v, path, 'wall_us') - server('bare', path, 'wall_us'):+.1f} µs")
+                cells.append(f"{server(v, path, 'answer_us') - server('bare', path, 'answer_us'):+.1f} µs")
         out.append("| " + " | ".join(cells) + " |")
     out.append("")
     out.append("### Cold start (a fresh interpreter each time)")
