@@ -86,3 +86,34 @@ test("a handler's answer crosses with only those headers, and replays as with al
   );
   db.close();
 });
+
+test("Express and node:http over loopback: a repeated replay header is read as set, in any case; the first caller gets every header", async () => {
+  const { createServer } = await import("node:http");
+  const { default: express } = await import("express");
+  const { idempotency } = await import("../src/express.js");
+  const { idempotentHandler } = await import("../src/node.js");
+  const { listen } = await import("./helpers/servers.js");
+  const { freshDb } = await import("./helpers/sqlite.js");
+  const settings = { sweep: false, principal: () => "acct", replayHeaders: ["Content-Type", "X-Order-Id"] };
+  const respond = (res) => {
+    res.statusCode = 201;
+    res.setHeader("Content-Type", "application/json");
+    res.setHeader("X-ORDER-ID", ["o_1", "o_1b"]);
+    res.setHeader("Set-Cookie", "session=abc");
+    res.setHeader("X-Frame-Options", "DENY");
+    res.end('{"order":"o_1"}');
+  };
+  const app = express();
+  app.post("/orders", idempotency({ db: freshDb(), ...settings }), (req, res) => respond(res));
+  const bases = [await listen(createServer(app)), await listen(createServer(idempotentHandler({ db: freshDb(), ...settings }, (req, res) => respond(res))))];
+  for (const base of bases) {
+    const send = () => fetch(`${base}/orders`, { method: "POST", headers: { "content-type": "application/json", "idempotency-key": "k-1" }, body: "{}" });
+    const first = await send();
+    assert.equal(first.status, 201);
+    assert.deepEqual([first.headers.get("x-order-id"), first.headers.get("set-cookie"), first.headers.get("x-frame-options")], ["o_1, o_1b", "session=abc", "DENY"]);
+    const replay = await send();
+    assert.equal(replay.status, 201);
+    assert.equal(await replay.text(), '{"order":"o_1"}');
+    assert.deepEqual([replay.headers.get("content-type"), replay.headers.get("x-order-id"), replay.headers.get("set-cookie"), replay.headers.get("x-frame-options")], ["application/json", "o_1, o_1b", null, null]);
+  }
+});
