@@ -66,7 +66,7 @@ function utf8Length(s, from, n) {
 }
 
 /** Copies `s` into guest memory as UTF-8 (exact size); returns the pointer, `cx.len` the length. */
-function lowerString(cx, s) {
+export function lowerString(cx, s) {
   if (typeof s !== "string") throw new TypeError(`expected a string, got ${typeof s}`);
   const n = s.length;
   if (n === 0) {
@@ -94,7 +94,7 @@ function lowerString(cx, s) {
   return ptr;
 }
 
-function liftString(cx, ptr, len) {
+export function liftString(cx, ptr, len) {
   if (len === 0) return "";
   const u8 = cx.u8;
   const end = ptr + len;
@@ -114,11 +114,14 @@ function liftString(cx, ptr, len) {
 // ---------------------------------------------------------------------------
 // Type descriptors ({ k: kind, L: layout | null, ... }); their layout (size,
 // alignment, field offsets, flat core types) is computed on first use, and
-// three functions walk them:
+// three functions walk them (`load` and `store` hand a type that has them to
+// its generated `lift` and `lower`: generated/wit.js, scripts/wit-codec.js):
 //   store(cx, t, ptr, v) / load(cx, t, ptr)   a value in linear memory
 //   lower(cx, t, v, out)                      a value as flat core values pushed on `out`
-// (Descriptors instead of a closure per type: a Worker builds them at start,
-// where every line of JS runs cold.)
+// (Descriptors rather than code made at run time, which a Worker would build at
+// start, where every line of JS runs cold; the types every request carries
+// also have straight-line functions, written at build time: V8 gives each its
+// own type feedback, where the walk's sites see every type.)
 
 const U8 = 0;
 const U16 = 1;
@@ -264,17 +267,17 @@ export function lay(t) {
 /** The flat core types of a list of types. */
 export const flatOf = (types) => types.flatMap((t) => lay(t).flat);
 
-function invalid(what, v) {
+export function invalid(what, v) {
   return new TypeError(`invalid ${what} value [${typeof v === "bigint" ? `${v}n` : String(v)}]`);
 }
-function uint(v, max, what) {
+export function uint(v, max, what) {
   if (typeof v !== "number" || !Number.isInteger(v) || v < 0 || v > max) throw invalid(what, v);
   return v;
 }
 const S64_MIN = -(2n ** 63n);
 const S64_MAX = 2n ** 63n - 1n;
 const U64_MAX = 2n ** 64n - 1n;
-function int64(v, signed) {
+export function int64(v, signed) {
   const b = typeof v === "number" && Number.isSafeInteger(v) ? BigInt(v) : v;
   if (typeof b !== "bigint" || (signed ? b < S64_MIN || b > S64_MAX : b < 0n || b > U64_MAX)) throw invalid(signed ? "s64" : "u64", v);
   return b;
@@ -282,15 +285,17 @@ function int64(v, signed) {
 function checkRecord(L, v) {
   if (v === null || typeof v !== "object") throw new TypeError(`expected a record { ${L.names.join(", ")} }, got ${v === null ? "null" : typeof v}`);
 }
+/** The error for `v`, not one of an enum's or a variant's `tags`. */
+export function badCase(isEnum, tags, v) {
+  const got = isEnum || v === null || typeof v !== "object" ? JSON.stringify(v) ?? String(v) : `{ tag: ${JSON.stringify(v.tag)} }`;
+  return new TypeError(`invalid ${isEnum ? "enum" : "variant"} value ${got}: expected ${isEnum ? "" : "a tag of "}${tags.map((x) => JSON.stringify(x)).join(" | ")}`);
+}
 function caseOf(t, L, v) {
   let i;
   if (t.k === ENUM) i = L.index.get(v);
   else if (t.k === OPTION) i = v === undefined || v === null ? 0 : 1;
   else i = v !== null && typeof v === "object" ? L.index.get(v.tag) : undefined;
-  if (i === undefined) {
-    const got = t.k === ENUM || v === null || typeof v !== "object" ? JSON.stringify(v) ?? String(v) : `{ tag: ${JSON.stringify(v.tag)} }`;
-    throw new TypeError(`invalid ${t.k === ENUM ? "enum" : "variant"} value ${got}: expected ${t.k === ENUM ? "" : "a tag of "}${L.tags.map((x) => JSON.stringify(x)).join(" | ")}`);
-  }
+  if (i === undefined) throw badCase(t.k === ENUM, L.tags, v);
   return i;
 }
 /** The payload of a variant-like value `v`. */
@@ -312,16 +317,22 @@ function lowerHandle(cx, t, v) {
   return cx.lowerHandle(t, v);
 }
 
+/** An own<resource> or borrow<resource> lowered into memory (see lowerHandle). */
+export const lowerHandleOf = (cx, resource, own, v) => lowerHandle(cx, { resource, own }, v);
+
+/** Copies bytes into guest memory; returns the pointer, `cx.len` the length. */
+export function lowerBytes(cx, v) {
+  const b = asBytes(v);
+  const ptr = cx.alloc(1, b.length);
+  cx.u8.set(b, ptr);
+  cx.len = b.length;
+  return ptr;
+}
+
 /** Lowers a string, list or bytes into memory it allocates; returns the pointer, `cx.len` the length. */
 function lowerList(cx, t, v) {
   if (t.k === STRING) return lowerString(cx, v);
-  if (t.k === BYTES) {
-    const b = asBytes(v);
-    const ptr = cx.alloc(1, b.length);
-    cx.u8.set(b, ptr);
-    cx.len = b.length;
-    return ptr;
-  }
+  if (t.k === BYTES) return lowerBytes(cx, v);
   if (!Array.isArray(v)) throw new TypeError(`expected an array, got ${typeof v}`);
   const { size, align } = lay(t.elem);
   const n = v.length;
@@ -331,12 +342,31 @@ function lowerList(cx, t, v) {
   return base;
 }
 
+/** Lifts `n` bytes at `base` (a copy). */
+export function liftBytes(cx, base, n) {
+  if (base + n > cx.u8.length) throw new RangeError(`list [${base}, ${base + n}) out of bounds`);
+  return cx.u8.slice(base, base + n);
+}
+
+/** Lifts a bool at `p`. */
+export function liftBool(cx, p) {
+  const b = cx.dv.getUint8(p);
+  if (b > 1) throw new TypeError(`invalid bool discriminant ${b}`);
+  return b === 1;
+}
+
+/** An f64 to lower. */
+export function f64(v) {
+  if (typeof v !== "number") throw invalid("f64", v);
+  return v;
+}
+
 /** Lifts a string, list or bytes at `base` with `n` elements. */
 export function liftList(cx, t, base, n) {
   if (t.k === STRING) return liftString(cx, base, n);
-  const size = t.k === BYTES ? 1 : lay(t.elem).size;
+  if (t.k === BYTES) return liftBytes(cx, base, n);
+  const size = lay(t.elem).size;
   if (base + n * size > cx.u8.length) throw new RangeError(`list [${base}, ${base + n * size}) out of bounds`);
-  if (t.k === BYTES) return cx.u8.slice(base, base + n);
   const out = [];
   for (let i = 0; i < n; i++) out.push(load(cx, t.elem, base + i * size));
   return out;
@@ -384,6 +414,7 @@ function setDisc(dv, L, p, i) {
 
 /** Stores `v` of type `t` at `p` in guest memory. */
 export function store(cx, t, p, v) {
+  if (t.lower !== undefined) return t.lower(cx, p, v);
   switch (t.k) {
     case U8:
       return cx.dv.setUint8(p, uint(v, 0xff, "u8"));
@@ -396,8 +427,7 @@ export function store(cx, t, p, v) {
     case U64:
       return cx.dv.setBigUint64(p, int64(v, false), true);
     case F64:
-      if (typeof v !== "number") throw invalid("f64", v);
-      return cx.dv.setFloat64(p, v, true);
+      return cx.dv.setFloat64(p, f64(v), true);
     case BOOL:
       return cx.dv.setUint8(p, v ? 1 : 0);
     case HANDLE:
@@ -428,6 +458,7 @@ export function store(cx, t, p, v) {
 
 /** Loads a value of type `t` from `p` in guest memory. */
 export function load(cx, t, p) {
+  if (t.lift !== undefined) return t.lift(cx, p);
   const dv = cx.dv;
   switch (t.k) {
     case U8:
@@ -442,11 +473,8 @@ export function load(cx, t, p) {
       return dv.getBigUint64(p, true);
     case F64:
       return dv.getFloat64(p, true);
-    case BOOL: {
-      const b = dv.getUint8(p);
-      if (b > 1) throw new TypeError(`invalid bool discriminant ${b}`);
-      return b === 1;
-    }
+    case BOOL:
+      return liftBool(cx, p);
     case HANDLE:
       if (!t.own || cx.liftOwn === null) throw new TypeError(`${t.resource}: a borrowed handle cannot be returned`);
       return cx.liftOwn(t.resource, dv.getUint32(p, true));
@@ -471,6 +499,9 @@ export function load(cx, t, p) {
     }
   }
 }
+
+/** What the generated lift and lower functions of generated/wit.js call (its `codec(h)`). */
+export const CODEC_HELPERS = Object.freeze({ badCase, f64, int64, liftBool, liftBytes, liftString, lowerBytes, lowerHandleOf, lowerString, uint });
 
 const f64Bits = new Float64Array(1);
 const i64Bits = new BigInt64Array(f64Bits.buffer);
