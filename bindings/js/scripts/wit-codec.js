@@ -1,7 +1,8 @@
-// Generates, for every record, variant and enum of the WIT package, a
-// function that lifts it from guest memory and one that lowers it there, as
-// straight-line JS (src/abi.js's `load` and `store` call them for the types
-// they cover instead of walking the type's descriptor). The same layout, the
+// Generates, for the records, variants and enums every request carries (an
+// exchange's actions and events, the ledger's statements and results, and
+// the types inside them: HOT below), a function that lifts each from guest
+// memory and one that lowers it there, as straight-line JS (src/abi.js's
+// `load` and `store` call them instead of walking the type's descriptor). The same layout, the
 // same values and the same errors as the descriptor walk, which still lowers
 // flat parameters and handles everything else; test/component.test.js runs
 // every conformance vector through both this binding and jco's glue.
@@ -35,6 +36,7 @@ const PRIMITIVE_STORE = {
   string: (b, o, v) => `{ const ptr = h.lowerString(cx, ${v}); cx.dv.setUint32(${at(b, o)}, ptr, true); cx.dv.setUint32(${at(b, o + 4)}, cx.len, true); }`,
 };
 
+/** The roots of the covered types: what `session.start`, `exchange.step` and `ledger.execute-batch` carry in memory. */
 const HOT = ["session.started", "exchange.event", "ledger.statement", "ledger.statement-result", "ledger.batch-error"];
 
 /** The source of `codec(h)` for a type table (generated/wit.js's TYPES). */
