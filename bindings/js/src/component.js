@@ -31,8 +31,8 @@ const pascal = (name) => camel(name).replace(/^./, (c) => c.toUpperCase());
 const hasOwn = Object.prototype.hasOwnProperty;
 const DISPOSE = Symbol.dispose ?? Symbol.for("dispose");
 const types = typeTable(TYPES);
-// Every record, variant and enum is lifted and lowered by its generated
-// functions (scripts/wit-codec.js) wherever the descriptor walk meets it.
+// The types every request carries are lifted and lowered by their generated
+// functions (scripts/wit-codec.js) wherever the descriptor walk meets them.
 for (const [name, [lift, lower]] of Object.entries(codec(CODEC_HELPERS))) Object.assign(types(name), { lift, lower });
 
 /** A `result` err value thrown by a call (jco's ComponentError: the err value is `payload`). */
