@@ -56,6 +56,8 @@ export function codecSource(TYPES) {
     let name = names.get(key);
     if (name === undefined) {
       name = typeof t === "string" ? t.replace(/[^a-z0-9]+/gi, "_") : `t${names.size}`;
+      // Two WIT names may read alike once mangled ("a.b-c", "a-b.c"): never one function for both.
+      if ([...names.values()].includes(name)) name = `${name}_${names.size}`;
       names.set(key, name);
       pending.push([t, name]);
     }
