@@ -7,6 +7,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, test } from "node:test";
 import { getCore, ledgerFor, openLedgerDatabase } from "../src/node.js";
+import { interceptSession } from "./helpers/intercept.js";
 
 const dir = mkdtempSync(join(tmpdir(), "idem-request-headers-"));
 after(() => rmSync(dir, { recursive: true, force: true }));
@@ -35,19 +36,7 @@ test("an exchange copies only those headers into the component and answers as wi
   const l = ledgerFor(db, { sweep: false, fingerprintHeaders: ["content-type", "x-tenant"] });
   const given = [];
   // Every request the component's session.start receives, as it receives it.
-  const call = l.session.call.bind(l.session);
-  l.session.call = (fn) =>
-    call((resource) =>
-      fn(
-        new Proxy(resource, {
-          get(target, name) {
-            if (name === "start") return (request) => (given.push(request.head.headers.map((h) => h.name.toLowerCase()).sort()), target.start(request));
-            const value = Reflect.get(target, name);
-            return typeof value === "function" ? value.bind(target) : value;
-          },
-        }),
-      ),
-    );
+  interceptSession(l.session, { start: (session, request) => (given.push(request.head.headers.map((h) => h.name.toLowerCase()).sort()), session.start(request)) });
   const body = Buffer.from('{"sku":"A-1"}');
   const read = { "Idempotency-Key": "k-1", "content-type": "application/json", "X-Tenant": "t-1", "content-length": String(body.length) };
   let ran = 0;

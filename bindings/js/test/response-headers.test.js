@@ -7,6 +7,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, test } from "node:test";
 import { getCore, ledgerFor, openLedgerDatabase } from "../src/node.js";
+import { intercepted, interceptSession } from "./helpers/intercept.js";
 
 const dir = mkdtempSync(join(tmpdir(), "idem-response-headers-"));
 after(() => rmSync(dir, { recursive: true, force: true }));
@@ -32,35 +33,16 @@ test("a handler's answer crosses with only those headers, and replays as with al
   const l = ledgerFor(db, { sweep: false, replayHeaders: ["content-type", "X-Order-Id"] });
   const given = [];
   // Every handler answer the component's exchange.step receives, as it receives it.
-  const spied = (exchange) =>
-    new Proxy(exchange, {
-      get(target, name) {
-        if (name === "step")
-          return (now, event) => {
-            if (event.tag === "handler-done" && event.val.tag === "answered") given.push(event.val.val.headers.map((h) => `${h.name}: ${h.value}`));
-            return target.step(now, event);
-          };
-        const value = Reflect.get(target, name);
-        return typeof value === "function" ? value.bind(target) : value;
-      },
-    });
-  const call = l.session.call.bind(l.session);
-  l.session.call = (fn) =>
-    call((resource) =>
-      fn(
-        new Proxy(resource, {
-          get(target, name) {
-            if (name === "start")
-              return (request) => {
-                const started = target.start(request);
-                return started.exchange === undefined ? started : { action: started.action, exchange: spied(started.exchange) };
-              };
-            const value = Reflect.get(target, name);
-            return typeof value === "function" ? value.bind(target) : value;
-          },
-        }),
-      ),
-    );
+  const step = (exchange, now, event) => {
+    if (event.tag === "handler-done" && event.val.tag === "answered") given.push(event.val.val.headers.map((h) => `${h.name}: ${h.value}`));
+    return exchange.step(now, event);
+  };
+  interceptSession(l.session, {
+    start: (session, request) => {
+      const started = session.start(request);
+      return started.exchange === undefined ? started : { action: started.action, exchange: intercepted(started.exchange, { step }) };
+    },
+  });
   const body = Buffer.from('{"sku":"A-1"}');
   const headers = [
     { name: "Content-Type", value: "application/json" },
