@@ -327,11 +327,11 @@ export class Exchange {
     return this.#core.call(() => this.#resource.step(BigInt(now), event), this.#epoch);
   }
 
-  /** `response` with only the headers the exchange reads (itself when it has no other). */
+  /** `response` with only the headers the exchange reads: itself when it has no other (an adapter that already read only those). */
   #readable(response) {
-    const read = this.#responseHeaders;
-    const headers = response.headers.filter((h) => read.has(String(h.name).toLowerCase()));
-    return headers.length === response.headers.length ? response : { status: response.status, headers, body: response.body };
+    const reads = (h) => this.#responseHeaders.has(String(h.name).toLowerCase());
+    if (response.headers.every(reads)) return response;
+    return { status: response.status, headers: response.headers.filter(reads), body: response.body };
   }
 
   /** Drops the resource (the exchange runs nothing more). */

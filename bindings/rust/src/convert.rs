@@ -82,8 +82,9 @@ pub(crate) fn head<'a>(
     }
 }
 
-/// Whether `name` is one of the request headers an exchange reads (`read`:
-/// `session.request-headers`, lower-cased).
+/// Whether `name` is one of the headers an exchange reads (`read`:
+/// `session.request-headers` or `session.response-headers`, lower-cased),
+/// compared ASCII case-insensitively.
 pub(crate) fn reads_header(read: &[String], name: &str) -> bool {
     read.iter().any(|r| name.eq_ignore_ascii_case(r))
 }
