@@ -5,6 +5,7 @@
 //! pass/fail test.
 
 mod axum_bench;
+mod instructions;
 mod native;
 mod previous;
 
@@ -199,12 +200,17 @@ fn created(_: &Request) -> Result<MutationResponse, String> {
 }
 
 /// `BENCH_ONLY=axum,protocol` runs only those sections (all when unset):
-/// start, fingerprint, protocol, postgres, axum, scale, million.
+/// start, fingerprint, protocol, instructions, postgres, axum, scale, million.
 fn wants(section: &str) -> bool {
     std::env::var("BENCH_ONLY").map_or(true, |only| only.split(',').any(|s| s.trim() == section))
 }
 
 fn main() {
+    if let Some(dir) = std::env::var_os(instructions::CHILD) {
+        // Under callgrind, started by `instructions::run`.
+        instructions::child(&Runtime::new().expect("runtime"), std::path::Path::new(&dir));
+        return;
+    }
     let out = std::env::args().nth(1);
     // The RESULTS.md this run replaces (scripts/bench.sh passes it).
     let previous = std::env::args().nth(2).and_then(|path| previous::Previous::read(&path));
@@ -348,7 +354,10 @@ fn main() {
     }
     let _ = writeln!(md, "\nRound trips are counted by `host-test/tests/failures.rs` (ours) and read off the recipe's code (claim, then SELECT, then takeover UPDATE, then completion; its sweep is one more per request).");
     after_idle(&mut md, &runtime, dir.path(), only_paths.as_deref());
+    }
 
+    if wants("instructions") {
+        instructions::run(&mut md, dir.path());
     }
 
     // ---- PostgreSQL vs SQLite ----
