@@ -229,7 +229,7 @@ fn es_number(x: f64) -> String {
         format!("{sign}0.{}{digits}", "0".repeat((-n) as usize))
     } else {
         let rest = if k > 1 { format!(".{}", &digits[1..]) } else { String::new() };
-        format!("{sign}{}{rest}e{}{}", &digits[..1], if n - 1 >= 0 { "+" } else { "-" }, (n - 1).abs())
+        format!("{sign}{}{rest}e{}{}", &digits[..1], if n > 0 { "+" } else { "-" }, (n - 1).abs())
     }
 }
 

@@ -31,7 +31,8 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::convert::latin1;
-use crate::nonblocking::{AsyncLedger, BoxFuture};
+use crate::nonblocking::AsyncLedger;
+use crate::BoxFuture;
 use crate::{wit, Answer, Feed, Next, Outcome, Response};
 
 type Principal = dyn Fn(&Parts) -> Option<String> + Send + Sync;

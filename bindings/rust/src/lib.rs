@@ -74,7 +74,12 @@ pub use transaction::{Renewer, Tx};
 pub use transaction::{AsyncTransaction, HandlerTransaction, LeaseWatch};
 
 #[cfg(feature = "tokio")]
-pub use nonblocking::{AsyncBackend, AsyncExchange, AsyncLedger, AsyncSqlite, BoxFuture};
+pub use nonblocking::{AsyncBackend, AsyncExchange, AsyncLedger, AsyncSqlite};
+
+/// The future the async backends and transactions return (boxed: the traits
+/// stay object safe).
+#[cfg(feature = "tokio")]
+pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
 #[cfg(feature = "postgres")]
 pub use postgres::{url_with_options, AsyncPostgres, PoolSettings, PostgresBackend, PostgresPool};
 #[cfg(feature = "tower")]

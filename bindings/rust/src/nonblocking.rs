@@ -7,7 +7,6 @@
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -20,11 +19,9 @@ use crate::runtime::{Fault, Instance, NoBackend};
 use crate::telemetry::Telemetry;
 use crate::transaction::{AsyncTransaction, HandlerTransaction, LeaseWatch};
 use crate::{
-    event_of, next_of, wit, Clock, Config, Dialect, Error, Feed, HandleError, Handled, MutationResponse, Next, Request, Runtime,
+    event_of, next_of, wit, BoxFuture, Clock, Config, Dialect, Error, Feed, HandleError, Handled, MutationResponse, Next, Request, Runtime,
     Settings, SqlBackend, SqlStatement, SqliteBackend, SystemClock, Ticket,
 };
-
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Runs ledger batches without blocking the runtime. Report failures as the
 /// driver saw them (`batch-error`); the core classifies them.

@@ -36,7 +36,8 @@ use futures_util::{pin_mut, TryStreamExt};
 use tokio_postgres::types::{to_sql_checked, Format, IsNull, ToSql, Type};
 use tokio_postgres::Row;
 
-use crate::nonblocking::{AsyncBackend, BoxFuture};
+use crate::nonblocking::AsyncBackend;
+use crate::BoxFuture;
 use crate::transaction::AsyncTransaction;
 use crate::wit::{BatchError, DatabaseError, StatementResult, Value};
 use crate::{Dialect, Error, SqlBackend, SqlStatement};

@@ -217,7 +217,7 @@ mod nonblocking {
 
     use tokio::sync::{watch, Mutex};
 
-    use crate::nonblocking::BoxFuture;
+    use crate::BoxFuture;
     use crate::wit::{BatchError, StatementResult, Value};
     use crate::{Dialect, SqlStatement};
 
