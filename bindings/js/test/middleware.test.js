@@ -306,6 +306,44 @@ describe("Express", () => {
     assert.equal((await post(pbase, "/p", { key: "p1", body: "{bad" })).status, 400);
     assert.equal((await post(pbase, "/p", { key: "p1", body: '{"ok":1}' })).status, 201, "the corrected retry runs");
   });
+
+  test("a held response ends with the methods it inherits, and a wrapper another middleware set on it before stays in place", async () => {
+    const METHODS = ["writeHead", "flushHeaders", "write", "end"];
+    const db = freshDb();
+    const finished = [];
+    let wrapped = 0;
+    const app = express();
+    app.use((req, res, next) => {
+      res.on("finish", () => finished.push({ path: req.path, own: METHODS.filter((name) => Object.hasOwn(res, name)) }));
+      next();
+    });
+    // As compression or on-headers do: res.end replaced on the response itself.
+    app.use("/wrapped", (req, res, next) => {
+      const end = res.end;
+      res.end = function wrappedEnd(...args) {
+        wrapped += 1;
+        return end.apply(this, args);
+      };
+      next();
+    });
+    const idem = expressIdempotency({ db, principal: (req) => req.get("x-user"), logger: quiet().logger });
+    app.post(["/plain", "/wrapped"], idem, express.json(), (req, res) => res.status(201).json({ sku: req.body.sku }));
+    const base = await listen(createServer(app));
+    for (const path of ["/plain", "/wrapped"]) {
+      const first = await post(base, path, { key: `held${path}` });
+      assert.equal(first.status, 201, first.text);
+      assert.deepEqual(JSON.parse(first.text), { sku: "A" });
+      const replay = await post(base, path, { key: `held${path}` });
+      assert.equal(replay.text, first.text);
+    }
+    assert.deepEqual(finished, [
+      { path: "/plain", own: [] },
+      { path: "/plain", own: [] },
+      { path: "/wrapped", own: ["end"] },
+      { path: "/wrapped", own: ["end"] },
+    ]);
+    assert.equal(wrapped, 2, "the wrapper ran once per response: the held one when it was sent, the replay");
+  });
 });
 
 describe("node:http", () => {
