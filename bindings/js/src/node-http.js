@@ -165,11 +165,12 @@ export function holdResponse(res, names, onEnd) {
   const chunks = [];
   let ended = false;
   let endCallback;
-  // Restored in reverse order: a method the response inherits by deleting
-  // its patch, so V8 takes the object back to the shape every other response
-  // has instead of keeping per-request functions as fields on it (measured on
-  // Express: tens of microseconds of CPU per held response); a method set on
-  // this response itself (another middleware's wrapper) by putting it back.
+  // Released by deleting the patches of the methods the response inherits,
+  // not by setting the originals back as its fields: measured on Express, a
+  // held response costs less CPU this way than with the methods put back or
+  // with forwarding patches left in place, although V8 then keeps the
+  // response in dictionary mode. A method set on this response itself
+  // (another middleware's wrapper) is put back.
   const own = HELD_METHODS.map((name) => Object.hasOwn(res, name));
   let restored = false;
   const restore = () => {
