@@ -107,8 +107,8 @@ pub fn run(md: &mut String, dir: &Path) {
         .arg(std::env::current_exe().expect("the bench's own path"))
         .env(CHILD, dir)
         .output();
-    let ran = match ran {
-        Ok(ran) if ran.status.success() => ran,
+    match ran {
+        Ok(ran) if ran.status.success() => {}
         Ok(ran) => {
             let _ = writeln!(md, "Skipped: callgrind failed ({}): {}", ran.status, String::from_utf8_lossy(&ran.stderr).lines().last().unwrap_or(""));
             return;
@@ -117,8 +117,7 @@ pub fn run(md: &mut String, dir: &Path) {
             let _ = writeln!(md, "Skipped: valgrind could not be started ({error}).");
             return;
         }
-    };
-    drop(ran);
+    }
     // Per path, four dumps: before the component's call (the set-up), before
     // its end (the component's requests), before the native call (nothing),
     // before its end (the native side's requests).
