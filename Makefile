@@ -7,7 +7,7 @@ CORE_MODULE := target/wasm32-unknown-unknown/component/idempotency_ledger_guest.
 COMPONENTIZE := $(CARGO) run --quiet -p idempotency-ledger-componentize --
 GUEST_SOURCES := $(shell find wit guest -name '*.wit' -o -name '*.rs' -o -name 'Cargo.toml') Cargo.toml Cargo.lock
 
-.PHONY: faults-build test-faults faults soak failover test-failover pooler-suites serve-rust help component wit demo demo-postgres test test-rust test-js test-python serve-python test-postgres postgres-suites check-imports vectors simulate fuzz bench size-profile clean dist dist-check check-versions
+.PHONY: faults-build test-faults faults soak failover test-failover pooler-suites serve-rust help component wit demo demo-postgres test test-rust test-js test-python serve-python test-postgres postgres-suites check-imports vectors simulate fuzz bench bench-instructions size-profile clean dist dist-check check-versions
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{ printf "  %-15s %s\n", $$1, $$2 }'
@@ -74,6 +74,10 @@ serve-rust: $(COMPONENT_WASM) ## The example server (axum + the tower layer) on 
 
 bench: $(COMPONENT_WASM) ## Benchmarks side by side (Rust, JS, Python); writes bench/RESULTS.md
 	./scripts/bench.sh
+
+bench-instructions: $(COMPONENT_WASM) ## Instructions per request, component against native, counted by callgrind (a table on stdout; part of make bench)
+	$(CARGO) build --locked --release -p idempotency-ledger-bench
+	BENCH_ONLY=instructions ./target/release/idempotency-ledger-bench
 
 size-profile: ## What the component's bytes are made of (a build with symbols, by crate and function)
 	./scripts/ensure-wasm-target.sh

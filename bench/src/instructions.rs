@@ -135,7 +135,7 @@ pub fn run(md: &mut String, dir: &Path) {
         "The protocol table's requests (the first four paths), {COUNTED} per path and side after {WARM} warm-up requests, run under \
          `valgrind --tool=callgrind` (the component compiled by cranelift at start: valgrind's CPU lacks features the precompiled one \
          uses); each side's requests are counted apart. A count does not change with the machine's load or speed; what a count leaves \
-         out (cache misses, the CPU's own speed) the times above include. *SQLite*: the batches themselves (the host backend's \
+         out (cache misses, the CPU's own speed) the protocol table's times include. *SQLite*: the batches themselves (the host backend's \
          `execute_batch` behind the ledger import; the native side's own run of the same statements). *wasmtime*: the runtime's own \
          code (entering the component, lowering values into it with a `cabi_realloc` call each, lifting them out); *the component's \
          code*: the core and its WIT glue compiled to WebAssembly. *Outside SQLite*: everything but the batches (on the native side, \
