@@ -121,15 +121,22 @@ pub fn run(md: &mut String, dir: &Path) {
     // Per path, four dumps: before the component's call (the set-up), before
     // its end (the component's requests), before the native call (nothing),
     // before its end (the native side's requests).
-    let counts: Vec<Count> = (0..PATHS.len() * 2)
+    let counts: Result<Vec<Count>, String> = (0..PATHS.len() * 2)
         .map(|k| {
             let dump = dir.join(format!("callgrind.out.{}", 2 * k + 2));
             let sql = if k % 2 == 0 { SQL_COMPONENT } else { SQL_NATIVE };
             let per_request = |n: u64| n as f64 / COUNTED as f64;
-            let read = read_dump(&dump, sql);
-            Count { total: per_request(read.total), sql: per_request(read.sql), wasmtime: per_request(read.wasmtime), guest: per_request(read.guest) }
+            let read = read_dump(&dump, sql)?;
+            Ok(Count { total: per_request(read.total), sql: per_request(read.sql), wasmtime: per_request(read.wasmtime), guest: per_request(read.guest) })
         })
         .collect();
+    let counts = match counts {
+        Ok(counts) => counts,
+        Err(error) => {
+            let _ = writeln!(md, "Skipped: {error}.");
+            return;
+        }
+    };
     let _ = writeln!(
         md,
         "The protocol table's requests (the first four paths), {COUNTED} per path and side after {WARM} warm-up requests, run under \
@@ -177,22 +184,23 @@ struct Dump {
 }
 
 /// Reads a dump: its total, and what callgrind_annotate lists for the
-/// function named `sql` (inclusive, 0 when it never ran) and for wasmtime's
-/// and the component's code (exclusive).
-fn read_dump(dump: &Path, sql: &str) -> Dump {
-    let text = std::fs::read_to_string(dump).unwrap_or_else(|e| panic!("{}: {e}", dump.display()));
+/// function named `sql` (inclusive; every counted request runs a batch, so
+/// a listing without it means the name changed) and for wasmtime's and the
+/// component's code (exclusive).
+fn read_dump(dump: &Path, sql: &str) -> Result<Dump, String> {
+    let text = std::fs::read_to_string(dump).map_err(|e| format!("{}: {e}", dump.display()))?;
     let total = text
         .lines()
         .find_map(|line| line.strip_prefix("totals:").or_else(|| line.strip_prefix("summary:")))
         .and_then(|n| n.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{}: no totals line", dump.display()));
-    let listing = |inclusive: bool| -> Vec<(u64, String)> {
+        .ok_or_else(|| format!("{}: no totals line", dump.display()))?;
+    let listing = |inclusive: bool| -> Result<Vec<(u64, String)>, String> {
         let out = Command::new("callgrind_annotate")
             .args([if inclusive { "--inclusive=yes" } else { "--inclusive=no" }, "--threshold=100", "--auto=no"])
             .arg(dump)
             .output()
-            .expect("callgrind_annotate");
-        String::from_utf8_lossy(&out.stdout)
+            .map_err(|e| format!("callgrind_annotate could not be started ({e})"))?;
+        Ok(String::from_utf8_lossy(&out.stdout)
             .lines()
             .filter_map(|line| {
                 let (count, rest) = line.trim_start().split_once(' ')?;
@@ -200,16 +208,20 @@ fn read_dump(dump: &Path, sql: &str) -> Dump {
                 let name = rest.split_once(')').map_or(rest, |(_, name)| name).trim().to_string();
                 Some((count, name))
             })
-            .collect()
+            .collect())
     };
-    let sql = listing(true).into_iter().find(|(_, name)| name.contains(sql)).map_or(0, |(count, _)| count);
+    let sql = listing(true)?
+        .into_iter()
+        .find(|(_, name)| name.contains(sql))
+        .map(|(count, _)| count)
+        .ok_or_else(|| format!("callgrind_annotate lists no `{}` in {}", sql.trim(), dump.display()))?;
     let (mut wasmtime, mut guest) = (0, 0);
-    for (count, name) in listing(false) {
+    for (count, name) in listing(false)? {
         if name.ends_with("[???]") {
             guest += count;
         } else if name.contains("wasmtime") {
             wasmtime += count;
         }
     }
-    Dump { total, sql, wasmtime, guest }
+    Ok(Dump { total, sql, wasmtime, guest })
 }
