@@ -91,6 +91,29 @@ async function readFetchBodyFor(c, request, cap) {
 }
 
 /**
+ * The routes Hono matched for the request: through `hono/route`'s helper,
+ * which reads a symbol of the Hono this package imports; for a request of
+ * another copy of Hono (a CommonJS application loads Hono's CommonJS build,
+ * this ES module its ES build) through the request's own `matchedRoutes`
+ * (deprecated, kept by Hono 4); undefined when neither answers.
+ */
+function routesOf(c) {
+  try {
+    const routes = matchedRoutes(c);
+    if (Array.isArray(routes)) return routes;
+  } catch {
+    // not a request of this package's Hono
+  }
+  try {
+    const routes = c.req.matchedRoutes;
+    if (Array.isArray(routes)) return routes;
+  } catch {
+    // neither
+  }
+  return undefined;
+}
+
+/**
  * Whether the route handler ran: Hono records the last handler it entered
  * (`c.req.routeIndex`). The route handler is the last of the matched
  * routes registered for a method (app.post/get/...; app.use entries are
@@ -99,7 +122,8 @@ async function readFetchBodyFor(c, request, cap) {
  * refused the request: declined. When that cannot be told, it ran.
  */
 function handlerRan(c, ours) {
-  const routes = matchedRoutes(c);
+  const routes = routesOf(c);
+  if (routes === undefined || typeof c.req.routeIndex !== "number") return true;
   let handler = -1;
   for (let i = routes.length - 1; i > ours; i--) {
     if (routes[i].method !== "ALL") {
@@ -120,7 +144,7 @@ function handlerRan(c, ours) {
  */
 function honoRoute(c, ours, option) {
   if (option !== undefined) return typeof option === "function" ? option(c) : option;
-  const routes = matchedRoutes(c);
+  const routes = routesOf(c) ?? [];
   for (let i = routes.length - 1; i >= ours && i >= 0; i--) if (routes[i].method !== "ALL") return routes[i].path;
   return undefined;
 }

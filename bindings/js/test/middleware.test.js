@@ -11,6 +11,7 @@
 // in-progress 409 suggests Retry-After: 1.
 import assert from "node:assert/strict";
 import { createServer } from "node:http";
+import { createRequire } from "node:module";
 import { describe, test } from "node:test";
 import express from "express";
 import { Hono } from "hono";
@@ -234,6 +235,42 @@ describe("Hono on Node (@hono/node-server)", () => {
     assert.equal(malformed.status, 400, malformed.text);
     assert.ok(!rows(db).some((r) => r.key === "h6"), "malformed JSON refused by the validator: released");
     assert.equal((await post(base, "/validated", { key: "h6", body: '{"sku":"ok"}' })).status, 201);
+  });
+
+  test("an application on Hono's CommonJS build (this package is an ES module): completed, replayed and declined as on the ES build", async () => {
+    // What a CommonJS application gets from require("hono") and require("@hono/node-server").
+    const require = createRequire(import.meta.url);
+    const { Hono: CommonJsHono } = require("hono");
+    const { serve: commonJsServe } = require("@hono/node-server");
+    assert.notEqual(CommonJsHono, Hono, "two copies of Hono in one process");
+    const db = freshDb();
+    let n = 0;
+    const app = new CommonJsHono();
+    const idem = honoIdempotency({ db, principal: (c) => c.req.header("x-user"), logger: quiet().logger });
+    app.post("/orders", idem, async (c) => {
+      n += 1;
+      return c.json({ n, sku: (await c.req.json()).sku }, 201);
+    });
+    // A middleware after this one answers before the route handler: declined.
+    app.post("/refused", idem, async (c) => c.json({ error: "refused" }, 400), async (c) => c.json({ unreachable: true }, 201));
+    const server = await new Promise((resolve) => {
+      const s = commonJsServe({ fetch: app.fetch, hostname: "127.0.0.1", port: 0 }, () => resolve(s));
+    });
+    try {
+      const base = `http://127.0.0.1:${server.address().port}`;
+      const first = await post(base, "/orders", { key: "cjs-1" });
+      assert.equal(first.status, 201, first.text);
+      assert.equal(rows(db).find((r) => r.key === "cjs-1").status, "completed", "the completion committed before the answer");
+      const replay = await post(base, "/orders", { key: "cjs-1" });
+      assert.equal(replay.status, 201);
+      assert.equal(replay.text, first.text);
+      assert.equal(n, 1);
+      assert.equal((await post(base, "/refused", { key: "cjs-2" })).status, 400);
+      assert.ok(!rows(db).some((r) => r.key === "cjs-2"), "declined: the key released");
+    } finally {
+      server.closeAllConnections?.();
+      await new Promise((resolve) => server.close(resolve));
+    }
   });
 });
 
