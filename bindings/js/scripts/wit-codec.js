@@ -9,7 +9,9 @@
 //
 // Emitted into generated/wit.js by scripts/wit-table.js as one function,
 // `codec(h)`, taking abi.js's helpers (so the table module imports nothing)
-// and returning { "interface.name": [lift, lower] }.
+// and returning { "interface.name": [lift, lower, flat?] } (`flat`: for the
+// parameters passed flat, FLAT_ROOTS; lift and lower undefined for a type
+// only passed flat).
 import { camel, lay, typeTable } from "../src/abi.js";
 
 /** The address `base` + `off` as JS source (`base`: "p" or an expression; `off`: a number). */
@@ -38,6 +40,20 @@ const PRIMITIVE_STORE = {
 
 /** The roots of the covered types: what `session.start`, `exchange.step` and `ledger.execute-batch` carry in memory. */
 const HOT = ["session.started", "exchange.event", "ledger.statement", "ledger.statement-result", "ledger.batch-error"];
+
+/** The parameters every request passes flat (`session.start`'s, `exchange.step`'s): each gets a flat lowering function too. */
+const FLAT_ROOTS = ["exchange.request-start", "exchange.event"];
+
+const PRIMITIVE_FLAT = {
+  u8: (v) => `out.push(h.uint(${v}, 0xff, "u8"));`,
+  u16: (v) => `out.push(h.uint(${v}, 0xffff, "u16"));`,
+  u32: (v) => `out.push(h.uint(${v}, 0xffffffff, "u32"));`,
+  s64: (v) => `out.push(h.int64(${v}, true));`,
+  u64: (v) => `out.push(BigInt.asIntN(64, h.int64(${v}, false)));`,
+  f64: (v) => `out.push(h.f64(${v}));`,
+  bool: (v) => `out.push(${v} ? 1 : 0);`,
+  string: (v) => `{ const ptr = h.lowerString(cx, ${v}); out.push(ptr, cx.len); }`,
+};
 
 /** The source of `codec(h)` for a type table (generated/wit.js's TYPES). */
 export function codecSource(TYPES) {
@@ -78,6 +94,76 @@ export function codecSource(TYPES) {
   };
   const disc = (L) => (L.disc === 1 ? "cx.dv.getUint8(p)" : L.disc === 2 ? "cx.dv.getUint16(p, true)" : "cx.dv.getUint32(p, true)");
   const setDisc = (L, i) => (L.disc === 1 ? `cx.dv.setUint8(p, ${i});` : L.disc === 2 ? `cx.dv.setUint16(p, ${i}, true);` : `cx.dv.setUint32(p, ${i}, true);`);
+
+  // Flat lowering (a function's parameters): `f_<name>(cx, v, out)` pushes
+  // the core values of `v`, as src/abi.js's `lower` does.
+  const flatNames = new Map();
+  const flatPending = [];
+  const flatFn = (t) => {
+    const key = JSON.stringify(t);
+    let name = flatNames.get(key);
+    if (name === undefined) {
+      name = typeof t === "string" ? t.replace(/[^a-z0-9]+/gi, "_") : `ft${flatNames.size}`;
+      if ([...flatNames.values()].includes(name)) name = `${name}_${flatNames.size}`;
+      flatNames.set(key, name);
+      flatPending.push([t, name]);
+    }
+    return name;
+  };
+  const flatLower = (t, v) => {
+    t = resolve(t);
+    if (typeof t === "string" && PRIMITIVE_FLAT[t]) return PRIMITIVE_FLAT[t](v);
+    if (JSON.stringify(t) === '["list","u8"]') return `{ const ptr = h.lowerBytes(cx, ${v}); out.push(ptr, cx.len); }`;
+    return `f_${flatFn(t)}(cx, ${v}, out);`;
+  };
+  const zeros = (joined, from) => joined.slice(from).map((j) => `out.push(${j === "i64" ? "0n" : "0"});`).join(" ");
+  /** A case's payload `v` pushed into its slots of the joined types, then the slots it leaves zeroed. */
+  const payload = (ct, v, joined) => {
+    if (ct === null) return zeros(joined, 0);
+    const have = layout(ct).flat;
+    const coerced = have.map((k, i) => (k === joined[i] ? "" : ` out[s + ${i}] = h.coerce(out[s + ${i}], "${k}", "${joined[i]}");`)).join("");
+    const pushed = coerced === "" ? flatLower(ct, v) : `{ const s = out.length; ${flatLower(ct, v)}${coerced} }`;
+    return `${pushed} ${zeros(joined, have.length)}`.trim();
+  };
+  const emitFlat = (t, name) => {
+    const kind = kindOf(t);
+    const L = layout(t);
+    if (kind === "record") {
+      const fields = TYPES[t][1];
+      const expected = JSON.stringify(`expected a record { ${L.names.join(", ")} }, got `);
+      const parts = fields.map(([, ft], i) => `  ${flatLower(ft, `v.${L.names[i]}`)}`);
+      bodies.push(`function f_${name}(cx, v, out) {\n  if (v === null || typeof v !== "object") throw new TypeError(${expected} + (v === null ? "null" : typeof v));\n${parts.join("\n")}\n}`);
+      return;
+    }
+    if (kind === "enum") {
+      const n = fn(t);
+      bodies.push(`function f_${name}(cx, v, out) {\n  const i = INDEX_${n}.get(v);\n  if (i === undefined) throw h.badCase(true, TAGS_${n}, v);\n  out.push(i);\n}`);
+      return;
+    }
+    if (kind === "variant" || kind === "result") {
+      const n = fn(t);
+      const cases = kind === "variant" ? TYPES[t][1] : [["ok", t[1]], ["err", t[2]]];
+      const arms = cases.map(([c, ct], i) => `    case ${JSON.stringify(c)}:\n      out.push(${i}); ${payload(ct, "v.val", L.joined)}\n      return;`);
+      bodies.push(`function f_${name}(cx, v, out) {\n  if (v === null || typeof v !== "object") throw h.badCase(false, TAGS_${n}, v);\n  switch (v.tag) {\n${arms.join("\n")}\n  }\n  throw h.badCase(false, TAGS_${n}, v);\n}`);
+      return;
+    }
+    if (kind === "option") {
+      bodies.push(`function f_${name}(cx, v, out) {\n  if (v === undefined || v === null) { out.push(0); ${zeros(L.joined, 0)} }\n  else { out.push(1); ${payload(t[1], "v", L.joined)} }\n}`);
+      return;
+    }
+    if (kind === "list") {
+      const E = layout(t[1]);
+      bodies.push(
+        `function f_${name}(cx, v, out) {\n  if (!Array.isArray(v)) throw new TypeError(\`expected an array, got \${typeof v}\`);\n  const n = v.length;\n  const base = cx.alloc(${E.align}, n * ${E.size});\n  for (let i = 0; i < n; i++) ${store(t[1], `base + i * ${E.size}`, 0, "v[i]")}\n  out.push(base, n);\n}`,
+      );
+      return;
+    }
+    if (kind === "own" || kind === "borrow") {
+      bodies.push(`function f_${name}(cx, v, out) {\n  out.push(h.lowerHandleOf(cx, ${JSON.stringify(t[1])}, ${kind !== "borrow"}, v));\n}`);
+      return;
+    }
+    throw new TypeError(`wit-codec: flat ${JSON.stringify(t)} (${kind}) is not supported`);
+  };
 
   const emit = (t, name) => {
     const kind = kindOf(t);
@@ -146,11 +232,21 @@ export function codecSource(TYPES) {
   };
   for (const root of HOT) if (TYPES[root]) visit(root);
   for (const name of covered) fn(name);
-  while (pending.length > 0) emit(...pending.shift());
-  const table = covered.map((name) => `    ${JSON.stringify(name)}: [l_${fn(name)}, s_${fn(name)}],`);
+  const flatRoots = FLAT_ROOTS.filter((name) => TYPES[name]);
+  for (const name of flatRoots) flatFn(name);
+  while (pending.length > 0 || flatPending.length > 0) {
+    if (flatPending.length > 0) emitFlat(...flatPending.shift());
+    else emit(...pending.shift());
+  }
+  const tableNames = [...covered, ...flatRoots.filter((name) => !covered.includes(name))];
+  const entry = (name) => {
+    const pair = covered.includes(name) ? `l_${fn(name)}, s_${fn(name)}` : "undefined, undefined";
+    return flatRoots.includes(name) ? `${pair}, f_${flatFn(name)}` : pair;
+  };
+  const table = tableNames.map((name) => `    ${JSON.stringify(name)}: [${entry(name)}],`);
   const indent = (block) => block.split("\n").map((line) => (line === "" ? line : `  ${line}`)).join("\n");
   return [
-    "/** Lift and lower functions per type (scripts/wit-codec.js); `h`: src/abi.js's helpers. */",
+    "/** Lift, lower and flat-lowering functions per type (scripts/wit-codec.js); `h`: src/abi.js's helpers. */",
     "export function codec(h) {",
     indent(consts.join("\n")),
     indent(bodies.join("\n")),

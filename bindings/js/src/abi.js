@@ -501,7 +501,7 @@ export function load(cx, t, p) {
 }
 
 /** What the generated lift and lower functions of generated/wit.js call (its `codec(h)`). */
-export const CODEC_HELPERS = Object.freeze({ badCase, f64, int64, liftBool, liftBytes, liftString, lowerBytes, lowerHandleOf, lowerString, uint });
+export const CODEC_HELPERS = Object.freeze({ badCase, coerce, f64, int64, liftBool, liftBytes, liftString, lowerBytes, lowerHandleOf, lowerString, uint });
 
 const f64Bits = new Float64Array(1);
 const i64Bits = new BigInt64Array(f64Bits.buffer);

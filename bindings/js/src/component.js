@@ -32,8 +32,14 @@ const hasOwn = Object.prototype.hasOwnProperty;
 const DISPOSE = Symbol.dispose ?? Symbol.for("dispose");
 const types = typeTable(TYPES);
 // The types every request carries are lifted and lowered by their generated
-// functions (scripts/wit-codec.js) wherever the descriptor walk meets them.
-for (const [name, [lift, lower]] of Object.entries(codec(CODEC_HELPERS))) Object.assign(types(name), { lift, lower });
+// functions (scripts/wit-codec.js) wherever the descriptor walk meets them;
+// `session.start`'s and `exchange.step`'s parameters are lowered flat by
+// theirs (exportCall).
+for (const [name, [lift, lower, flat]] of Object.entries(codec(CODEC_HELPERS))) {
+  const t = types(name);
+  if (lift !== undefined) Object.assign(t, { lift, lower });
+  if (flat !== undefined) t.flat = flat;
+}
 
 /** A `result` err value thrown by a call (jco's ComponentError: the err value is `payload`). */
 export class ComponentError extends Error {
@@ -97,6 +103,7 @@ function exportCall(cx, exports, f) {
   if (spilled && method) throw new TypeError(`${f.exportName}: spilled method parameters are not supported by this binding`);
   const unwrap = res.isResult === true;
   const n = params.length;
+  const flat = params.map((t) => t.flat ?? null);
   return (rep, args) => {
     let ret;
     if (spilled !== null) {
@@ -108,7 +115,10 @@ function exportCall(cx, exports, f) {
       ret = fn(ptr);
     } else {
       const out = method ? [rep] : [];
-      for (let i = 0; i < n; i++) lower(cx, params[i], args[i], out);
+      for (let i = 0; i < n; i++) {
+        if (flat[i] !== null) flat[i](cx, args[i], out);
+        else lower(cx, params[i], args[i], out);
+      }
       ret = fn(...out);
     }
     cx.refresh();

@@ -2,10 +2,12 @@
 // scripts/wit-codec.js) against the descriptor walk of src/abi.js, on one
 // linear memory: every covered type's values lowered both ways read back the
 // same, values written by the walk are lifted the same by both, and a value
-// that cannot be lowered is refused with the same error.
+// that cannot be lowered is refused with the same error. The parameters
+// passed flat (`session.start`'s, `exchange.step`'s) give the same core
+// values and write the same bytes both ways.
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { CODEC_HELPERS, Memory, lay, load, store, typeTable } from "../src/abi.js";
+import { CODEC_HELPERS, Memory, lay, load, lower, store, typeTable } from "../src/abi.js";
 import { TYPES, codec } from "../generated/wit.js";
 
 function memory() {
@@ -24,7 +26,10 @@ function memory() {
 const walk = typeTable(TYPES);
 const fast = typeTable(TYPES);
 const generated = codec(CODEC_HELPERS);
-for (const [name, [lift, lower]] of Object.entries(generated)) Object.assign(fast(name), { lift, lower });
+for (const [name, [lift, lowerTo, flat]] of Object.entries(generated)) {
+  if (lift !== undefined) Object.assign(fast(name), { lift, lower: lowerTo });
+  if (flat !== undefined) fast(name).flat = flat;
+}
 
 const T = (val) => ({ tag: "text", val });
 const header = (name, value) => ({ name, value });
@@ -140,4 +145,56 @@ test("bytes the walk refuses to lift are refused by the generated functions alik
   cx.dv.setUint32(p + payload + 4, 4, true);
   assert.throws(() => load(cx, fast("exchange.action"), p), /out of bounds/);
   assert.throws(() => load(cx, walk("exchange.action"), p), /out of bounds/);
+});
+
+const START = {
+  head: { method: "POST", pathAndQuery: "/orders?x=1", headers: [header("idempotency-key", "k-1"), header("content-type", "application/json")] },
+  principal: "acct",
+  now: 1767225600000,
+  mode: "stepped",
+  transactional: false,
+  body: new Uint8Array([123, 125]),
+};
+const FLAT = {
+  "exchange.request-start": [START, { ...START, head: { ...START.head, headers: [] }, principal: undefined, now: 1767225600000n, mode: "driven", transactional: true, body: undefined }],
+  "exchange.event": [...VALUES["exchange.event"], { tag: "batch-failed", val: { tag: "database", val: { code: undefined, message: "m" } } }, { tag: "slept" }],
+};
+
+/** Lowers `value` flat with `lowerFlat`; the core values and the memory it wrote. */
+function lowered(lowerFlat, value) {
+  const cx = memory();
+  const out = [];
+  try {
+    lowerFlat(cx, value, out);
+  } catch (error) {
+    return { error: `${error.constructor.name}: ${error.message}` };
+  }
+  cx.refresh();
+  return { out, bytes: cx.u8.slice(0, 4096) };
+}
+
+test("parameters lowered flat by the generated functions: the walk's core values, the walk's bytes", () => {
+  for (const name of ["exchange.request-start", "exchange.event"]) assert.equal(typeof fast(name).flat, "function", name);
+  for (const [name, values] of Object.entries(FLAT)) {
+    for (const value of values) {
+      const expected = lowered((cx, v, out) => lower(cx, walk(name), v, out), value);
+      assert.ok(expected.out, `${name}: the walk lowers it`);
+      assert.deepEqual(lowered(fast(name).flat, value), expected, `${name} ${value.tag ?? ""}`);
+    }
+  }
+  const BAD = [
+    ["exchange.request-start", null],
+    ["exchange.request-start", { ...START, head: null }],
+    ["exchange.request-start", { ...START, mode: "weird" }],
+    ["exchange.request-start", { ...START, head: { ...START.head, headers: "x" } }],
+    ["exchange.request-start", { ...START, now: "soon" }],
+    ["exchange.event", { tag: "nope" }],
+    ["exchange.event", { tag: "body", val: "not bytes" }],
+    ["exchange.event", { tag: "batch-failed", val: "busy" }],
+  ];
+  for (const [name, value] of BAD) {
+    const expected = lowered((cx, v, out) => lower(cx, walk(name), v, out), value);
+    assert.ok(expected.error, `${name}: the walk refuses it`);
+    assert.deepEqual(lowered(fast(name).flat, value), expected, name);
+  }
 });
