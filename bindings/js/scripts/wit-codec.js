@@ -66,19 +66,21 @@ export function codecSource(TYPES) {
   const kindOf = (t) => (typeof t === "string" ? (PRIMITIVE_LOAD[t] ? "primitive" : TYPES[t]?.[0]) : t[0]);
   const resolve = (t) => (typeof t === "string" && TYPES[t]?.[0] === "alias" ? resolve(TYPES[t][1]) : t);
 
-  /** The suffix of the pair of functions for `t` (made on first use). */
-  const fn = (t) => {
+  /** A function suffix per type expression, made (and queued for emission) on first use. */
+  const namer = (registry, queue, anonymous) => (t) => {
     const key = JSON.stringify(t);
-    let name = names.get(key);
+    let name = registry.get(key);
     if (name === undefined) {
-      name = typeof t === "string" ? t.replace(/[^a-z0-9]+/gi, "_") : `t${names.size}`;
+      name = typeof t === "string" ? t.replace(/[^a-z0-9]+/gi, "_") : `${anonymous}${registry.size}`;
       // Two WIT names may read alike once mangled ("a.b-c", "a-b.c"): never one function for both.
-      if ([...names.values()].includes(name)) name = `${name}_${names.size}`;
-      names.set(key, name);
-      pending.push([t, name]);
+      if ([...registry.values()].includes(name)) name = `${name}_${registry.size}`;
+      registry.set(key, name);
+      queue.push([t, name]);
     }
     return name;
   };
+  /** The suffix of the pair of functions for `t`. */
+  const fn = namer(names, pending, "t");
   // Source lifting / lowering a `t` at `b` + `o` (primitives inline, the rest a call).
   const load = (t, b, o) => {
     t = resolve(t);
@@ -99,17 +101,7 @@ export function codecSource(TYPES) {
   // the core values of `v`, as src/abi.js's `lower` does.
   const flatNames = new Map();
   const flatPending = [];
-  const flatFn = (t) => {
-    const key = JSON.stringify(t);
-    let name = flatNames.get(key);
-    if (name === undefined) {
-      name = typeof t === "string" ? t.replace(/[^a-z0-9]+/gi, "_") : `ft${flatNames.size}`;
-      if ([...flatNames.values()].includes(name)) name = `${name}_${flatNames.size}`;
-      flatNames.set(key, name);
-      flatPending.push([t, name]);
-    }
-    return name;
-  };
+  const flatFn = namer(flatNames, flatPending, "ft");
   const flatLower = (t, v) => {
     t = resolve(t);
     if (typeof t === "string" && PRIMITIVE_FLAT[t]) return PRIMITIVE_FLAT[t](v);
