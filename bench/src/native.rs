@@ -81,7 +81,7 @@ impl Native {
         Native { sqlite, session, now }
     }
 
-    fn head(req: &Request) -> core::RequestHead {
+    pub fn head(req: &Request) -> core::RequestHead {
         core::RequestHead {
             method: req.method.clone(),
             path_and_query: req.path_and_query.clone(),
