@@ -247,8 +247,8 @@ pub fn run(md: &mut String, runtime: &Runtime, dir: &std::path::Path, previous: 
     }
     let _ = writeln!(
         md,
-        "\nIn the same rounds: lease renewal on (the default: a renewal task spawned while the handler runs) and off, through the \
-         layer and through `AsyncLedger::handle` (called with `block_on` from another thread, so its spawn wakes the runtime's worker); \
+        "\nIn the same rounds: lease renewal on (the default: the handler's lease registered with the ledger's renewal task while it \
+         runs) and off, through the layer and through `AsyncLedger::handle` (called with `block_on` from another thread); \
          and `handle_transactional` (the handler in a transaction on the ledger's database that commits with its completion; it writes \
          nothing here, so the column is the machinery's own cost):\n"
     );

@@ -52,6 +52,8 @@ mod transaction;
 
 #[cfg(feature = "tokio")]
 mod nonblocking;
+#[cfg(feature = "tokio")]
+mod renewals;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "postgres")]

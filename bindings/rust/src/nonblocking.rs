@@ -15,6 +15,7 @@ use tokio::sync::{oneshot, Notify};
 use wasmtime::component::ResourceAny;
 
 use crate::convert::Queries;
+use crate::renewals::Renewals;
 use crate::runtime::{Fault, Instance, NoBackend};
 use crate::telemetry::Telemetry;
 use crate::transaction::{AsyncTransaction, HandlerTransaction, LeaseWatch};
@@ -67,6 +68,8 @@ struct Inner {
     /// [`AsyncLedger::sweeps_done`] when the count falls to 0.
     sweeps_in_flight: AtomicUsize,
     sweeps_idle: Notify,
+    /// The running handlers' leases, renewed by one task (SPEC 10.1).
+    renewals: Arc<Renewals>,
 }
 
 /// One instance; `epoch` counts its rebuilds after traps (an exchange of an
@@ -108,8 +111,8 @@ pub struct AsyncExchange {
     transactional: bool,
     /// The handler's transaction, open from `run-handler` to commit or rollback.
     transaction: Option<HandlerTransaction>,
-    /// The lease renewal beside the running handler, and what it found.
-    renewal: Option<tokio::task::JoinHandle<()>>,
+    /// The running handler's lease in the ledger's renewals, and what they found.
+    renewal: Option<u64>,
     lease: Option<LeaseWatch>,
     telemetry: Telemetry,
     /// Time slept in the current step (not time in the ledger).
@@ -145,7 +148,7 @@ impl AsyncLedger {
             slots.push(Mutex::new(Slot { instance: None, epoch: 0 }));
         }
         let ledger = AsyncLedger {
-            inner: Arc::new(Inner {
+            inner: Arc::new_cyclic(|inner: &std::sync::Weak<Inner>| Inner {
                 queries: runtime.queries(dialect).clone(),
                 runtime,
                 settings,
@@ -162,6 +165,14 @@ impl AsyncLedger {
                 record_keys: std::sync::atomic::AtomicBool::new(false),
                 sweeps_in_flight: AtomicUsize::new(0),
                 sweeps_idle: Notify::new(),
+                renewals: {
+                    // Weak: the renewals end with the ledger.
+                    let inner = inner.clone();
+                    Renewals::new(Arc::new(move |ticket| {
+                        let inner = inner.clone();
+                        Box::pin(async move { AsyncLedger { inner: inner.upgrade()? }.renew(&ticket).await })
+                    }))
+                },
             }),
         };
         ledger.migrate().await?;
@@ -596,27 +607,17 @@ impl AsyncExchange {
     }
 
     fn stop_renewal(&mut self) {
-        if let Some(task) = self.renewal.take() {
-            task.abort();
+        if let Some(id) = self.renewal.take() {
+            self.ledger.inner.renewals.remove(id);
         }
     }
 
     /// Renews the lease every `every` until stopped; a lost lease is told
     /// to the handler through [`LeaseWatch`].
     fn start_renewal(&mut self, ticket: Ticket, every: Duration) {
-        let (lost, watch) = tokio::sync::watch::channel(false);
-        let ledger = self.ledger.clone();
+        let (id, watch) = self.ledger.inner.renewals.add(ticket, every);
+        self.renewal = Some(id);
         self.lease = Some(LeaseWatch(watch));
-        self.renewal = Some(tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(every).await;
-                let Some(lease) = ledger.renew(&ticket).await else { continue };
-                if lease.state == wit::LeaseState::Lost {
-                    let _ = lost.send(true);
-                    return;
-                }
-            }
-        }));
     }
 
     /// Takes the open transaction (the ledger ends it).
