@@ -208,6 +208,34 @@ fn a_live_owner_that_renews_its_lease_is_never_taken_over() {
     }
 }
 
+/// Many slow owners at once share the ledger's one renewal task: every
+/// lease is kept past the TTL, every duplicate is told it is in progress,
+/// and each key runs once; a second wave, after the first ended (and with it
+/// the renewal task), is kept alike.
+#[test]
+fn concurrent_live_owners_are_all_kept_by_the_ledgers_renewals() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("l.sqlite");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let settings = Settings { pending_ttl_ms: Some(300), ..Settings::default() };
+    let (addr, _runtime) = app(&path, settings, false, runs.clone(), Duration::from_millis(1_200));
+    create_table(&path);
+    const OWNERS: usize = 12;
+    for wave in 0..2 {
+        let statuses: Vec<(u16, u16)> = std::thread::scope(|s| {
+            let firsts: Vec<_> = (0..OWNERS).map(|i| s.spawn(move || post_order(addr, &format!("w{wave}-{i}"), b"{}"))).collect();
+            // Well past the 300 ms TTL while every first handler still runs.
+            std::thread::sleep(Duration::from_millis(700));
+            let seconds: Vec<_> = (0..OWNERS).map(|i| s.spawn(move || post_order(addr, &format!("w{wave}-{i}"), b"{}"))).collect();
+            firsts.into_iter().zip(seconds).map(|(f, d)| (f.join().expect("first"), d.join().expect("duplicate"))).collect()
+        });
+        assert_eq!(statuses, vec![(201, 409); OWNERS], "wave {wave}");
+        assert_eq!(runs.load(Ordering::SeqCst), OWNERS * (wave + 1), "wave {wave}: each key ran once");
+        // Past a quarter interval with no lease: the renewal task ends.
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 #[test]
 fn a_stepped_exchange_tells_its_renewal_interval_and_its_time_in_the_ledger() {
     use idempotency_ledger::{Feed, Next};
