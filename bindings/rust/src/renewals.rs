@@ -11,11 +11,17 @@
 //! after it started (or was last renewed), so each renewal runs between
 //! three quarters of an interval and a whole one after the last. With no
 //! lease left the task ends; the next lease starts another.
+//!
+//! A ledger used from several runtimes has one task on each, renewing the
+//! leases of the requests that runtime serves, as the task spawned per
+//! request did: a lease never waits on a runtime nobody drives (a
+//! current-thread runtime between two `block_on` calls).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use tokio::runtime::{Handle, Id};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -36,10 +42,13 @@ pub(crate) struct Renewals {
 struct State {
     next: u64,
     leases: HashMap<u64, Lease>,
-    task: Option<JoinHandle<()>>,
+    /// The renewing task on each runtime that has leases.
+    tasks: HashMap<Id, JoinHandle<()>>,
 }
 
 struct Lease {
+    /// The runtime of the request that holds it: its task renews it.
+    runtime: Id,
     ticket: Ticket,
     every: Duration,
     due: Instant,
@@ -67,13 +76,15 @@ impl Renewals {
     /// true when a renewal finds the lease lost.
     pub(crate) fn add(self: &Arc<Self>, ticket: Ticket, every: Duration) -> (u64, watch::Receiver<bool>) {
         let (lost, watch) = watch::channel(false);
+        let runtime = Handle::current().id();
         let mut state = self.lock();
         let id = state.next;
         state.next += 1;
-        state.leases.insert(id, Lease { ticket, every, due: due_after(Instant::now(), every), in_flight: false, lost });
-        // No task, or one that ended with its runtime.
-        if state.task.as_ref().is_none_or(JoinHandle::is_finished) {
-            state.task = Some(tokio::spawn(self.clone().run()));
+        state.leases.insert(id, Lease { runtime, ticket, every, due: due_after(Instant::now(), every), in_flight: false, lost });
+        // No task on this runtime, or one that ended with it.
+        if state.tasks.get(&runtime).is_none_or(JoinHandle::is_finished) {
+            let task = tokio::spawn(self.clone().run(runtime));
+            state.tasks.insert(runtime, task);
         }
         (id, watch)
     }
@@ -84,19 +95,20 @@ impl Renewals {
         self.lock().leases.remove(&id);
     }
 
-    /// Starts the renewals that are due, then sleeps until the next one is
-    /// due, or a quarter interval; ends when no lease is left.
-    async fn run(self: Arc<Self>) {
+    /// Starts the renewals of `runtime`'s leases that are due, then sleeps
+    /// until the next one is due, or a quarter interval; ends when that
+    /// runtime has no lease left.
+    async fn run(self: Arc<Self>, runtime: Id) {
         loop {
             let wait = {
                 let mut state = self.lock();
-                if state.leases.is_empty() {
-                    state.task = None;
+                if !state.leases.values().any(|lease| lease.runtime == runtime) {
+                    state.tasks.remove(&runtime);
                     return;
                 }
                 let now = Instant::now();
                 let mut wait = Duration::MAX;
-                for (&id, lease) in state.leases.iter_mut() {
+                for (&id, lease) in state.leases.iter_mut().filter(|(_, lease)| lease.runtime == runtime) {
                     wait = wait.min(lease.every / 4);
                     if lease.in_flight {
                         continue;
@@ -188,7 +200,7 @@ mod tests {
         assert!(count(&counts, "b") > 15, "the other lease is still renewed");
         renewals.remove(b);
         tokio::time::sleep(Duration::from_millis(200)).await;
-        assert!(renewals.lock().task.is_none(), "the task ends once no lease is left");
+        assert!(renewals.lock().tasks.is_empty(), "the task ends once no lease is left");
     }
 
     #[tokio::test(start_paused = true)]
@@ -218,6 +230,25 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(2_000)).await;
         assert_eq!(count(&counts, "gone"), 1);
         assert_eq!(renewals.len(), 0);
+    }
+
+    /// A lease taken on a runtime nobody drives at the moment (a
+    /// current-thread runtime between two `block_on` calls) does not hold up
+    /// the leases of requests on another runtime.
+    #[test]
+    fn each_runtime_renews_the_leases_of_its_own_requests() {
+        let (renewer, counts) = counting(wit::LeaseState::Held);
+        let renewals = Renewals::new(renewer);
+        let idle = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let _parked = idle.block_on(async { renewals.add(ticket("parked"), Duration::from_millis(40)) });
+        let busy = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let _served = busy.block_on(async { renewals.add(ticket("served"), Duration::from_millis(40)) });
+        std::thread::sleep(Duration::from_millis(400));
+        assert!(count(&counts, "served") >= 4, "{counts:?}");
+        assert_eq!(count(&counts, "parked"), 0, "its runtime was not driven");
+        // Driven again, it renews its own.
+        idle.block_on(async { tokio::time::sleep(Duration::from_millis(100)).await });
+        assert!(count(&counts, "parked") >= 1, "{counts:?}");
     }
 
     #[tokio::test(start_paused = true)]
