@@ -16,6 +16,7 @@ use idempotency_ledger::{
     SqlStatement, SystemClock,
 };
 use idempotency_ledger_core as core;
+use idempotency_ledger_host_test::convert;
 
 use crate::native::Native;
 use crate::{order, T0};
@@ -286,15 +287,9 @@ async fn native_postgres(session: &core::Session, backend: &TimedBatches, key: &
             core::Action::RunBatch(statements) => {
                 let statements = statements
                     .iter()
-                    .map(|s| SqlStatement { sql: s.sql(core::Dialect::Postgres).into(), params: s.params.iter().map(wit_value).collect() })
+                    .map(|s| SqlStatement { sql: s.sql(core::Dialect::Postgres).into(), params: s.params.iter().map(convert::value_to_wit).collect() })
                     .collect();
-                let results = backend.execute_batch(statements).await.expect("batch");
-                core::Event::BatchDone(
-                    results
-                        .into_iter()
-                        .map(|r| core::StatementResult { rows: r.rows.into_iter().map(|row| row.into_iter().map(core_value).collect()).collect(), changes: r.changes })
-                        .collect(),
-                )
+                core::Event::BatchDone(convert::results_to_core(backend.execute_batch(statements).await.expect("batch")))
             }
             core::Action::RunHandler(_) => {
                 ran = true;
@@ -314,28 +309,6 @@ async fn native_postgres(session: &core::Session, backend: &TimedBatches, key: &
             other => panic!("the bench neither waits nor fails: {other:?}"),
         };
         action = exchange.step(session, now(), event);
-    }
-}
-
-fn wit_value(value: &core::Value) -> idempotency_ledger::wit::Value {
-    use idempotency_ledger::wit::Value;
-    match value {
-        core::Value::Null => Value::Null,
-        core::Value::Integer(i) => Value::Integer(*i),
-        core::Value::Real(r) => Value::Real(*r),
-        core::Value::Text(t) => Value::Text(t.clone()),
-        core::Value::Blob(b) => Value::Blob(b.clone()),
-    }
-}
-
-fn core_value(value: idempotency_ledger::wit::Value) -> core::Value {
-    use idempotency_ledger::wit::Value;
-    match value {
-        Value::Null => core::Value::Null,
-        Value::Integer(i) => core::Value::Integer(i),
-        Value::Real(r) => core::Value::Real(r),
-        Value::Text(t) => core::Value::Text(t),
-        Value::Blob(b) => core::Value::Blob(b),
     }
 }
 

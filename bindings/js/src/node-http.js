@@ -179,15 +179,8 @@ export function holdResponse(res, names, onEnd, { releaseByDelete = false } = {}
   const restore = () => {
     if (restored) return;
     restored = true;
-    if (inherited === null) {
-      res.writeHead = original.writeHead;
-      res.write = original.write;
-      res.end = original.end;
-      res.flushHeaders = original.flushHeaders;
-      return;
-    }
     for (let i = HELD_METHODS.length - 1; i >= 0; i--) {
-      if (inherited[i]) delete res[HELD_METHODS[i]];
+      if (inherited?.[i]) delete res[HELD_METHODS[i]];
       else res[HELD_METHODS[i]] = original[HELD_METHODS[i]];
     }
   };
