@@ -114,8 +114,8 @@ test-postgres: $(COMPONENT_WASM) ## PostgreSQL: a throwaway local server, every 
 # inside scripts/pgbouncer.sh run: PgBouncer 1.18, pool_mode transaction). The
 # Rust SPEC, vector, concurrency, failure and hostile suites (Python's
 # extension runs the same crate) and the three example servers as processes:
-# the contract, 4 s of load, the exactly-once probes.
-POOLER_PARTS ?= contract,load,exactly-once
+# the contract, 4 s of load, renewal under load, the exactly-once probes.
+POOLER_PARTS ?= contract,load,renewal,exactly-once
 pooler-suites:
 	@test -n "$$IDEMPOTENCY_PG_POOLER" || { echo "error: IDEMPOTENCY_PG_POOLER is not set (use make test-postgres, or scripts/pgbouncer.sh run -- ...)" >&2; exit 1; }
 	IDEMPOTENCY_TEST_BACKEND=postgres $(CARGO) test --locked --features $(PG_FEATURES) \
@@ -167,15 +167,15 @@ faults-build: $(COMPONENT_WASM) ## Build the three example servers as their serv
 
 # In make test the Rust server is the debug build test-rust made (a release
 # build of wasmtime would cost CI minutes); faults and soak use the release one.
-test-faults: $(COMPONENT_WASM) ## Faults, short: SIGKILL at chosen points, database faults, 4 s of load and the exactly-once probes per host, on SQLite and PostgreSQL
+test-faults: $(COMPONENT_WASM) ## Faults, short: SIGKILL at chosen points, database faults, 4 s of load, live owners past the TTL under load and the exactly-once probes per host, on SQLite and PostgreSQL
 	$(RUST_DEBUG_BUILD)
 	$(MAKE) --no-print-directory -C bindings/js build
 	$(MAKE) --no-print-directory -C bindings/python venv
 	FAULTS_RUST_PROFILE=debug $(FAULTS_PY) faults/run.py short --db sqlite
 	FAULTS_RUST_PROFILE=debug ./scripts/postgres.sh run -- $(FAULTS_PY) faults/run.py short --db postgres
 
-faults: faults-build ## Crashes, database faults and the exactly-once probes at depth: make faults HOST=rust|python|node DB=sqlite|postgres [ROUNDS=5 CYCLES=3]
-	$(FAULTS_PG) sh -c '$(FAULTS_PY) faults/run.py crash --host $(HOST) --db $(DB) --rounds $(ROUNDS) && $(FAULTS_PY) faults/run.py dbfaults --host $(HOST) --db $(DB) --cycles $(CYCLES) && $(FAULTS_PY) faults/run.py exactly-once --host $(HOST) --db $(DB) --rounds $(ROUNDS) --cycles $(CYCLES)'
+faults: faults-build ## Crashes, database faults, renewal under load and the exactly-once probes at depth: make faults HOST=rust|python|node DB=sqlite|postgres [ROUNDS=5 CYCLES=3]
+	$(FAULTS_PG) sh -c '$(FAULTS_PY) faults/run.py crash --host $(HOST) --db $(DB) --rounds $(ROUNDS) && $(FAULTS_PY) faults/run.py dbfaults --host $(HOST) --db $(DB) --cycles $(CYCLES) && $(FAULTS_PY) faults/run.py renewal --host $(HOST) --db $(DB) && $(FAULTS_PY) faults/run.py exactly-once --host $(HOST) --db $(DB) --rounds $(ROUNDS) --cycles $(CYCLES)'
 
 # Failover (faults/failover.py): a primary and a streaming replica of their
 # own (scripts/postgres.sh, scripts/pg-replica.sh) on FAILOVER_PORTS, a

@@ -5,6 +5,7 @@
     python3 faults/run.py crash   --host H --db D [--rounds N]
     python3 faults/run.py dbfaults --host H --db D [--fault-seconds S]
     python3 faults/run.py soak    --host H --db D --minutes M [--clients C] [--procs P]
+    python3 faults/run.py renewal --host H --db D [--seconds S] [--renewal-ttl-ms T]
     python3 faults/run.py contract --host H --db D
     python3 faults/run.py exactly-once --host H --db D [--modes transactional,plain] [--rounds N]
     python3 faults/run.py failover --host H --sync on|off [--kinds kill,readonly,multihost] [--orders both]
@@ -237,6 +238,30 @@ def soak(ctx: Context, report: Report, seconds: float, clients: int, procs: int,
     return figures
 
 
+#: The load of `renewal`: most operations duplicates of a key in flight, and
+#: half the fresh keys slow handlers.
+RENEWAL_MIX = {"fresh": 0.3, "dup": 0.5, "retry": 0.1, "reuse": 0.1, "_delayed_share": 0.5}
+
+
+def renewal(ctx: Context, report: Report, seconds: float, clients: int, ttl_ms: int) -> dict[str, Any]:
+    """Live owners past the TTL under load (docs/SPEC.md 10.1): the server
+    with a pending TTL of `ttl_ms`, half its fresh keys handlers that run two
+    to four TTLs, and duplicates of the keys in flight. Each such handler
+    outlives its lease unless the server renews it; a duplicate arriving
+    after the TTL would then take the key over and run it again, which the
+    load's model counts as a double execution. With
+    `--server-env IDEMPOTENCY_LEASE_RENEWAL=off` this run reports them."""
+    led = ctx.ledger("renewal")
+    srv = ctx.server(led.url(), ttl=ttl_ms).start()
+    figures = load.run_load(srv, led, seconds, clients, 1, report, seed=random.randrange(1 << 20), mix=RENEWAL_MIX, delay_range=(2 * ttl_ms, 4 * ttl_ms))
+    slow, met = figures["by_kind"].get("delayed", 0), figures["tally"].get("in_progress", 0)
+    # Without handlers past the TTL and duplicates meeting them the run proves nothing.
+    report.check(slow >= 10 and met >= 20, f"{ctx.host.name}/{ctx.db} renewal: too little overlap to test renewal ({slow} handlers past the TTL, {met} duplicates answered in progress)")
+    code = srv.stop()
+    report.check(code == 0, f"{ctx.host.name}/{ctx.db} renewal: SIGTERM exit code {code}")
+    return {**figures, "ttl_ms": ttl_ms, "handlers_past_ttl": slow, "duplicates_in_progress": met}
+
+
 # ---------------------------------------------------------------- driver
 
 
@@ -336,7 +361,7 @@ def failovers(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-SHORT_PARTS = ("contract", "crash", "dbfaults", "load", "exactly-once")
+SHORT_PARTS = ("contract", "crash", "dbfaults", "load", "renewal", "exactly-once")
 FAULTS_BY_DB = {"sqlite": ["sqlite-full", "sqlite-readonly"], "postgres": ["pg-restart", "pg-terminate"]}
 
 
@@ -416,7 +441,7 @@ def short_parallel(args: argparse.Namespace, selected: list[str]) -> int:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", choices=["short", "crash", "dbfaults", "soak", "contract", "exactly-once", "failover"])
+    p.add_argument("command", choices=["short", "crash", "dbfaults", "soak", "renewal", "contract", "exactly-once", "failover"])
     p.add_argument("--host", choices=["rust", "python", "node"])
     p.add_argument("--hosts", default="rust,python,node")
     p.add_argument("--db", choices=["sqlite", "postgres"], default=None)
@@ -437,6 +462,7 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--modes", default="transactional,plain",
                    help="exactly-once: transactional (IDEMPOTENCY_TRANSACTIONAL=1) and/or plain (orders committed on their own: duplicates measured)")
+    p.add_argument("--renewal-ttl-ms", type=int, default=400, help="renewal: the servers' pending TTL (their handlers run 2 to 4 times as long)")
     p.add_argument("--stall-ttl-ms", type=int, default=1000, help="exactly-once: the TTL of the stall probes (the handler runs 2.2 times as long)")
     p.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE", help="more environment for the servers (e.g. NODE_OPTIONS=--max-old-space-size=64)")
     p.add_argument("--sync", choices=["on", "off"], default="on", help="failover: synchronous replication to the replica")
@@ -480,6 +506,8 @@ def main() -> int:
             add("dbfaults", host, lambda c, r: faults(c, r, timing, args.clients or (4 if args.command == "short" else 6)))
         if short["load"]:
             add("load", host, lambda c, r: soak(c, r, args.seconds or 4, args.clients or 8, args.procs or 1, args.age_every or 1.0))
+        if args.command == "renewal" or short["renewal"]:
+            add("renewal", host, lambda c, r: renewal(c, r, args.seconds or (5 if args.command == "short" else 30), args.clients or 8, args.renewal_ttl_ms))
         if args.command == "exactly-once" or short["exactly-once"]:
             plans = eo_plans(args)
             timing = short_timing if args.command == "short" else long_timing
