@@ -13,13 +13,14 @@ import { after, before, describe, test } from "node:test";
 import { startBundledWorker } from "./helpers/bundled-worker.js";
 
 let mf;
+let close;
 before(async () => {
   let db;
-  ({ mf, db } = await startBundledWorker("exactly-once-worker"));
+  ({ mf, db, close } = await startBundledWorker("exactly-once-worker"));
   await db.prepare("CREATE TABLE tx_orders (id TEXT PRIMARY KEY, owner TEXT NOT NULL)").run();
 });
 after(async () => {
-  await mf?.dispose();
+  await close?.();
 });
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));

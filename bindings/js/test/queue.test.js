@@ -5,7 +5,7 @@
 // through the Worker's queue() entry (what the broker calls), to see what
 // the consumer acked and retried.
 import assert from "node:assert/strict";
-import { mkdtempSync } from "node:fs";
+import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, test } from "node:test";
@@ -15,6 +15,7 @@ import { COMPATIBILITY_DATE, PACKAGE_ROOT, workerModules } from "./helpers/worke
 
 let mf;
 let worker;
+const persist = mkdtempSync(join(tmpdir(), "idem-queue-d1-"));
 
 before(async () => {
   mf = new Miniflare({
@@ -23,7 +24,7 @@ before(async () => {
     modulesRoot: PACKAGE_ROOT,
     compatibilityDate: COMPATIBILITY_DATE,
     d1Databases: { DB: "queue-ledger" },
-    d1Persist: mkdtempSync(join(tmpdir(), "idem-queue-d1-")),
+    d1Persist: persist,
     queueProducers: { ORDERS: "orders", JOBS: "jobs" },
     queueConsumers: {
       orders: { maxBatchSize: 10, maxBatchTimeout: 1, maxRetries: 5 },
@@ -41,6 +42,7 @@ before(async () => {
 
 after(async () => {
   await mf?.dispose();
+  rmSync(persist, { recursive: true, force: true });
 });
 
 const state = async () => (await mf.dispatchFetch("http://queue.test/state")).json();

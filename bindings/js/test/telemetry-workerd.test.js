@@ -11,12 +11,13 @@ import { startBundledWorker } from "./helpers/bundled-worker.js";
 let mf;
 const keyHash = (principal, key) => createHash("sha256").update(`${principal}\n${key}`, "utf8").digest("hex").slice(0, 16);
 
+let close;
 before(async () => {
-  ({ mf } = await startBundledWorker("otel-worker"));
+  ({ mf, close } = await startBundledWorker("otel-worker"));
 });
 
 after(async () => {
-  await mf?.dispose();
+  await close?.();
 });
 
 async function post(key, { body = '{"sku":"A"}', user = "acct-w", delay } = {}) {
