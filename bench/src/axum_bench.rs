@@ -18,7 +18,7 @@ use idempotency_ledger::{
 use idempotency_ledger_core as core;
 use idempotency_ledger_host_test::convert;
 
-use crate::native::Native;
+use crate::native::{self, Native};
 use crate::{order, T0};
 
 /// One HTTP/1.1 keep-alive connection; reads exactly one response per request.
@@ -274,13 +274,13 @@ pub fn run(md: &mut String, runtime: &Runtime, dir: &std::path::Path, previous: 
 /// The native protocol on PostgreSQL, as a hand-written check in a route
 /// would run it: the core linked natively, stepped, each batch one round trip
 /// through the same `AsyncPostgres` backend (timed the same way), the body
-/// hashed natively. Answers what the exchange says.
-async fn native_postgres(session: &core::Session, backend: &TimedBatches, key: &str, body: &[u8]) -> (u16, String) {
+/// hashed natively, the handler `created`. Answers what the exchange says.
+async fn native_postgres(session: &core::Session, backend: &TimedBatches, key: &str, body: &[u8]) -> core::Response {
     let request = order(key, body);
     let now = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
     let (mut action, exchange) = session.start(&Native::head(&request), Some("native"), false);
     let Some(mut exchange) = exchange else { panic!("the bench only sends protected requests: {action:?}") };
-    let mut ran = false;
+    let mut produced = None;
     loop {
         let event = match action {
             core::Action::ReadBody(read) => core::Event::BodyHashed(idempotency_ledger::sha256_hex(read.prefix.as_bytes(), body)),
@@ -292,20 +292,12 @@ async fn native_postgres(session: &core::Session, backend: &TimedBatches, key: &
                 core::Event::BatchDone(convert::results_to_core(backend.execute_batch(statements).await.expect("batch")))
             }
             core::Action::RunHandler(_) => {
-                ran = true;
-                core::Event::HandlerDone(core::HandlerResult::Answered(core::MutationResponse {
-                    status: 201,
-                    headers: vec![core::Header::new("content-type", "application/json")],
-                    body: core::ResponseBody::Text(r#"{"order":"o_1"}"#.into()),
-                }))
+                let response = created(&request).expect("created");
+                let answered = native::answered(&response);
+                produced = Some(response);
+                core::Event::HandlerDone(core::HandlerResult::Answered(answered))
             }
-            core::Action::Respond(reply) => {
-                return match reply.send {
-                    core::Answer::Core(response) => (response.status, response.body.unwrap_or_default()),
-                    core::Answer::Handler if ran => (201, r#"{"order":"o_1"}"#.into()),
-                    core::Answer::Handler => panic!("the handler's answer before it ran"),
-                };
-            }
+            core::Action::Respond(reply) => return native::answer(reply.send, produced),
             other => panic!("the bench neither waits nor fails: {other:?}"),
         };
         action = exchange.step(session, now(), event);
@@ -372,8 +364,8 @@ pub fn run_postgres(md: &mut String, runtime: &Runtime, url: &str, previous: Opt
                 let native = native.clone();
                 async move {
                     let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
-                    let (status, body) = native_postgres(&native.0, &native.1, &key, &body).await;
-                    (axum::http::StatusCode::from_u16(status).expect("status"), [("content-type", "application/json")], body)
+                    let response = native_postgres(&native.0, &native.1, &key, &body).await;
+                    (axum::http::StatusCode::from_u16(response.status).expect("status"), [("content-type", "application/json")], response.body.unwrap_or_default())
                 }
             }),
         ))

@@ -121,14 +121,7 @@ impl Native {
                 Action::ReadBody(read) => Event::BodyHashed(idempotency_ledger::sha256_hex(read.prefix.as_bytes(), &req.body)),
                 Action::RunHandler(_) => {
                     let response = (mutation.take().expect("the handler runs once"))(req).expect("mutation");
-                    let answered = core::MutationResponse {
-                        status: response.status,
-                        headers: response.headers.iter().map(|(n, v)| core::Header::new(n.clone(), v.clone())).collect(),
-                        body: match &response.body {
-                            idempotency_ledger::Body::Text(t) => core::ResponseBody::Text(t.clone()),
-                            idempotency_ledger::Body::Bytes(b) => core::ResponseBody::Bytes(b.clone()),
-                        },
-                    };
+                    let answered = answered(&response);
                     produced = Some(response);
                     Event::HandlerDone(HandlerResult::Answered(answered))
                 }
@@ -141,8 +134,20 @@ impl Native {
     }
 }
 
+/// The handler's answer as the core is fed it.
+pub fn answered(response: &MutationResponse) -> core::MutationResponse {
+    core::MutationResponse {
+        status: response.status,
+        headers: response.headers.iter().map(|(n, v)| core::Header::new(n.clone(), v.clone())).collect(),
+        body: match &response.body {
+            idempotency_ledger::Body::Text(t) => core::ResponseBody::Text(t.clone()),
+            idempotency_ledger::Body::Bytes(b) => core::ResponseBody::Bytes(b.clone()),
+        },
+    }
+}
+
 /// The response a final answer sends: the core's, or the handler's own.
-fn answer(send: Answer, produced: Option<MutationResponse>) -> core::Response {
+pub fn answer(send: Answer, produced: Option<MutationResponse>) -> core::Response {
     match (send, produced) {
         (Answer::Core(response), _) => response,
         (Answer::Handler, Some(r)) => core::Response {

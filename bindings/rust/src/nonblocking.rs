@@ -68,7 +68,7 @@ struct Inner {
     /// [`AsyncLedger::sweeps_done`] when the count falls to 0.
     sweeps_in_flight: AtomicUsize,
     sweeps_idle: Notify,
-    /// The running handlers' leases, renewed by one task (SPEC 10.1).
+    /// The running handlers' leases, renewed by one task per runtime (SPEC 10.1).
     renewals: Arc<Renewals>,
 }
 

@@ -1,10 +1,11 @@
 //! Lease renewal for the async ledger (docs/SPEC.md 10.1), as the blocking
-//! side does it (`transaction.rs`): one task per ledger renews the leases of
-//! every running handler, so starting and stopping one (every fresh request,
-//! renewal on) is a map insert and remove, not a task spawned and aborted
-//! (a spawn from outside the runtime, or beside idle workers, wakes another
-//! thread; most handlers end long before their first renewal). Each renewal
-//! runs as a task of its own, so one waiting for a lock delays no other.
+//! side does it (`transaction.rs`): one task per ledger (and runtime, below)
+//! renews the leases of every running handler, so starting and stopping one
+//! (every fresh request, renewal on) is a map insert and remove, not a task
+//! spawned and aborted (a spawn from outside the runtime, or beside idle
+//! workers, wakes another thread; most handlers end long before their first
+//! renewal). Each renewal runs as a task of its own, so one waiting for a
+//! lock delays no other.
 //!
 //! Adding a lease never wakes the task: it wakes at least every quarter of
 //! the shortest interval, and a lease is due three quarters of an interval
