@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use idempotency_ledger::wit::{self, Value};
 use idempotency_ledger::{
-    Ledger, ManualClock, MutationResponse, PostgresPool, Request, Runtime, Settings, SqlBackend, SqlStatement, SqliteBackend,
+    Ledger, ManualClock, MutationResponse, PoolSettings, PostgresPool, Request, Runtime, Settings, SqlBackend, SqlStatement, SqliteBackend,
     COMPONENT,
 };
 use idempotency_ledger_core as core;
@@ -477,10 +477,11 @@ pub(crate) fn drop_schema(url: &str, schema: &str) {
     let _ = admin.backend().execute_batch(&[SqlStatement { sql: format!("DROP SCHEMA IF EXISTS {schema} CASCADE").into(), params: vec![] }]);
 }
 
-/// A fresh, migrated PostgreSQL ledger in its own schema (dropped first).
-fn pg_pool(url: &str, schema: &str, extra: &str) -> PostgresPool {
+/// A pool on its own schema (dropped first, made empty), 16 connections.
+fn pg_pool(url: &str, schema: &str, extra: &str, prepared_statements: bool) -> PostgresPool {
     recreate_schema(url, schema);
-    PostgresPool::connect(&idempotency_ledger::url_with_options(url, &format!("-c search_path={schema} {extra}")), 16).expect("postgres pool")
+    let settings = PoolSettings { max_size: 16, prepared_statements, ..PoolSettings::default() };
+    PostgresPool::connect_with(&idempotency_ledger::url_with_options(url, &format!("-c search_path={schema} {extra}")), &settings).expect("postgres pool")
 }
 
 /// The same component and requests on SQLite and on PostgreSQL (loopback).
@@ -489,19 +490,27 @@ fn postgres_vs_sqlite(md: &mut String, runtime: &Runtime, url: &str, dir: &std::
     let _ = writeln!(md, "PostgreSQL {} on loopback (`scripts/postgres.sh`: Debian's package, default settings), reached through", pg_version(url));
     let _ = writeln!(md, "`PostgresPool` (tokio-postgres + deadpool, one pipelined round trip per batch). SQLite: a WAL file with");
     let _ = writeln!(md, "synchronous=NORMAL (no fsync per commit). PostgreSQL is measured durable (fsync at every commit, its default)");
-    let _ = writeln!(md, "and with `synchronous_commit=off` (like SQLite's NORMAL: a crash may lose the last commits, never corrupt).\n");
-    let _ = writeln!(md, "| path | SQLite median / p99 (us) | PostgreSQL durable median / p99 (us) | PostgreSQL synchronous_commit=off median / p99 (us) | PostgreSQL (off) / SQLite |");
-    let _ = writeln!(md, "| --- | --- | --- | --- | --- |");
+    let _ = writeln!(md, "and with `synchronous_commit=off` (like SQLite's NORMAL: a crash may lose the last commits, never corrupt).");
+    let _ = writeln!(md, "Each statement is parsed and planned by the server in every batch (the default, which runs behind a transaction");
+    let _ = writeln!(md, "pooler); *prepared*: the durable server again with `PoolSettings::prepared_statements` (each statement prepared");
+    let _ = writeln!(md, "by name once per connection; a direct connection only).\n");
+    let _ = writeln!(
+        md,
+        "| path | SQLite median / p99 (us) | PostgreSQL durable median / p99 (us) | PostgreSQL synchronous_commit=off median / p99 (us) | PostgreSQL (off) / SQLite | PostgreSQL durable, prepared median / p99 (us) | prepared / durable |"
+    );
+    let _ = writeln!(md, "| --- | --- | --- | --- | --- | --- | --- |");
     let body = br#"{"sku":"A-1","qty":2}"#;
     let iterations = 1000;
-    let durable = pg_pool(url, "bench_durable", "");
-    let relaxed = pg_pool(url, "bench_relaxed", "-c synchronous_commit=off");
+    let durable = pg_pool(url, "bench_durable", "", false);
+    let relaxed = pg_pool(url, "bench_relaxed", "-c synchronous_commit=off", false);
+    let prepared = pg_pool(url, "bench_prepared", "", true);
     let sqlite_path = dir.join("pg-compare.sqlite");
     let clock = ManualClock::new(T0);
     let mut ledgers: Vec<Ledger> = vec![
         Ledger::new(runtime.clone(), SqliteBackend::open(&sqlite_path).expect("db"), Settings::default(), clock.clone()).expect("ledger"),
         Ledger::new(runtime.clone(), durable.backend(), Settings::default(), clock.clone()).expect("ledger"),
         Ledger::new(runtime.clone(), relaxed.backend(), Settings::default(), clock.clone()).expect("ledger"),
+        Ledger::new(runtime.clone(), prepared.backend(), Settings::default(), clock.clone()).expect("ledger"),
     ];
     for ledger in &mut ledgers {
         ledger.migrate().expect("migrate");
@@ -524,13 +533,18 @@ fn postgres_vs_sqlite(md: &mut String, runtime: &Runtime, url: &str, dir: &std::
             .collect();
         let _ = writeln!(
             md,
-            "| {path} | {} / {} | {} / {} | {} / {} | {:.2}x |",
+            "| {path} | {} / {} | {} / {} | {} / {} | {:.2}x | {} / {} | {:.2}x |",
             us(stats[0].median), us(stats[0].p99), us(stats[1].median), us(stats[1].p99), us(stats[2].median), us(stats[2].p99),
-            stats[2].median.as_secs_f64() / stats[0].median.as_secs_f64()
+            stats[2].median.as_secs_f64() / stats[0].median.as_secs_f64(),
+            us(stats[3].median), us(stats[3].p99),
+            stats[3].median.as_secs_f64() / stats[1].median.as_secs_f64()
         );
     }
     let _ = writeln!(md, "\nThroughput, fresh requests, one Ledger per thread (SQLite: one writer at a time; PostgreSQL: row locks only):\n");
-    let _ = writeln!(md, "| threads | SQLite requests/s | PostgreSQL durable requests/s | PostgreSQL synchronous_commit=off requests/s |\n| --- | --- | --- | --- |");
+    let _ = writeln!(
+        md,
+        "| threads | SQLite requests/s | PostgreSQL durable requests/s | PostgreSQL synchronous_commit=off requests/s | PostgreSQL durable, prepared requests/s |\n| --- | --- | --- | --- | --- |"
+    );
     for threads in [1usize, 4, 8] {
         let per_thread = 1500 / threads;
         let rate = |new_backend: &(dyn Fn() -> Box<dyn SqlBackend> + Sync), tag: &str| -> f64 {
@@ -551,9 +565,10 @@ fn postgres_vs_sqlite(md: &mut String, runtime: &Runtime, url: &str, dir: &std::
         let sqlite = rate(&|| Box::new(SqliteBackend::open(&sqlite_path).expect("db")), "s");
         let pg_durable = rate(&|| Box::new(durable.backend()), "d");
         let pg_relaxed = rate(&|| Box::new(relaxed.backend()), "r");
-        let _ = writeln!(md, "| {threads} | {sqlite:.0} | {pg_durable:.0} | {pg_relaxed:.0} |");
+        let pg_prepared = rate(&|| Box::new(prepared.backend()), "p");
+        let _ = writeln!(md, "| {threads} | {sqlite:.0} | {pg_durable:.0} | {pg_relaxed:.0} | {pg_prepared:.0} |");
     }
-    for schema in ["bench_durable", "bench_relaxed"] {
+    for schema in ["bench_durable", "bench_relaxed", "bench_prepared"] {
         drop_schema(url, schema);
     }
 }

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use idempotency_ledger::wit::{self, BatchError, StatementResult};
 use idempotency_ledger::{
-    Dialect, Ledger, LedgerPool, ManualClock, PostgresPool, Runtime, Settings, SqlBackend, SqlStatement, SqliteBackend,
+    Dialect, Ledger, LedgerPool, ManualClock, PoolSettings, PostgresPool, Runtime, Settings, SqlBackend, SqlStatement, SqliteBackend,
 };
 use serde_json::{json, Map, Value as Json};
 
@@ -57,6 +57,15 @@ pub fn test_backend_is_postgres() -> bool {
 pub fn postgres_url() -> String {
     std::env::var("IDEMPOTENCY_PG_URL")
         .expect("IDEMPOTENCY_PG_URL must name a PostgreSQL server (scripts/postgres.sh run -- ... sets it)")
+}
+
+/// The pool settings of the suites' PostgreSQL ledgers: `max_size`
+/// connections, the crate's defaults otherwise, and statements prepared by
+/// name when `IDEMPOTENCY_TEST_PG_PREPARED=1` (make postgres-suites runs the
+/// SPEC and vector suites both ways; never behind the transaction pooler).
+pub fn pg_settings(max_size: usize) -> PoolSettings {
+    let prepared_statements = std::env::var("IDEMPOTENCY_TEST_PG_PREPARED").is_ok_and(|v| v == "1");
+    PoolSettings { max_size, prepared_statements, ..PoolSettings::default() }
 }
 
 /// `url` with `search_path` set to `schema` on every connection.
@@ -152,7 +161,7 @@ impl TestDb {
             SCHEMAS.fetch_add(1, Ordering::SeqCst),
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos())
         );
-        let pool = PostgresPool::connect(&url_with_schema(&url, &name), 8).expect("postgres pool");
+        let pool = PostgresPool::connect_with(&url_with_schema(&url, &name), &pg_settings(8)).expect("postgres pool");
         let mut backend = pool.backend();
         backend.execute_batch(&[sql(&format!("CREATE SCHEMA {name}"), vec![])]).expect("create schema");
         backend.execute_batch(&migration(Dialect::Postgres)).expect("postgres schema");

@@ -455,7 +455,7 @@ impl Store {
 
     /// The PostgreSQL server and schema at `url` (its `search_path`).
     pub fn postgres(url: &str) -> Result<Store, String> {
-        let settings = PoolSettings { max_size: 8, wait_timeout: Duration::from_secs(5), lock_timeout: PG_LOCK_TIMEOUT };
+        let settings = PoolSettings { lock_timeout: PG_LOCK_TIMEOUT, ..crate::pg_settings(8) };
         let pool = PostgresPool::connect_with(url, &settings).map_err(|e| e.to_string())?;
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
         let transactions = {

@@ -12,9 +12,10 @@ use std::time::{Duration, Instant};
 
 use idempotency_ledger::wit::Value;
 use idempotency_ledger::{
-    HandleError, Handled, Ledger, ManualClock, MutationResponse, Outcome, PostgresPool, Request, Settings, SqlBackend, SqlStatement,
+    HandleError, Handled, Ledger, ManualClock, MutationResponse, Outcome, PoolSettings, PostgresPool, Request, Settings, SqlBackend,
+    SqlStatement,
 };
-use idempotency_ledger_host_test::{capture_logs, logged, postgres_url, runtime, url_with_schema, TestDb, T0};
+use idempotency_ledger_host_test::{capture_logs, logged, postgres_url, runtime, sql, url_with_schema, TestDb, T0};
 use serde_json::json;
 
 fn order(key: &str) -> Request {
@@ -117,6 +118,58 @@ fn via_port(schema: &str, port: u16) -> (String, String) {
     let user = config.get_user().unwrap_or("postgres");
     let db = config.get_dbname().unwrap_or(user);
     (upstream, url_with_schema(&format!("postgresql://{user}@127.0.0.1:{port}/{db}"), schema))
+}
+
+/// `PoolSettings::prepared_statements`: each statement is prepared by name
+/// once per connection, after which a batch is still one round trip (no
+/// Parse is sent again) and the session lists the protocol's statements;
+/// without it, nothing is prepared by name.
+#[test]
+fn prepared_statements_are_prepared_once_per_connection() {
+    for prepared_statements in [true, false] {
+        let db = TestDb::postgres();
+        let schema = &db.pg().expect("postgres").name;
+        let (upstream, _) = via_port(schema, 0);
+        let proxy = FlightCounter::start(upstream);
+        let (_, url) = via_port(schema, proxy.port);
+        let settings = PoolSettings { max_size: 1, prepared_statements, ..PoolSettings::default() };
+        let pool = PostgresPool::connect_with(&url, &settings).expect("pool");
+        let clock = ManualClock::new(T0);
+        let mut ledger = Ledger::new(runtime(), pool.backend(), Settings::default(), clock.clone()).expect("ledger");
+        // The first use of each statement prepares it (one more flight).
+        ledger.handle("acct", &order("warm-up"), created).expect("warm-up");
+        ledger.sweep().expect("warm-up sweep");
+        let before = proxy.flights();
+        let fresh = ledger.handle("acct", &order("k-1"), created).expect("fresh");
+        let replay = ledger.handle("acct", &order("k-1"), created).expect("replay");
+        clock.advance(Duration::from_millis(86_400_001));
+        let swept = ledger.sweep().expect("sweep");
+        thread::sleep(Duration::from_millis(50)); // let the proxy threads finish counting
+        assert_eq!((fresh.outcome, replay.outcome), (Outcome::Executed, Outcome::Replayed));
+        assert_eq!(replay.response.body, fresh.response.body);
+        assert!(swept.deleted >= 2, "prepared_statements={prepared_statements}: {swept:?}");
+        assert_eq!(proxy.flights() - before, 4, "prepared_statements={prepared_statements}: fresh 2, replay 1, sweep 1");
+        // The pool's one connection: what its session has prepared by name.
+        // The listing runs twice: SQL other than the protocol's stays unnamed.
+        let list = || pool.backend().execute_batch(&[sql("SELECT statement FROM pg_prepared_statements WHERE name <> ''", vec![])]).expect("list");
+        list();
+        let named: Vec<String> = list()[0]
+            .rows
+            .iter()
+            .map(|row| match &row[0] {
+                Value::Text(text) => text.clone(),
+                other => panic!("statement text: {other:?}"),
+            })
+            .collect();
+        if prepared_statements {
+            // claim, takeover, lookup, complete and sweep; no DDL, not the listing.
+            assert_eq!(named.len(), 5, "prepared: {named:?}");
+            assert!(named.iter().all(|s| s.contains("idempotency_keys") && !s.starts_with("CREATE")), "{named:?}");
+            assert!(named.iter().any(|s| s.contains("ON CONFLICT (principal, key) DO NOTHING")), "{named:?}");
+        } else {
+            assert!(named.is_empty(), "nothing prepared by name: {named:?}");
+        }
+    }
 }
 
 #[test]

@@ -39,7 +39,7 @@ use idempotency_ledger::{
     AsyncBackend, AsyncPostgres, AsyncTransaction, Dialect, Ledger, ManualClock, OnServerError, Profile, Settings, SqlBackend,
     SqlStatement,
 };
-use idempotency_ledger_host_test::{postgres_url, runtime, test_backend_is_postgres, url_with_schema, TestDb};
+use idempotency_ledger_host_test::{pg_settings, postgres_url, runtime, test_backend_is_postgres, url_with_schema, TestDb};
 use serde_json::{json, Map, Value as J};
 
 fn doc() -> J {
@@ -487,7 +487,7 @@ impl Db {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
             let backend = {
                 let _in_runtime = rt.enter();
-                AsyncPostgres::connect(&url_with_schema(&postgres_url(), &pg.name), 2).expect("AsyncPostgres")
+                AsyncPostgres::connect_with(&url_with_schema(&postgres_url(), &pg.name), &pg_settings(2)).expect("AsyncPostgres")
             };
             PgTransactions { rt, backend, open: None }
         });

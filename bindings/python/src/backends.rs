@@ -397,7 +397,8 @@ pub(crate) enum Source {
     Sqlite { path: PathBuf, busy_timeout: Duration },
     /// `lock_timeout`: how long a statement waits for a lock (the crate sets
     /// it on every connection and in every batch; default 5 s; 0 is 1 ms).
-    Postgres { url: String, max_size: usize, lock_timeout: Option<Duration> },
+    /// `prepared_statements`: the crate's `PoolSettings::prepared_statements`.
+    Postgres { url: String, max_size: usize, lock_timeout: Option<Duration>, prepared_statements: bool },
     /// `busy`: handler transactions open on the caller's connection, when
     /// the callback runs on one connection (renewals skip it meanwhile:
     /// they would wait for the transaction they renew the lease of).
@@ -437,9 +438,14 @@ impl Source {
                 };
                 LedgerPool::lazy(open, settings, clock)
             }
-            Source::Postgres { url, max_size, lock_timeout } => {
+            Source::Postgres { url, max_size, lock_timeout, prepared_statements } => {
                 let defaults = PoolSettings::default();
-                let pool_settings = PoolSettings { max_size: *max_size, lock_timeout: lock_timeout.unwrap_or(defaults.lock_timeout), ..defaults };
+                let pool_settings = PoolSettings {
+                    max_size: *max_size,
+                    lock_timeout: lock_timeout.unwrap_or(defaults.lock_timeout),
+                    prepared_statements: *prepared_statements,
+                    ..defaults
+                };
                 let pool = PostgresPool::connect_with(url, &pool_settings)?;
                 LedgerPool::lazy(move || Ok(Box::new(Routed::new(Box::new(pool.backend())))), settings, clock)
             }

@@ -175,9 +175,11 @@ impl NativeLedger {
     /// A ledger on PostgreSQL through the crate's pool (tokio-postgres +
     /// deadpool, TLS from the URL's sslmode). Connects lazily. With
     /// `lock_timeout_ms`, each batch sets that `lock_timeout` (else the
-    /// crate's 5 s; 0 is 1 ms, never "wait forever").
+    /// crate's 5 s; 0 is 1 ms, never "wait forever"). `prepared_statements`:
+    /// each statement prepared by name once per connection (the crate's
+    /// `PoolSettings::prepared_statements`; not behind a transaction pooler).
     #[staticmethod]
-    #[pyo3(signature = (url, max_size=10, settings=None, clock=None, lock_timeout_ms=None))]
+    #[pyo3(signature = (url, max_size=10, settings=None, clock=None, lock_timeout_ms=None, prepared_statements=false))]
     fn postgres(
         py: Python<'_>,
         url: String,
@@ -185,12 +187,13 @@ impl NativeLedger {
         settings: Option<&Bound<'_, PyDict>>,
         clock: Option<Py<PyAny>>,
         lock_timeout_ms: Option<u64>,
+        prepared_statements: bool,
     ) -> PyResult<NativeLedger> {
         if max_size == 0 {
             return Err(PyValueError::new_err("max_size must be at least 1"));
         }
         let lock_timeout = lock_timeout_ms.map(Duration::from_millis);
-        NativeLedger::build(py, Source::Postgres { url, max_size, lock_timeout }, settings, clock)
+        NativeLedger::build(py, Source::Postgres { url, max_size, lock_timeout, prepared_statements }, settings, clock)
     }
 
     /// A ledger whose batches run in Python: `run(statements) -> [(rows,

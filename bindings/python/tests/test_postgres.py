@@ -212,25 +212,32 @@ class FlightCounter:
 @pytest.mark.parametrize("busy", [None, 250])
 def test_each_crate_batch_is_one_network_round_trip(pg: PostgresStore, busy: Optional[int]) -> None:
     server = urlsplit(PG_URL)
-    proxy = FlightCounter((server.hostname or "127.0.0.1", server.port or 5432))
-    url = pg_schema_url(f"postgresql://{server.username or 'postgres'}@127.0.0.1:{proxy.port}{server.path or '/postgres'}", pg.schema)
     extra: dict[str, Any] = {} if busy is None else {"busy_timeout_ms": busy}
-    try:
-        with Ledger.postgres(url, max_size=1, **extra, **NO_SWEEPS) as ledger:
-            ledger.migrate()
-            # Connecting and preparing each statement once cost extra trips.
-            assert post(ledger, "warm-up", Mutation()).outcome == "executed"
-            assert post(ledger, "warm-up", Mutation()).outcome == "replayed"
-            trips = []
-            before = proxy.count()
-            assert post(ledger, "k-1", Mutation()).outcome == "executed"
-            trips.append(proxy.count() - before)
-            before = proxy.count()
-            assert post(ledger, "k-1", Mutation()).outcome == "replayed"
-            trips.append(proxy.count() - before)
-    finally:
-        proxy.close()
-    assert trips == [2, 1], "fresh: decision + completion; replay: decision"
+    first_fresh: dict[bool, int] = {}
+    for prepared in (False, True):
+        proxy = FlightCounter((server.hostname or "127.0.0.1", server.port or 5432))
+        url = pg_schema_url(f"postgresql://{server.username or 'postgres'}@127.0.0.1:{proxy.port}{server.path or '/postgres'}", pg.schema)
+        try:
+            with Ledger.postgres(url, max_size=1, prepared_statements=prepared, **extra, **NO_SWEEPS) as ledger:
+                ledger.migrate()
+                before = proxy.count()
+                assert post(ledger, f"warm-up-{prepared}", Mutation()).outcome == "executed"
+                first_fresh[prepared] = proxy.count() - before
+                assert post(ledger, f"warm-up-{prepared}", Mutation()).outcome == "replayed"
+                trips = []
+                before = proxy.count()
+                assert post(ledger, f"k-{prepared}", Mutation()).outcome == "executed"
+                trips.append(proxy.count() - before)
+                before = proxy.count()
+                assert post(ledger, f"k-{prepared}", Mutation()).outcome == "replayed"
+                trips.append(proxy.count() - before)
+        finally:
+            proxy.close()
+        assert trips == [2, 1], f"prepared_statements={prepared}: fresh: decision + completion; replay: decision"
+    # With prepared_statements the first use of the decision's and the
+    # completion's statements prepares them on the connection: one more
+    # flight each, never again.
+    assert first_fresh == {False: 2, True: 4}, first_fresh
 
 
 def test_each_psycopg_batch_is_one_network_round_trip(pg: PostgresStore, tmp_path: Path) -> None:

@@ -11,7 +11,11 @@
 //! so nothing has to outlive the transaction on its server connection, and
 //! the same code runs behind a transaction pooler (PgBouncer in
 //! `pool_mode = transaction`, which hands each transaction whichever server
-//! connection is free). The protocol is safe at
+//! connection is free). On a direct connection (or a pooler that keeps
+//! prepared statements, as PgBouncer 1.21+ with `max_prepared_statements`),
+//! [`PoolSettings::prepared_statements`] prepares each statement by name once
+//! per connection instead, which spares the server parsing and planning it in
+//! every batch. The protocol is safe at
 //! READ COMMITTED because the takeover and the completion are conditional
 //! UPDATEs: PostgreSQL locks the row and re-checks the WHERE clause against
 //! the newest committed version, so of two racing takeovers one matches and
@@ -26,6 +30,7 @@
 //! from the pool, so the next batch connects again (to the new primary,
 //! behind an endpoint that moved) instead of failing on it forever.
 
+use std::collections::HashSet;
 use std::error::Error as StdError;
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
@@ -34,7 +39,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, PoolError, Recycli
 use futures_util::future::{join, join_all};
 use futures_util::{pin_mut, TryStreamExt};
 use tokio_postgres::types::{to_sql_checked, Format, IsNull, ToSql, Type};
-use tokio_postgres::Row;
+use tokio_postgres::{Row, Statement};
 
 use crate::nonblocking::AsyncBackend;
 use crate::BoxFuture;
@@ -55,26 +60,70 @@ pub struct PoolSettings {
     /// `lock_timeout`, set in every batch's transaction (`SET LOCAL`, so a
     /// transaction pooler's server connections keep no session setting).
     pub lock_timeout: Duration,
+    /// Prepare each of the protocol's statements by name, once per
+    /// connection, and run it by that name in every later batch (default
+    /// off: every statement is parsed and planned by the server in each
+    /// batch). On spares the server that work (bench/RESULTS.md measures
+    /// both). A handler's own SQL in its transaction, and SQL given to a
+    /// backend's `execute_batch` directly, stay unnamed. Only for a direct
+    /// connection or a pooler that keeps prepared statements (PgBouncer 1.21+
+    /// with `max_prepared_statements` set): behind an older transaction
+    /// pooler a statement prepared on one server connection is looked for on
+    /// another, and the batch fails (SQLSTATE 26000) or, where another client
+    /// used the same name, runs that client's statement.
+    pub prepared_statements: bool,
 }
 
 impl Default for PoolSettings {
     fn default() -> Self {
-        PoolSettings { max_size: 16, wait_timeout: Duration::from_secs(5), lock_timeout: Duration::from_secs(5) }
+        PoolSettings { max_size: 16, wait_timeout: Duration::from_secs(5), lock_timeout: Duration::from_secs(5), prepared_statements: false }
     }
 }
 
-/// What a pool's batches run first.
+/// What a pool's batches run first, and how they send their statements.
 #[derive(Clone)]
 struct Preamble {
     /// `BEGIN ... ; SET LOCAL lock_timeout`: opens every batch's transaction
     /// (a SET LOCAL ends with it: nothing is left on the server connection).
     begin: Arc<str>,
+    /// With [`PoolSettings::prepared_statements`]: the statements prepared
+    /// by name (see [`Named`]).
+    named: Option<Named>,
 }
 
 impl Preamble {
-    fn new(lock_timeout: Duration) -> Preamble {
+    fn new(settings: &PoolSettings) -> Result<Preamble, Error> {
+        let named = if settings.prepared_statements { Some(Named::protocol()?) } else { None };
+        Ok(Preamble { named, ..Preamble::unnamed(settings.lock_timeout) })
+    }
+
+    /// Every statement unnamed (the default, and a pool the caller built).
+    fn unnamed(lock_timeout: Duration) -> Preamble {
         let ms = lock_timeout.as_millis().max(1);
-        Preamble { begin: format!("BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = '{ms}ms'").into() }
+        Preamble { begin: format!("BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = '{ms}ms'").into(), named: None }
+    }
+}
+
+/// The SQL prepared by name: the protocol's statements in the postgres
+/// dialect, as the component states them (not the migration's DDL), a fixed
+/// set, so each connection prepares a handful at most. Any other SQL (a
+/// handler's own, in its transaction) stays unnamed: its texts are the
+/// application's, possibly without bound, and a statement prepared by name
+/// fails once its table's columns change.
+#[derive(Clone)]
+struct Named(Arc<HashSet<Arc<str>>>);
+
+impl Named {
+    fn protocol() -> Result<Named, Error> {
+        use crate::wit::Query;
+        let runtime = crate::Runtime::shared()?;
+        let queries = runtime.queries(Dialect::Postgres);
+        let protocol = [Query::Claim, Query::Takeover, Query::Lookup, Query::Complete, Query::Release, Query::Sweep, Query::Renew, Query::Fence];
+        Ok(Named(Arc::new(protocol.into_iter().map(|q| queries.sql(q).clone()).collect())))
+    }
+
+    fn covers(&self, statement: &SqlStatement) -> bool {
+        self.0.contains(&statement.sql)
     }
 }
 
@@ -132,15 +181,15 @@ impl AsyncPostgres {
 
     /// [`AsyncPostgres::connect`] with other timeouts.
     pub fn connect_with(url: &str, settings: &PoolSettings) -> Result<AsyncPostgres, Error> {
-        let preamble = Preamble::new(settings.lock_timeout);
+        let preamble = Preamble::new(settings)?;
         Ok(AsyncPostgres { pool: build_pool(url, settings)?, preamble })
     }
 
     /// Wraps a pool you built (your own TLS connector, say). Build it with
     /// `.runtime(deadpool_postgres::Runtime::Tokio1)` for its timeouts;
-    /// batches use a 5 s `lock_timeout`.
+    /// batches use a 5 s `lock_timeout` and prepare nothing by name.
     pub fn from_pool(pool: Pool) -> AsyncPostgres {
-        AsyncPostgres { pool, preamble: Preamble::new(PoolSettings::default().lock_timeout) }
+        AsyncPostgres { pool, preamble: Preamble::unnamed(PoolSettings::default().lock_timeout) }
     }
 
     pub fn pool(&self) -> &Pool {
@@ -163,7 +212,7 @@ impl AsyncBackend for AsyncPostgres {
         Box::pin(async move {
             let client = open_client(&self.pool).await?;
             client.batch_execute(&self.preamble.begin).await.map_err(|e| failure(&e, false))?;
-            Ok(Box::new(PgTransaction { client: Some(client), discard: false }) as Box<dyn AsyncTransaction>)
+            Ok(Box::new(PgTransaction { client: Some(client), discard: false, named: self.preamble.named.clone() }) as Box<dyn AsyncTransaction>)
         })
     }
 }
@@ -174,13 +223,15 @@ struct PgTransaction {
     /// A statement met a server that refuses this connection's work (see
     /// `discards`): after the rollback it leaves the pool.
     discard: bool,
+    /// The pool's [`Named`] statements.
+    named: Option<Named>,
 }
 
 impl AsyncTransaction for PgTransaction {
     fn execute(&mut self, statements: Vec<SqlStatement>) -> BoxFuture<'_, Result<Vec<StatementResult>, BatchError>> {
         Box::pin(async move {
             let client = self.client.as_ref().ok_or_else(|| BatchError::Host("the transaction has ended".into()))?;
-            let results = run_in_transaction(client, &statements).await;
+            let results = run_in_transaction(client, self.named.as_ref(), &statements).await;
             if results.as_ref().is_err_and(discards) {
                 self.discard = true;
             }
@@ -223,8 +274,9 @@ impl Drop for PgTransaction {
 
 /// Statements inside an open transaction, pipelined (no BEGIN, no COMMIT);
 /// the first error ends the batch.
-async fn run_in_transaction(client: &Object, statements: &[SqlStatement]) -> Result<Vec<StatementResult>, BatchError> {
-    let ran = join_all(statements.iter().map(|s| run_statement(client, s))).await;
+async fn run_in_transaction(client: &Object, named: Option<&Named>, statements: &[SqlStatement]) -> Result<Vec<StatementResult>, BatchError> {
+    let prepared = prepare(client, named, statements).await?;
+    let ran = join_all(statements.iter().enumerate().map(|(i, s)| run_statement(client, s, prepared_at(&prepared, i)))).await;
     let mut results = Vec::with_capacity(statements.len());
     for (statement, outcome) in statements.iter().zip(ran) {
         // Nothing commits before COMMIT: a lost connection here lost the transaction.
@@ -277,7 +329,7 @@ impl PostgresPool {
     /// [`PostgresPool::connect`] with other timeouts.
     pub fn connect_with(url: &str, settings: &PoolSettings) -> Result<PostgresPool, Error> {
         let runtime = pool_runtime()?;
-        let preamble = Preamble::new(settings.lock_timeout);
+        let preamble = Preamble::new(settings)?;
         let pool = {
             let _entered = runtime.enter();
             build_pool(url, settings)?
@@ -288,7 +340,7 @@ impl PostgresPool {
     /// Wraps a pool you built. It must be built with
     /// `.runtime(deadpool_postgres::Runtime::Tokio1)` for its timeouts.
     pub fn from_pool(pool: Pool) -> Result<PostgresPool, Error> {
-        let preamble = Preamble::new(PoolSettings::default().lock_timeout);
+        let preamble = Preamble::unnamed(PoolSettings::default().lock_timeout);
         Ok(PostgresPool { inner: Arc::new(PoolInner { pool, preamble, runtime: Some(pool_runtime()?), pid: std::process::id() }) })
     }
 
@@ -413,11 +465,11 @@ impl SqlBackend for PostgresBackend {
         let Some(client) = self.open.take() else {
             return Err(BatchError::Host("no transaction is open".into()));
         };
-        let statements = statements.to_vec();
+        let (statements, named) = (statements.to_vec(), self.pool.inner.preamble.named.clone());
         let (client, results) = wait_on(
             runtime,
             async move {
-                let results = run_in_transaction(&client, &statements).await;
+                let results = run_in_transaction(&client, named.as_ref(), &statements).await;
                 (Some(client), results)
             },
             // The task (and the connection with it) is gone: nothing commits now.
@@ -485,14 +537,40 @@ async fn open_client(pool: &Pool) -> Result<Object, BatchError> {
     Err(BatchError::Unreachable("postgres: every pooled connection was closed".into()))
 }
 
-/// One statement as the unnamed statement: Parse (its parameters' types
-/// left to the server, as a prepare without types does), Bind, Describe,
-/// Execute and Sync in one message, written when the future is first polled.
-/// Nothing is named, so nothing depends on the next transaction finding this
-/// server connection (tokio-postgres's `query_typed_raw`).
-async fn run_statement(client: &Object, statement: &SqlStatement) -> Result<(Vec<Row>, u64), tokio_postgres::Error> {
-    let params = statement.params.iter().map(|v| (Inferred(v), Type::UNKNOWN));
-    let stream = client.query_typed_raw(&statement.sql, params).await?;
+/// With `named`, the prepared form on this connection of each statement it
+/// covers: those not prepared here yet are prepared now, in one flight
+/// before the batch's (a batch's statements must leave in their order, so
+/// none can wait for its own Parse inside the flight). Nothing is sent when
+/// every one was prepared before. A failure here sent no statement.
+async fn prepare(client: &Object, named: Option<&Named>, statements: &[SqlStatement]) -> Result<Option<Vec<Option<Statement>>>, BatchError> {
+    let Some(named) = named else {
+        return Ok(None);
+    };
+    let prepared = join_all(statements.iter().map(|s| async move {
+        if !named.covers(s) {
+            return Ok(None);
+        }
+        // Each parameter's type is left to the server, as in the unnamed form.
+        client.prepare_typed_cached(&s.sql, &[]).await.map(Some)
+    }))
+    .await;
+    prepared.into_iter().map(|p| p.map_err(|e| failure(&e, false))).collect::<Result<_, _>>().map(Some)
+}
+
+fn prepared_at(prepared: &Option<Vec<Option<Statement>>>, i: usize) -> Option<&Statement> {
+    prepared.as_ref().and_then(|p| p[i].as_ref())
+}
+
+/// One statement, written when the future is first polled. Unnamed (no
+/// `named`): Parse (its parameters' types left to the server, as a prepare
+/// without types does), Bind, Describe, Execute and Sync in one message;
+/// nothing depends on the next transaction finding this server connection
+/// (tokio-postgres's `query_typed_raw`). Named: Bind, Execute and Sync.
+async fn run_statement(client: &Object, statement: &SqlStatement, named: Option<&Statement>) -> Result<(Vec<Row>, u64), tokio_postgres::Error> {
+    let stream = match named {
+        Some(named) => client.query_raw(named, statement.params.iter().map(Inferred)).await?,
+        None => client.query_typed_raw(&statement.sql, statement.params.iter().map(|v| (Inferred(v), Type::UNKNOWN))).await?,
+    };
     pin_mut!(stream);
     let mut rows = Vec::new();
     while let Some(row) = stream.try_next().await? {
@@ -511,11 +589,13 @@ async fn run_batch(pool: &Pool, preamble: &Preamble, statements: &[SqlStatement]
 }
 
 async fn run_flight(client: &Object, preamble: &Preamble, statements: &[SqlStatement]) -> Result<Vec<StatementResult>, BatchError> {
-    // BEGIN, every statement (parsed in the flight) and COMMIT leave in one
-    // flight: tokio-postgres writes each request when its future is first
-    // polled, and `join` polls them in order before awaiting any answer.
+    let prepared = prepare(client, preamble.named.as_ref(), statements).await?;
+    // BEGIN, every statement (parsed in the flight unless prepared) and
+    // COMMIT leave in one flight: tokio-postgres writes each request when its
+    // future is first polled, and `join` polls them in order before awaiting
+    // any answer.
     let begin = client.batch_execute(&preamble.begin);
-    let run = join_all(statements.iter().map(|s| run_statement(client, s)));
+    let run = join_all(statements.iter().enumerate().map(|(i, s)| run_statement(client, s, prepared_at(&prepared, i))));
     let commit = client.batch_execute("COMMIT");
     let ((began, ran), committed) = join(join(begin, run), commit).await;
     // An error the server answered rolled the transaction back (COMMIT of an
@@ -676,12 +756,12 @@ fn failure(e: &tokio_postgres::Error, sent: bool) -> BatchError {
         let code = db.code().code();
         let mut message = db.message().to_string();
         if code == "26000" {
-            // This crate prepares nothing by name: something else did, on a
-            // connection a transaction pooler has since swapped.
+            // A statement prepared by name, on a connection a transaction
+            // pooler has since swapped.
             message.push_str(
                 " (a prepared statement this connection made is gone: behind a transaction pooler (PgBouncer \
-pool_mode=transaction) a named prepared statement lives on one server connection only; this crate prepares \
-none, so the statement came from a pool or code of your own)",
+pool_mode=transaction) a named prepared statement lives on one server connection only; turn \
+prepared statements off there: PoolSettings::prepared_statements, Python's prepared_statements=False)",
             );
         }
         return BatchError::Database(DatabaseError { code: Some(code.to_string()), message });

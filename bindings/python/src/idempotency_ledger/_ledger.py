@@ -156,6 +156,7 @@ class Ledger:
         max_size: int = 10,
         busy_timeout_ms: Optional[int] = None,
         connect_kwargs: Optional[Mapping[str, Any]] = None,
+        prepared_statements: bool = False,
         clock: Optional[Callable[[], int]] = None,
         telemetry: bool = True,
         record_keys: bool = False,
@@ -173,6 +174,11 @@ class Ledger:
         connection parameters added to `url` (`sslmode`, `sslrootcert`,
         `application_name`, `connect_timeout`, `options`, ...), merged by
         psycopg's conninfo (so they need psycopg installed).
+        `prepared_statements`: prepare each statement by name once per
+        connection, sparing the server parsing and planning it in every
+        batch; only on a direct connection or a pooler that keeps prepared
+        statements (PgBouncer 1.21+ with `max_prepared_statements`), never
+        behind an older transaction pooler.
         """
         if isinstance(max_size, bool) or not isinstance(max_size, int) or max_size < 1:
             raise ValueError("max_size must be an int >= 1")
@@ -180,7 +186,13 @@ class Ledger:
             _check_ms("busy_timeout_ms", busy_timeout_ms)
         if connect_kwargs:
             url = _with_parameters(url, connect_kwargs)
-        return cls(_native.NativeLedger.postgres(url, max_size, settings, clock, busy_timeout_ms), telemetry=telemetry, record_keys=record_keys)
+        if not isinstance(prepared_statements, bool):
+            raise TypeError("prepared_statements must be a bool")
+        return cls(
+            _native.NativeLedger.postgres(url, max_size, settings, clock, busy_timeout_ms, prepared_statements),
+            telemetry=telemetry,
+            record_keys=record_keys,
+        )
 
     # ---------------------------------------------------------------- properties
 

@@ -198,7 +198,12 @@ class NativeLedger:
     def sqlite(path: str, settings: Optional[dict[str, Any]] = None, clock: Optional[Callable[[], int]] = None, busy_timeout_ms: int = 5000) -> NativeLedger: ...
     @staticmethod
     def postgres(
-        url: str, max_size: int = 10, settings: Optional[dict[str, Any]] = None, clock: Optional[Callable[[], int]] = None, lock_timeout_ms: Optional[int] = None
+        url: str,
+        max_size: int = 10,
+        settings: Optional[dict[str, Any]] = None,
+        clock: Optional[Callable[[], int]] = None,
+        lock_timeout_ms: Optional[int] = None,
+        prepared_statements: bool = False,
     ) -> NativeLedger: ...
     @staticmethod
     def callback(
