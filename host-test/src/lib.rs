@@ -62,7 +62,7 @@ pub fn postgres_url() -> String {
 /// The pool settings of the suites' PostgreSQL ledgers: `max_size`
 /// connections, the crate's defaults otherwise, and statements prepared by
 /// name when `IDEMPOTENCY_TEST_PG_PREPARED=1` (make postgres-suites runs the
-/// SPEC and vector suites both ways; never behind the transaction pooler).
+/// SPEC, vector and concurrency suites both ways; never behind the pooler).
 pub fn pg_settings(max_size: usize) -> PoolSettings {
     let prepared_statements = std::env::var("IDEMPOTENCY_TEST_PG_PREPARED").is_ok_and(|v| v == "1");
     PoolSettings { max_size, prepared_statements, ..PoolSettings::default() }

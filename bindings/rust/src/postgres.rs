@@ -276,7 +276,7 @@ impl Drop for PgTransaction {
 /// the first error ends the batch.
 async fn run_in_transaction(client: &Object, named: Option<&Named>, statements: &[SqlStatement]) -> Result<Vec<StatementResult>, BatchError> {
     let prepared = prepare(client, named, statements).await?;
-    let ran = join_all(statements.iter().enumerate().map(|(i, s)| run_statement(client, s, prepared_at(&prepared, i)))).await;
+    let ran = run_statements(client, statements, &prepared).await;
     let mut results = Vec::with_capacity(statements.len());
     for (statement, outcome) in statements.iter().zip(ran) {
         // Nothing commits before COMMIT: a lost connection here lost the transaction.
@@ -557,8 +557,14 @@ async fn prepare(client: &Object, named: Option<&Named>, statements: &[SqlStatem
     prepared.into_iter().map(|p| p.map_err(|e| failure(&e, false))).collect::<Result<_, _>>().map(Some)
 }
 
-fn prepared_at(prepared: &Option<Vec<Option<Statement>>>, i: usize) -> Option<&Statement> {
-    prepared.as_ref().and_then(|p| p[i].as_ref())
+/// Every statement of a batch, each by its prepared name where `prepare`
+/// gave one: a future that writes them in order when first polled.
+fn run_statements<'a>(
+    client: &'a Object,
+    statements: &'a [SqlStatement],
+    prepared: &'a Option<Vec<Option<Statement>>>,
+) -> impl std::future::Future<Output = Vec<Result<(Vec<Row>, u64), tokio_postgres::Error>>> + 'a {
+    join_all(statements.iter().enumerate().map(move |(i, s)| run_statement(client, s, prepared.as_ref().and_then(|p| p[i].as_ref()))))
 }
 
 /// One statement, written when the future is first polled. Unnamed (no
@@ -595,7 +601,7 @@ async fn run_flight(client: &Object, preamble: &Preamble, statements: &[SqlState
     // future is first polled, and `join` polls them in order before awaiting
     // any answer.
     let begin = client.batch_execute(&preamble.begin);
-    let run = join_all(statements.iter().enumerate().map(|(i, s)| run_statement(client, s, prepared_at(&prepared, i))));
+    let run = run_statements(client, statements, &prepared);
     let commit = client.batch_execute("COMMIT");
     let ((began, ran), committed) = join(join(begin, run), commit).await;
     // An error the server answered rolled the transaction back (COMMIT of an
