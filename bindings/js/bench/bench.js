@@ -774,12 +774,18 @@ async function telemetryCost(rounds = count(30), m = count(100)) {
 async function pgCompare(n = count(1500), warm = count(200)) {
   const { freshSchema } = await import("../test/helpers/pg.js");
   const { ledgerFor, migrate } = await import("../src/node.js");
+  const { pgLedger } = await import("../src/pg.js");
+  const { default: pg } = await import("pg");
   const handle = await freshSchema({ max: 2 });
   const { pool } = handle;
+  let preparedPool;
   try {
     await migrate(pool);
     const OPTIONS = { sweep: false };
-    const ledger = ledgerFor(pool, OPTIONS);
+    const ledgers = { ledger: ledgerFor(pool, OPTIONS) };
+    // The same ledger with the protocol's statements prepared by name, on a pool of its own (same server, same schema).
+    preparedPool = new pg.Pool({ connectionString: handle.url, max: 2 });
+    ledgers.prepared = ledgerFor(pgLedger(preparedPool, { preparedStatements: true }), OPTIONS);
     const body = Buffer.from(BODY);
     const head = (key) => ({
       method: "POST",
@@ -804,14 +810,17 @@ async function pgCompare(n = count(1500), warm = count(200)) {
       await pool.query(CLAIM, ["bare", key, fp, now, now]);
       return performance.now() - t;
     };
-    const samples = { ledger: { fresh: [], replay: [] }, bare: { fresh: [], replay: [] } };
+    const samples = { ledger: { fresh: [], replay: [] }, prepared: { fresh: [], replay: [] }, bare: { fresh: [], replay: [] } };
+    const sides = ["bare", "ledger", "prepared"];
     for (let i = 0; i < warm + n; i++) {
       if (i % 300 === 0) log(`PostgreSQL: round ${i}/${warm + n}`);
-      for (const side of i % 2 ? ["ledger", "bare"] : ["bare", "ledger"]) {
+      // Each side first, second and third in turn.
+      for (const side of sides.map((_, k) => sides[(i + k) % sides.length])) {
         const key = uniqueKey("pg");
         let fresh;
         let replay;
-        if (side === "ledger") {
+        if (side !== "bare") {
+          const ledger = ledgers[side];
           let t = performance.now();
           const first = await ledger.exchange(head(key), "bench", io);
           if (first.outcome !== "executed") throw new Error(`pg ledger: expected executed, got ${first.outcome}`);
@@ -833,12 +842,11 @@ async function pgCompare(n = count(1500), warm = count(200)) {
     const server = (await pool.query("SHOW server_version")).rows[0].server_version;
     const out = {};
     for (const path of ["fresh", "replay"]) {
-      const l = samples.ledger[path];
-      const b = samples.bare[path];
-      out[path] = { ledger: { median: median(l), p99: pct(l, 99) }, bare: { median: median(b), p99: pct(b, 99) } };
+      out[path] = Object.fromEntries(sides.map((side) => [side, { median: median(samples[side][path]), p99: pct(samples[side][path], 99) }]));
     }
     report.pg = { requests: n, warmup: warm, server, pgVersion: versionOf("pg"), result: out };
   } finally {
+    await preparedPool?.end();
     await handle.dispose();
   }
 }
@@ -1129,14 +1137,27 @@ if (report.pg) {
     `In-process on Node, one \`pg.Pool\` (max 2) on the throwaway server of \`scripts/postgres.sh\` (loopback), a fresh schema. *ledger*: \`IdempotencyLedger.exchange\` for a fresh key ` +
       "(the decision batch and the completion batch, each one transaction in one round trip), then the same request again (a replay: the decision batch). " +
       "*bare*: `pool.query` of the ledger's own claim statement (`INSERT INTO idempotency_keys ... ON CONFLICT (principal, key) DO NOTHING`, autocommit, SHA-256 in Node), " +
-      `for a fresh key and again for the same key. ${p.requests} keys per side after ${p.warmup} warm-up, interleaved.`,
+      `for a fresh key and again for the same key. *prepared*: the same ledger on a pool of its own with \`pgLedger(pool, { preparedStatements: true })\` ` +
+      "(the protocol's statements prepared by name once per connection; each statement is otherwise parsed and planned by the server in every batch). " +
+      `${p.requests} keys per side after ${p.warmup} warm-up, the three sides interleaved.`,
     "",
   );
   table(
-    ["path", "pg ledger", "ledger p99", "bare INSERT", "bare p99", "ratio"],
+    ["path", "pg ledger", "ledger p99", "bare INSERT", "bare p99", "ledger / bare", "pg ledger, prepared", "prepared p99", "prepared / bare", "prepared / ledger"],
     ["fresh", "replay"].map((path) => {
       const r = p.result[path];
-      return [path === "fresh" ? "fresh key" : "replay", ms(r.ledger.median), ms(r.ledger.p99), ms(r.bare.median), ms(r.bare.p99), ratio(r.ledger.median / r.bare.median)];
+      return [
+        path === "fresh" ? "fresh key" : "replay",
+        ms(r.ledger.median),
+        ms(r.ledger.p99),
+        ms(r.bare.median),
+        ms(r.bare.p99),
+        ratio(r.ledger.median / r.bare.median),
+        ms(r.prepared.median),
+        ms(r.prepared.p99),
+        ratio(r.prepared.median / r.bare.median),
+        ratio(r.prepared.median / r.ledger.median),
+      ];
     }),
   );
 } else {

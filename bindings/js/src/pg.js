@@ -19,6 +19,10 @@
 //   outcome-unknown          the connection broke (or the backend was terminated)
 //                            after the batch was sent, before COMMIT was confirmed
 //   host                     a value this adapter could not convert; nothing was sent
+//
+// With `preparedStatements` the protocol's statements are prepared by name,
+// once per connection, inside the same flight: Parse(name) then Bind(name)
+// where the connection does not hold the name yet, Bind(name) alone after.
 import { BatchFailure, databaseError } from "./runtime.js";
 
 const BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED";
@@ -32,6 +36,58 @@ const REAL_TYPES = new Set([700, 701]); // float4, float8
 const TEXT_TYPES = new Set([25, 1043, 1042, 19, 705]); // text, varchar, bpchar, name, unknown
 const BOOL = 16;
 const BYTEA = 17;
+
+// The protocol's statements (`statement.query`) run by name with `preparedStatements`:
+// a fixed set, so a connection holds a handful at most. The migration's DDL stays unnamed.
+const NAMED_QUERIES = new Set(["claim", "takeover", "lookup", "complete", "release", "sweep", "renew", "fence"]);
+const statementNames = new Map(); // SQL text -> its statement name, for this process
+
+/**
+ * The name a protocol statement is prepared under: its query and a hash of
+ * its text, so that every process of the same version names the same text
+ * alike and a name never stands for two texts (a connection a pooler shares
+ * between processes never runs another text under a name).
+ */
+function statementName(statement) {
+  if (!NAMED_QUERIES.has(statement.query)) return "";
+  let name = statementNames.get(statement.sql);
+  if (name === undefined) {
+    name = `idempotency_ledger_${statement.query}_${fnv1a64(statement.sql)}`;
+    statementNames.set(statement.sql, name);
+  }
+  return name;
+}
+
+/** FNV-1a, 64 bits, over the UTF-16 code units, as 16 hex digits (two 32-bit halves, no BigInt). */
+function fnv1a64(text) {
+  let hi = 0xcbf29ce4, lo = 0x84222325;
+  for (let i = 0; i < text.length; i++) {
+    lo ^= text.charCodeAt(i);
+    // (hi:lo) * 0x100000001b3 mod 2^64, in 16-bit pieces
+    const l0 = lo & 0xffff, l1 = lo >>> 16, h0 = hi & 0xffff, h1 = hi >>> 16;
+    let t0 = l0 * 0x1b3;
+    let t1 = l1 * 0x1b3 + (t0 >>> 16);
+    let t2 = h0 * 0x1b3 + (t1 >>> 16) + l0 * 0x100;
+    let t3 = h1 * 0x1b3 + (t2 >>> 16) + l1 * 0x100;
+    lo = ((t1 & 0xffff) << 16 | (t0 & 0xffff)) >>> 0;
+    hi = ((t3 & 0xffff) << 16 | (t2 & 0xffff)) >>> 0;
+  }
+  return hi.toString(16).padStart(8, "0") + lo.toString(16).padStart(8, "0");
+}
+
+/**
+ * What each connection holds, by statement name: `ready` (prepared: Bind
+ * alone), `uncertain` (a flight that parsed it failed before the server
+ * confirmed the statement: Close, then Parse again; Close of a name the
+ * server does not hold is no error). Kept per pg client (one connection for
+ * its life); a client discarded by the pool takes its entry with it.
+ */
+const preparedOn = new WeakMap();
+function preparedOf(client) {
+  let names = preparedOn.get(client);
+  if (!names) preparedOn.set(client, (names = new Map()));
+  return names;
+}
 
 function paramOf(value) {
   switch (value.tag) {
@@ -75,6 +131,18 @@ function changesOf(tag, sql) {
 }
 
 const isDatabaseError = (e) => !!e && typeof e.code === "string" && /^[0-9A-Z]{5}$/.test(e.code) && typeof e.severity === "string";
+/**
+ * A server's error as the core's `database` failure. 26000 (a prepared
+ * statement is gone) says where it comes from: this ledger's named
+ * statements behind a pooler that does not keep them.
+ */
+function serverError(error) {
+  const message =
+    error.code === "26000"
+      ? `${error.message} (a prepared statement this connection made is gone: behind a transaction pooler (PgBouncer pool_mode=transaction before 1.21) a named prepared statement lives on one server connection only; turn preparedStatements off there)`
+      : error.message;
+  return databaseError(error.code, message);
+}
 const isFatal = (e) => isDatabaseError(e) && (e.severity === "FATAL" || e.severity === "PANIC");
 /**
  * A server error after which the connection leaves the pool: it refuses
@@ -93,7 +161,11 @@ const discards = (e) => isDatabaseError(e) && (e.code === "25006" || String(e.co
  * on the connection (no BEGIN, no COMMIT: a handler's completion).
  */
 class Flight {
-  constructor(statements, lockTimeoutMs, resolve, reject, { inTransaction = false } = {}) {
+  /**
+   * `prepared`: the connection's statement names (see `preparedOf`) when the
+   * protocol's statements run by name, else null (every statement unnamed).
+   */
+  constructor(statements, lockTimeoutMs, resolve, reject, { inTransaction = false, prepared = null } = {}) {
     this.statements = statements;
     this.texts = inTransaction ? statements.map((s) => s.sql) : [BEGIN, `SET LOCAL lock_timeout = '${lockTimeoutMs}ms'`, ...statements.map((s) => s.sql), "COMMIT"];
     this.first = inTransaction ? 0 : 2; // the index of the first statement among the texts
@@ -107,6 +179,21 @@ class Flight {
     this.resolve = resolve;
     this.reject = reject;
     this.params = statements.map((s) => s.params.map(paramOf)); // converted before anything is sent
+    this.prepared = prepared;
+    this.names = prepared ? statements.map(statementName) : null;
+    // Names this flight parses, by the index of the statement that parses them.
+    this.parsing = new Map();
+    this.parsingNames = new Set();
+  }
+
+  /** The statement name of text `i` ("": unnamed), and whether this flight must Parse it first. */
+  nameOf(i) {
+    const k = i - this.first;
+    if (!this.names || k < 0 || k >= this.statements.length) return ["", true];
+    const name = this.names[k];
+    if (!name) return ["", true];
+    if (this.prepared.get(name) === "ready" || this.parsingNames.has(name)) return [name, false];
+    return [name, true];
   }
 
   submit(connection) {
@@ -118,8 +205,16 @@ class Flight {
     try {
       for (let i = 0; i < this.texts.length; i++) {
         const values = i >= this.first && i < this.first + this.statements.length ? this.params[i - this.first] : [];
-        connection.parse({ text: this.texts[i], name: "", types: [] });
-        connection.bind({ statement: "", portal: "", values });
+        const [name, parse] = this.nameOf(i);
+        if (parse) {
+          if (name && this.prepared.get(name) === "uncertain") connection.close({ type: "S", name });
+          connection.parse({ text: this.texts[i], name, types: [] });
+          if (name) {
+            this.parsing.set(i, name);
+            this.parsingNames.add(name);
+          }
+        }
+        connection.bind({ statement: name, portal: "", values });
         connection.describe({ type: "P", name: "" });
         connection.execute({ portal: "", rows: 0 });
       }
@@ -150,6 +245,12 @@ class Flight {
     this.current = null;
     if (i >= this.first && i < this.first + this.statements.length) {
       this.results.push({ rows, changes: changesOf(msg.text, this.texts[i]) });
+    }
+    const parsed = this.parsing.get(i);
+    if (parsed !== undefined) {
+      this.prepared.set(parsed, "ready"); // its statement ran: the server holds the name
+      this.parsing.delete(i);
+      this.parsingNames.delete(parsed);
     }
     if (this.commits && i === this.texts.length - 1) this.committed = true;
   }
@@ -183,7 +284,25 @@ class Flight {
   fail(error) {
     if (this.settled) return;
     this.settled = true;
+    this.forgetUnconfirmed(error);
     this.reject(error);
+  }
+
+  /**
+   * After a failure: a name parsed by this flight whose statement did not
+   * run may or may not be held by the server (its Parse may have succeeded
+   * before the error); the next flight closes it first. A server that lost
+   * a name this connection prepared (26000: DEALLOCATE, DISCARD ALL, a
+   * pooler's other server connection) makes every name uncertain.
+   */
+  forgetUnconfirmed(error) {
+    if (!this.prepared) return;
+    for (const name of this.parsing.values()) this.prepared.set(name, "uncertain");
+    this.parsing.clear();
+    this.parsingNames.clear();
+    if (isDatabaseError(error) && error.code === "26000") {
+      for (const name of this.prepared.keys()) this.prepared.set(name, "uncertain");
+    }
   }
 }
 
@@ -195,11 +314,19 @@ class Flight {
  * pool is full, `unreachable` otherwise; default 5000), `lockTimeoutMs`
  * (SET LOCAL lock_timeout per batch, default 5000: a lock held longer is
  * SQLSTATE 55P03, busy; at least 1 ms, as the Rust and Python hosts set it:
- * PostgreSQL reads 0 as "wait forever").
+ * PostgreSQL reads 0 as "wait forever"), `preparedStatements` (default
+ * false: the protocol's statements prepared by name once per connection, so
+ * the server no longer parses and plans each in every batch; only on a direct
+ * connection or a pooler that keeps prepared statements, as in the Rust and
+ * Python hosts: behind PgBouncer before 1.21 in transaction mode a name
+ * prepared on one server connection is looked for on another, and the batch
+ * fails with SQLSTATE 26000).
  */
-export function pgLedger(pool, { connectTimeoutMs = 5000, lockTimeoutMs = 5000 } = {}) {
+export function pgLedger(pool, { connectTimeoutMs = 5000, lockTimeoutMs = 5000, preparedStatements = false } = {}) {
   if (!pool || typeof pool.connect !== "function") throw new TypeError("pgLedger needs a pg.Pool");
   if (!Number.isSafeInteger(lockTimeoutMs) || lockTimeoutMs < 0) throw new TypeError("lockTimeoutMs must be a non-negative integer");
+  if (typeof preparedStatements !== "boolean") throw new TypeError("preparedStatements must be a boolean");
+  const preparedFor = preparedStatements ? preparedOf : () => null;
   lockTimeoutMs = Math.max(1, lockTimeoutMs);
   const broken = brokenClients(pool);
 
@@ -214,7 +341,7 @@ export function pgLedger(pool, { connectTimeoutMs = 5000, lockTimeoutMs = 5000 }
     } catch (error) {
       // A connection that arrives after we gave up goes straight back.
       pending.then((c) => c.release(), () => {});
-      if (isDatabaseError(error)) throw new BatchFailure(databaseError(error.code, error.message), { cause: error });
+      if (isDatabaseError(error)) throw new BatchFailure(serverError(error), { cause: error });
       const message = String(error?.message ?? error);
       const max = pool.options?.max ?? Infinity;
       if (message.includes(POOL_TIMEOUT) && (pool.totalCount ?? 0) >= max) {
@@ -264,7 +391,7 @@ export function pgLedger(pool, { connectTimeoutMs = 5000, lockTimeoutMs = 5000 }
     try {
       const results = await new Promise((resolve, reject) => {
         try {
-          flight = new Flight(statements, lockTimeoutMs, resolve, reject);
+          flight = new Flight(statements, lockTimeoutMs, resolve, reject, { prepared: preparedFor(client) });
         } catch (error) {
           reject(error);
           return;
@@ -296,7 +423,7 @@ export function pgLedger(pool, { connectTimeoutMs = 5000, lockTimeoutMs = 5000 }
       } catch (rollbackError) {
         client.release(rollbackError);
       }
-      return new BatchFailure(databaseError(error.code, error.message), { cause: error });
+      return new BatchFailure(serverError(error), { cause: error });
     }
     if (error instanceof BatchFailure) {
       // A value this adapter could not convert while reading the answer: the
@@ -316,7 +443,7 @@ export function pgLedger(pool, { connectTimeoutMs = 5000, lockTimeoutMs = 5000 }
   /** A failure inside a handler's open transaction: nothing commits before COMMIT, so a lost connection lost the transaction. */
   function inTransactionFailure(error, sent) {
     if (error instanceof BatchFailure) return error;
-    if (isDatabaseError(error) && !isFatal(error)) return new BatchFailure(databaseError(error.code, error.message), { cause: error });
+    if (isDatabaseError(error) && !isFatal(error)) return new BatchFailure(serverError(error), { cause: error });
     const what = isDatabaseError(error) ? `${error.message} (${error.code})` : String(error?.message ?? error);
     return new BatchFailure({ tag: sent ? "unreachable" : "host", val: `postgres: ${what}` }, { cause: error });
   }
@@ -349,7 +476,7 @@ export function pgLedger(pool, { connectTimeoutMs = 5000, lockTimeoutMs = 5000 }
       await client.query(`${BEGIN}; SET LOCAL lock_timeout = '${lockTimeoutMs}ms'`);
     } catch (error) {
       end(error instanceof Error ? error : new Error(String(error)));
-      if (isDatabaseError(error) && !isFatal(error)) throw new BatchFailure(databaseError(error.code, error.message), { cause: error });
+      if (isDatabaseError(error) && !isFatal(error)) throw new BatchFailure(serverError(error), { cause: error });
       throw new BatchFailure({ tag: "unreachable", val: `postgres: ${error?.message ?? error}` }, { cause: error });
     }
     client.release = () => {
@@ -370,7 +497,7 @@ export function pgLedger(pool, { connectTimeoutMs = 5000, lockTimeoutMs = 5000 }
         try {
           return await new Promise((resolve, reject) => {
             try {
-              flight = new Flight(statements, lockTimeoutMs, resolve, reject, { inTransaction: true });
+              flight = new Flight(statements, lockTimeoutMs, resolve, reject, { inTransaction: true, prepared: preparedFor(client) });
             } catch (error) {
               reject(error);
               return;
@@ -388,7 +515,7 @@ export function pgLedger(pool, { connectTimeoutMs = 5000, lockTimeoutMs = 5000 }
         try {
           result = await client.query("COMMIT");
         } catch (error) {
-          if (isDatabaseError(error) && !isFatal(error)) throw new BatchFailure(databaseError(error.code, error.message), { cause: error });
+          if (isDatabaseError(error) && !isFatal(error)) throw new BatchFailure(serverError(error), { cause: error });
           // Sent: a connection lost now leaves the commit's outcome unknown.
           end(error instanceof Error ? error : new Error(String(error)));
           throw new BatchFailure({ tag: "outcome-unknown", val: `postgres: ${error?.message ?? error}` }, { cause: error });

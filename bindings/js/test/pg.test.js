@@ -9,6 +9,7 @@ import { after, before, describe, test } from "node:test";
 import pg from "pg";
 import { handleIdempotentMutation, ledgerFor, migrate } from "../src/node.js";
 import { pgLedger } from "../src/pg.js";
+import { sweepsDone } from "../src/ledger.js";
 import { SKIP_PG, freshSchema } from "./helpers/pg.js";
 
 const post = (key, body = '{"sku":"A"}') =>
@@ -209,6 +210,86 @@ describe("PostgreSQL adapter (pg)", { skip: SKIP_PG }, () => {
       const ok = await ledger.handle(post("k-lock"), "acct-lock", async () => ({ status: 201, body: "ok" }));
       assert.equal(ok.response.status, 201, "the same pooled connection serves the next batch");
       assert.equal(await ok.response.text(), "ok");
+    } finally {
+      await holder.query("ROLLBACK").catch(() => {});
+      holder.release();
+      await pool.end();
+    }
+  });
+
+  /** The statement names the pool's one connection holds, sorted. */
+  const preparedNames = async (pool) => (await pool.query("SELECT name FROM pg_prepared_statements ORDER BY name")).rows.map((r) => r.name);
+
+  test("preparedStatements: each protocol statement prepared once per connection, inside the batch's own flight", async (t) => {
+    const url = new URL(pgs.url);
+    const proxy = await countingProxy({ host: url.hostname, port: Number(url.port) });
+    url.port = String(proxy.port);
+    t.after(() => proxy.close());
+    for (const preparedStatements of [true, false]) {
+      const pool = new pg.Pool({ connectionString: url.toString(), max: 1 });
+      try {
+        const ledger = ledgerFor(pgLedger(pool, { preparedStatements }), { sweepEvery: 1, logger: quiet().logger });
+        await pool.query("SELECT 1");
+        const ran = [];
+        const run = async () => (ran.push(1), { status: 201, body: '{"order":"o"}', headers: { "content-type": "application/json" } });
+        for (const key of ["pp-1", "pp-2"]) {
+          const before = proxy.counts.flights;
+          const fresh = await ledger.handle(post(`${key}-${preparedStatements}`), "acct-pp", run);
+          assert.equal(fresh.response.status, 201);
+          await sweepsDone();
+          assert.equal(proxy.counts.flights - before, 3, `${key}: decision, completion, sweep: one flight each, the first use's prepares in them`);
+          const mid = proxy.counts.flights;
+          const replay = await ledger.handle(post(`${key}-${preparedStatements}`), "acct-pp", run);
+          assert.equal(replay.outcome, "replayed");
+          assert.equal(await replay.response.text(), '{"order":"o"}');
+          assert.equal(proxy.counts.flights - mid, 1, "a replay is one round trip");
+        }
+        assert.equal(ran.length, 2);
+        const names = await preparedNames(pool);
+        if (preparedStatements) {
+          assert.deepEqual(
+            names.map((n) => n.replace(/_[0-9a-f]{16}$/, "")),
+            ["claim", "complete", "lookup", "sweep", "takeover"].map((q) => `idempotency_ledger_${q}`),
+            "the protocol's statements used, once each; no DDL, not this listing",
+          );
+        } else {
+          assert.deepEqual(names, [], "nothing prepared by default");
+        }
+      } finally {
+        await pool.end();
+      }
+    }
+  });
+
+  test("preparedStatements: a flight that failed after preparing is mended on the same connection (Close, then Parse again)", async () => {
+    const pool = new pg.Pool({ connectionString: pgs.url, max: 1 });
+    const holder = await pgs.pool.connect();
+    try {
+      const ledger = ledgerFor(pgLedger(pool, { lockTimeoutMs: 100, preparedStatements: true }), { logger: quiet().logger });
+      // The first batch on the connection parses the claim by name; its execution then waits on the held row lock and fails.
+      await holder.query("BEGIN");
+      await holder.query(
+        "INSERT INTO idempotency_keys (principal, key, fingerprint, status, generation, created_at, updated_at) VALUES ('acct-pp', 'k-pp-lock', 'f', 'pending', 1, 0, 0)",
+      );
+      const busy = await ledger.handle(post("k-pp-lock"), "acct-pp", async () => ({ status: 201, body: "x" }));
+      assert.equal(busy.outcome, "ledger-busy");
+      assert.ok((await preparedNames(pool)).some((n) => n.startsWith("idempotency_ledger_claim_")), "the claim's Parse succeeded before its execution failed");
+      await holder.query("ROLLBACK");
+      // Parsing it again without closing it first would fail (42P05, prepared statement already exists).
+      const ok = await ledger.handle(post("k-pp-lock"), "acct-pp", async () => ({ status: 201, body: "ok" }));
+      assert.equal(ok.response.status, 201);
+      assert.equal(await ok.response.text(), "ok");
+
+      // A server that lost the connection's names (DEALLOCATE ALL here; a transaction pooler's other
+      // server connection in production): one batch fails with 26000 and says why, the next prepares again.
+      await pool.query("DEALLOCATE ALL");
+      const log = quiet();
+      const lost = await ledgerFor(pgLedger(pool, { preparedStatements: true }), { logger: log.logger }).handle(post("k-pp-gone"), "acct-pp", async () => ({ status: 201, body: "x" }));
+      assert.equal(lost.response.status >= 500, true, `status ${lost.response.status}`);
+      assert.ok(log.lines.some((l) => String(l).includes("26000") && String(l).includes("preparedStatements")), log.lines.join("\n"));
+      const again = await ledger.handle(post("k-pp-gone"), "acct-pp", async () => ({ status: 201, body: "again" }));
+      assert.equal(again.response.status, 201);
+      assert.equal(await again.response.text(), "again");
     } finally {
       await holder.query("ROLLBACK").catch(() => {});
       holder.release();

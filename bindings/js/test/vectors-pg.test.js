@@ -6,7 +6,9 @@
 // that client, the completion pipelined on it, COMMIT or ROLLBACK; `rows`
 // replaced through another connection), every sweep and renewal vector.
 // One schema, emptied before each vector (every row of the vectors fits
-// PostgreSQL's columns). Counts are asserted.
+// PostgreSQL's columns). Counts are asserted. With IDEMPOTENCY_TEST_PG_PREPARED=1
+// (make test-postgres runs it both ways) the adapter prepares the protocol's
+// statements by name (`preparedStatements`).
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import pg from "pg";
@@ -63,7 +65,7 @@ describe("vectors on PostgreSQL", { skip: SKIP_PG || SKIP_VECTORS }, () => {
   let other; // another request's connection: the `rows` replacements
   before(async () => {
     pgs = await freshSchema({ max: 2 });
-    ledgerDb = pgLedger(pgs.pool);
+    ledgerDb = pgLedger(pgs.pool, { preparedStatements: process.env.IDEMPOTENCY_TEST_PG_PREPARED === "1" });
     await migrate(pgs.pool);
     other = new pg.Client({ connectionString: pgs.url });
     await other.connect();
@@ -151,4 +153,18 @@ describe("vectors on PostgreSQL", { skip: SKIP_PG || SKIP_VECTORS }, () => {
       assert.equal(ran, doc.counts[kind], `${kind}: vectors run != counts`);
     });
   }
+
+  test("the adapter ran the protocol's statements as it was told to (named with IDEMPOTENCY_TEST_PG_PREPARED=1)", async () => {
+    const clients = await Promise.all([pgs.pool.connect(), pgs.pool.connect()]);
+    try {
+      const named = new Set();
+      for (const client of clients) {
+        for (const { name } of (await client.query("SELECT name FROM pg_prepared_statements")).rows) named.add(name.replace(/_[0-9a-f]{16}$/, ""));
+      }
+      const expected = process.env.IDEMPOTENCY_TEST_PG_PREPARED === "1" ? ["claim", "complete", "fence", "lookup", "release", "renew", "sweep", "takeover"].map((q) => `idempotency_ledger_${q}`) : [];
+      assert.deepEqual([...named].sort(), expected);
+    } finally {
+      for (const client of clients) client.release();
+    }
+  });
 });

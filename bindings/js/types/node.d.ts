@@ -18,7 +18,7 @@ export declare function migrate(db: Database | PgPoolLike | LedgerDb): void | Pr
 /** Opens (creating and migrating) a WAL-mode SQLite ledger with a busy timeout. */
 export declare function openLedgerDatabase(path: string, options?: { busyTimeoutMs?: number }): Promise<Database>;
 export declare function sqliteLedger(db: Database): LedgerDb & { batchSync(statements: SqlStatement[]): StatementResult[] };
-export declare function pgLedger(pool: PgPoolLike, options?: { connectTimeoutMs?: number; lockTimeoutMs?: number }): LedgerDb;
+export declare function pgLedger(pool: PgPoolLike, options?: { connectTimeoutMs?: number; lockTimeoutMs?: number; preparedStatements?: boolean }): LedgerDb;
 export declare function createPgPool(url: string, options?: { max?: number; connectTimeoutMs?: number }): Promise<PgPoolLike>;
 /** The plain node:http adapter. */
 export declare function idempotentHandler(

@@ -18,7 +18,7 @@ export declare const handleIdempotentMutation: HandleIdempotentMutation;
 export declare function ledgerFor(db: D1DatabaseLike | PgPoolLike | LedgerDb, options?: IdempotencyOptions): IdempotencyLedger;
 /** Creates the ledger table and index (idempotent; one batch). Prefer `wrangler d1 migrations` with migrations/0001_idempotency_keys.sql. */
 export declare function migrate(db: D1DatabaseLike | PgPoolLike | LedgerDb): Promise<void>;
-export declare function pgLedger(pool: PgPoolLike, options?: { connectTimeoutMs?: number; lockTimeoutMs?: number }): LedgerDb;
+export declare function pgLedger(pool: PgPoolLike, options?: { connectTimeoutMs?: number; lockTimeoutMs?: number; preparedStatements?: boolean }): LedgerDb;
 export declare function getCore(): Core;
 export declare function d1Ledger(db: D1DatabaseLike): LedgerDb;
 export declare function toD1Value(value: Statement["params"][number]): unknown;

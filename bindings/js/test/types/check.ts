@@ -48,6 +48,7 @@ export async function node(): Promise<number> {
   void expressLedgerFor(db).sweepAll();
   const pool = await createPgPool("postgresql://localhost/app", { max: 5 });
   void pgLedger(pool);
+  void pgLedger(pool, { connectTimeoutMs: 5000, lockTimeoutMs: 5000, preparedStatements: true });
   return r.status;
 }
 
