@@ -169,6 +169,10 @@ faults-build: $(COMPONENT_WASM) ## Build the three example servers as their serv
 	$(MAKE) --no-print-directory -C bindings/js build
 	$(MAKE) --no-print-directory -C bindings/python venv
 
+# The example servers with the ledger's statements prepared by name
+# (IDEMPOTENCY_PREPARED_STATEMENTS=1), on PostgreSQL: connections replaced
+# by the database faults prepare them again.
+PREPARED_PARTS ?= contract,load,dbfaults,exactly-once
 # In make test the Rust server is the debug build test-rust made (a release
 # build of wasmtime would cost CI minutes); faults and soak use the release one.
 test-faults: $(COMPONENT_WASM) ## Faults, short: SIGKILL at chosen points, database faults, 4 s of load, live owners past the TTL under load and the exactly-once probes per host, on SQLite and PostgreSQL
@@ -176,7 +180,8 @@ test-faults: $(COMPONENT_WASM) ## Faults, short: SIGKILL at chosen points, datab
 	$(MAKE) --no-print-directory -C bindings/js build
 	$(MAKE) --no-print-directory -C bindings/python venv
 	FAULTS_RUST_PROFILE=debug $(FAULTS_PY) faults/run.py short --db sqlite
-	FAULTS_RUST_PROFILE=debug ./scripts/postgres.sh run -- $(FAULTS_PY) faults/run.py short --db postgres
+	FAULTS_RUST_PROFILE=debug ./scripts/postgres.sh run -- sh -c '$(FAULTS_PY) faults/run.py short --db postgres && \
+	  $(FAULTS_PY) faults/run.py short --db postgres --parts $(PREPARED_PARTS) --server-env IDEMPOTENCY_PREPARED_STATEMENTS=1'
 
 faults: faults-build ## Crashes, database faults, renewal under load and the exactly-once probes at depth: make faults HOST=rust|python|node DB=sqlite|postgres [ROUNDS=5 CYCLES=3]
 	$(FAULTS_PG) sh -c '$(FAULTS_PY) faults/run.py crash --host $(HOST) --db $(DB) --rounds $(ROUNDS) && $(FAULTS_PY) faults/run.py dbfaults --host $(HOST) --db $(DB) --cycles $(CYCLES) && $(FAULTS_PY) faults/run.py renewal --host $(HOST) --db $(DB) && $(FAULTS_PY) faults/run.py exactly-once --host $(HOST) --db $(DB) --rounds $(ROUNDS) --cycles $(CYCLES)'

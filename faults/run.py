@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import random
+import re
 import sys
 import time
 import traceback
@@ -112,6 +113,10 @@ def contract(ctx: Context, report: Report) -> dict[str, Any]:
         return post_order(srv.port, key, body, **kw)
 
     report.check(srv.count() == 0, f"{name}: the count does not start at 0")
+    if ctx.server_env.get("IDEMPOTENCY_PREPARED_STATEMENTS") == "1":
+        # Each server names the setting in its first line (prepared_statements=true/True, "preparedStatements":true).
+        report.check(re.search(r'prepared_?statements"?[=:](true|True)', srv.first_log_line(), re.IGNORECASE) is not None,
+                     f"{name}: IDEMPOTENCY_PREPARED_STATEMENTS=1 is not in force: {srv.first_log_line()[:300]}")
     a = post("c-1", b'{"sku":"A"}', principal=None)
     report.check(a.status == 401 and a.error == "unauthorized", f"{name}: no bearer token got {a.brief()}")
     report.check(srv.count() == 0, f"{name}: a 401 executed")
@@ -420,6 +425,7 @@ def short_parallel(args: argparse.Namespace, selected: list[str]) -> int:
     for host in selected:
         for parts in groups:
             argv = [sys.executable, __file__, "short", "--db", args.db, "--host", host, "--ttl-ms", str(args.ttl_ms), "--seed", str(random.getrandbits(30)), "--parts", parts]
+            argv += [f"--server-env={kv}" for kv in args.server_env]
             if args.db == "postgres":
                 argv.append("--no-pg-faults")
             children.append((f"{host}/{args.db} {parts}", subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
@@ -432,6 +438,7 @@ def short_parallel(args: argparse.Namespace, selected: list[str]) -> int:
         for host in selected:
             argv = [sys.executable, __file__, "dbfaults", "--db", "postgres", "--host", host, "--ttl-ms", str(args.ttl_ms),
                     "--cycles", "1", "--fault-seconds", "1", "--outage-seconds", "1", "--clients", "4"]
+            argv += [f"--server-env={kv}" for kv in args.server_env]
             r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             print(f"---- {host}/postgres faults ----\n{r.stdout}", flush=True)
             ok = ok and r.returncode == 0

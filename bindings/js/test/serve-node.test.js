@@ -2,7 +2,7 @@
 // process on a free loopback port, driven over HTTP: on a SQLite file, and on
 // PostgreSQL when IDEMPOTENCY_PG_URL is set (make test-postgres).
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
 import { createServer } from "node:http";
 import { tmpdir } from "node:os";
@@ -218,3 +218,10 @@ suite(
 );
 suite("PostgreSQL, transactional", async () => ({ ...(await pgDatabase(1)()), IDEMPOTENCY_MAX_BODY_BYTES: "4000", ORDERS_IN_DATABASE: "1", IDEMPOTENCY_TRANSACTIONAL: "1" }), SKIP_PG);
 exactlyOnceSuite("PostgreSQL", pgDatabase(1), SKIP_PG);
+
+test("IDEMPOTENCY_PREPARED_STATEMENTS=1 on a SQLite file: the server does not start, and says why", () => {
+  const env = { ...process.env, PORT: "0", DATABASE_URL: join(dir, "prepared.sqlite"), IDEMPOTENCY_PREPARED_STATEMENTS: "1" };
+  const done = spawnSync(process.execPath, [SERVER], { env, encoding: "utf8", timeout: 30_000 });
+  assert.notEqual(done.status, 0);
+  assert.match(done.stderr, /IDEMPOTENCY_PREPARED_STATEMENTS=1 needs a postgresql:\/\/ DATABASE_URL/);
+});

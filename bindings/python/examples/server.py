@@ -27,6 +27,9 @@ Contract:
   cap), IDEMPOTENCY_PROFILE, IDEMPOTENCY_KEY_REQUIRED,
   IDEMPOTENCY_REPLAY_HEADER, IDEMPOTENCY_WAIT_MS, IDEMPOTENCY_ON_SERVER_ERROR,
   IDEMPOTENCY_LEASE_RENEWAL (on|off);
+- IDEMPOTENCY_PREPARED_STATEMENTS=1 (PostgreSQL, a direct connection only):
+  the ledger's statements prepared by name once per connection
+  (`Ledger.postgres(url, prepared_statements=True)`);
 - logs on stderr, the first line naming the address, database and settings;
 - SIGTERM / SIGINT: uvicorn stops serving and the process exits 0.
 """
@@ -189,11 +192,16 @@ def orders_engine(database: str) -> Any:
     return engine
 
 
-def build(database: str, settings: dict[str, Any], *, in_database: bool = False, transactional: bool = False) -> tuple[FastAPI, Ledger]:
+def build(
+    database: str, settings: dict[str, Any], *, in_database: bool = False, transactional: bool = False, prepared_statements: bool = False
+) -> tuple[FastAPI, Ledger]:
     if transactional and not in_database:
         raise SystemExit("IDEMPOTENCY_TRANSACTIONAL=1 needs ORDERS_IN_DATABASE=1 (the orders must live in the ledger's database)")
-    if database.startswith(("postgres://", "postgresql://")):
-        ledger = Ledger.postgres(database, **settings)
+    postgres = database.startswith(("postgres://", "postgresql://"))
+    if prepared_statements and not postgres:
+        raise SystemExit("IDEMPOTENCY_PREPARED_STATEMENTS=1 needs a postgresql:// DATABASE_URL")
+    if postgres:
+        ledger = Ledger.postgres(database, prepared_statements=prepared_statements, **settings)
     else:
         ledger = Ledger(database, **settings)
     ledger.migrate()
@@ -281,11 +289,12 @@ def main() -> None:
     database = os.environ.get("DATABASE_URL") or os.path.join(tempfile.gettempdir(), "idempotency-example.sqlite")
     settings = settings_from_env()
     in_database, transactional = flag("ORDERS_IN_DATABASE"), flag("IDEMPOTENCY_TRANSACTIONAL")
-    app, ledger = build(database, settings, in_database=in_database, transactional=transactional)
+    prepared_statements = flag("IDEMPOTENCY_PREPARED_STATEMENTS")
+    app, ledger = build(database, settings, in_database=in_database, transactional=transactional, prepared_statements=prepared_statements)
     shown = database.split("@")[-1] if database.startswith(("postgres://", "postgresql://")) else database
     log.info(
-        "listening on http://127.0.0.1:%d database=%s orders_in_database=%s transactional=%s settings=%s",
-        port, shown, in_database, transactional, json.dumps(ledger.config.as_dict(), sort_keys=True),
+        "listening on http://127.0.0.1:%d database=%s orders_in_database=%s transactional=%s prepared_statements=%s settings=%s",
+        port, shown, in_database, transactional, prepared_statements, json.dumps(ledger.config.as_dict(), sort_keys=True),
     )
     server = GracefulServer(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="info", access_log=False))
     server.run()

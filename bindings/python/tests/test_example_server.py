@@ -211,3 +211,11 @@ def test_the_example_server_renews_a_slow_owners_lease(tmp_path: Path, renewal: 
         if srv.proc.poll() is None:
             srv.proc.kill()
             srv.proc.wait()
+
+
+def test_the_example_server_refuses_prepared_statements_on_sqlite(tmp_path: Path) -> None:
+    """IDEMPOTENCY_PREPARED_STATEMENTS=1 applies to PostgreSQL only: on a SQLite file the server does not start, and says why."""
+    environment = {**os.environ, "PORT": str(_free_port()), "DATABASE_URL": str(tmp_path / "prepared.sqlite"), "IDEMPOTENCY_PREPARED_STATEMENTS": "1"}
+    done = subprocess.run([sys.executable, str(SERVER)], env=environment, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "IDEMPOTENCY_PREPARED_STATEMENTS=1 needs a postgresql:// DATABASE_URL" in done.stderr

@@ -20,6 +20,9 @@
 //! - Settings from `IDEMPOTENCY_*` (see `settings_from_env`), among them
 //!   `IDEMPOTENCY_LEASE_RENEWAL=on|off` (renewal is on unless told); logs on
 //!   stderr.
+//! - `IDEMPOTENCY_PREPARED_STATEMENTS=1` (PostgreSQL, a direct connection
+//!   only): the ledger's statements prepared by name once per connection
+//!   (`PoolSettings::prepared_statements`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -36,7 +39,7 @@ use axum::Extension;
 use idempotency_ledger::wit::Value;
 use idempotency_ledger::{
     AsyncBackend, AsyncLedger, AsyncPostgres, AsyncSqlite, Config, Dialect, HandlerTransaction, IdempotencyLayer, NothingChanged,
-    OnServerError, Profile, Runtime, Settings, SqlStatement, SystemClock,
+    OnServerError, PoolSettings, Profile, Runtime, Settings, SqlStatement, SystemClock,
 };
 
 /// The principal the app's auth derived (the bearer token).
@@ -86,8 +89,13 @@ async fn run() -> Result<(), String> {
         return Err("IDEMPOTENCY_TRANSACTIONAL=1 needs ORDERS_IN_DATABASE=1 (the orders must live in the ledger's database)".into());
     }
     let postgres = database.starts_with("postgres://") || database.starts_with("postgresql://");
+    let prepared_statements = flag("IDEMPOTENCY_PREPARED_STATEMENTS")?;
+    if prepared_statements && !postgres {
+        return Err("IDEMPOTENCY_PREPARED_STATEMENTS=1 needs a postgresql:// DATABASE_URL".into());
+    }
     let (ledger, table): (_, Arc<dyn AsyncBackend>) = if postgres {
-        let backend = AsyncPostgres::connect(&database, 16).map_err(|e| e.to_string())?;
+        let pool = PoolSettings { max_size: 16, prepared_statements, ..PoolSettings::default() };
+        let backend = AsyncPostgres::connect_with(&database, &pool).map_err(|e| e.to_string())?;
         let table = Arc::new(AsyncPostgres::connect(&database, 4).map_err(|e| e.to_string())?);
         (AsyncLedger::new(runtime, backend, settings, SystemClock).await, table)
     } else {
@@ -123,7 +131,7 @@ async fn run() -> Result<(), String> {
 
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.map_err(|e| format!("bind 127.0.0.1:{port}: {e}"))?;
     eprintln!(
-        "serve-rust: listening on http://127.0.0.1:{port}; database {}; orders_in_database={in_database} transactional={transactional}; settings: {}",
+        "serve-rust: listening on http://127.0.0.1:{port}; database {}; orders_in_database={in_database} transactional={transactional} prepared_statements={prepared_statements}; settings: {}",
         redact(&database),
         describe(&config)
     );

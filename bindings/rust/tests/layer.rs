@@ -292,6 +292,24 @@ fn start_example_server(settings: &[(&str, &std::ffi::OsStr)], stderr: std::proc
     (child, addr)
 }
 
+/// `IDEMPOTENCY_PREPARED_STATEMENTS=1` applies to PostgreSQL only: on a
+/// SQLite file the example server does not start, and says why.
+#[test]
+fn the_example_server_refuses_prepared_statements_on_sqlite() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let exe = std::env::current_exe().expect("exe");
+    let serve = exe.parent().and_then(|deps| deps.parent()).expect("target dir").join("examples/serve");
+    let done = std::process::Command::new(&serve)
+        .env("PORT", "0")
+        .env("DATABASE_URL", dir.path().join("prepared.sqlite"))
+        .env("IDEMPOTENCY_PREPARED_STATEMENTS", "1")
+        .output()
+        .expect("run the example server");
+    assert!(!done.status.success());
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert!(stderr.contains("IDEMPOTENCY_PREPARED_STATEMENTS=1 needs a postgresql:// DATABASE_URL"), "{stderr}");
+}
+
 /// `make serve-rust`'s server as a real process: the example server contract.
 #[test]
 fn the_example_server_keeps_its_contract() {

@@ -20,13 +20,15 @@
 //   X-Exit-After-Write: 1         the process exits with status 3 right after the insert,
 //                                 before anything commits
 //   IDEMPOTENCY_LEASE_RENEWAL=on|off  whether a running handler's owner renews its lease
+//   IDEMPOTENCY_PREPARED_STATEMENTS=1 PostgreSQL on a direct connection only: the ledger's
+//                                 statements prepared by name (pgLedger's preparedStatements)
 import { randomUUID } from "node:crypto";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { serve } from "@hono/node-server";
 import { Hono } from "hono";
 import { idempotency, migrate, NothingChangedError, sweepsDone } from "@idempotency/ledger/hono";
-import { createPgPool } from "@idempotency/ledger/pg";
+import { createPgPool, pgLedger } from "@idempotency/ledger/pg";
 
 const env = process.env;
 const log = (message) => process.stderr.write(`${message}\n`);
@@ -72,14 +74,17 @@ const CREATE_ORDERS = "CREATE TABLE IF NOT EXISTS orders (id TEXT PRIMARY KEY, p
  * `insert(order, transaction)` (in the handler's transaction when given,
  * else committed on its own) and `count()` (committed rows only).
  */
-async function openDatabase(url, orders) {
-  if (/^postgres(ql)?:\/\//.test(url)) {
+async function openDatabase(url, orders, preparedStatements) {
+  const postgres = /^postgres(ql)?:\/\//.test(url);
+  if (preparedStatements && !postgres) throw new Error("IDEMPOTENCY_PREPARED_STATEMENTS=1 needs a postgresql:// DATABASE_URL");
+  if (postgres) {
     const pool = await createPgPool(url, { max: 10, logger: { warn: log } });
     await migrate(pool);
     if (orders) await pool.query(CREATE_ORDERS);
     const sql = "INSERT INTO orders (id, principal, request, created_at) VALUES ($1, $2, $3, $4)";
     return {
-      db: pool,
+      // A pg.Pool is recognised as it is; pgLedger for its options.
+      db: preparedStatements ? pgLedger(pool, { preparedStatements }) : pool,
       describe: `PostgreSQL ${url.replace(/\/\/[^@/]*@/, "//***@")}`,
       // The handler's transaction: the client checked out for the request.
       insert: (o, tx) => (tx ? tx.client : pool).query(sql, [o.id, o.principal, o.request, o.createdAt]),
@@ -151,7 +156,8 @@ async function main() {
   // default, a valid 20 KB order ran and was answered, and replayed, as 500.)
   const requestCap = defaultOptions(settings).requestBodyCapBytes;
   settings.bodyCapBytes = Math.min(Math.max(16_384, requestCap + 1024), 16 * 1024 * 1024);
-  const database = await openDatabase(databaseUrl, ordersInDatabase);
+  const preparedStatements = boolFrom("IDEMPOTENCY_PREPARED_STATEMENTS") === true;
+  const database = await openDatabase(databaseUrl, ordersInDatabase, preparedStatements);
   const logger = { error: log, warn: log, info: log };
   const options = { db: database.db, principal: (c) => c.get("principal"), logger, transactional, ...settings };
   const middleware = idempotency(options); // validates the settings once (the core refuses bad ones)
@@ -207,7 +213,7 @@ async function main() {
   // Resolve what is in force (the core's defaults for what the environment left unset).
   const inForce = defaultOptions(settings);
   const server = serve({ fetch: app.fetch, hostname: "127.0.0.1", port }, (info) => {
-    log(`serve-node: listening on http://127.0.0.1:${info.port}; database ${database.describe}; settings ${JSON.stringify({ ...inForce, ordersInDatabase, transactional })}`);
+    log(`serve-node: listening on http://127.0.0.1:${info.port}; database ${database.describe}; settings ${JSON.stringify({ ...inForce, ordersInDatabase, transactional, preparedStatements })}`);
   });
 
   let stopping = false;
