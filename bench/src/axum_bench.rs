@@ -140,8 +140,61 @@ impl Cell {
     }
 }
 
-pub fn run(md: &mut String, runtime: &Runtime, dir: &std::path::Path, previous: Option<&crate::previous::Previous>) {
+/// Where the section's threads run: wherever the kernel puts them, or all on
+/// one CPU (the client, the runtime's worker, the SQLite threads), so that
+/// no request wakes a thread on another CPU.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    Anywhere,
+    OneCpu,
+}
+
+/// This thread's CPU set, narrowed to its first CPU until dropped (threads
+/// started meanwhile inherit it). `None` when the kernel refuses.
+struct OneCpu(libc::cpu_set_t);
+
+impl OneCpu {
+    fn pin() -> Option<OneCpu> {
+        // SAFETY: cpu_set_t is plain data; the calls write at most its size.
+        unsafe {
+            let mut before: libc::cpu_set_t = std::mem::zeroed();
+            if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut before) != 0 {
+                return None;
+            }
+            let first = (0..libc::CPU_SETSIZE as usize).find(|&cpu| libc::CPU_ISSET(cpu, &before))?;
+            let mut one: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(first, &mut one);
+            (libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &one) == 0).then_some(OneCpu(before))
+        }
+    }
+}
+
+impl Drop for OneCpu {
+    fn drop(&mut self) {
+        // SAFETY: restores the set read in `pin`.
+        unsafe {
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &self.0);
+        }
+    }
+}
+
+pub fn run(md: &mut String, runtime: &Runtime, dir: &std::path::Path, previous: Option<&crate::previous::Previous>, placement: Placement) {
     use std::fmt::Write as _;
+    let _pinned = match placement {
+        Placement::Anywhere => None,
+        Placement::OneCpu => match OneCpu::pin() {
+            Some(pinned) => Some(pinned),
+            None => {
+                let _ = writeln!(md, "\n### axum on one CPU\n\nSkipped: this process may not set its CPU affinity.");
+                return;
+            }
+        },
+    };
+    let dir = &dir.join(match placement {
+        Placement::Anywhere => "axum-anywhere",
+        Placement::OneCpu => "axum-one-cpu",
+    });
+    std::fs::create_dir_all(dir).expect("bench dir");
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
     let (with_layer, without, layered_unrenewed, in_process, unrenewed, transactional) = rt.block_on(async {
         // Reads the body, as a real handler does (an unread body ends keep-alive).
@@ -206,21 +259,38 @@ pub fn run(md: &mut String, runtime: &Runtime, dir: &std::path::Path, previous: 
     // Interleaved rounds, the cells' order alternating: load from other
     // processes falls on every cell alike.
     let (rounds, per_round) = (20, 100);
-    let _ = writeln!(md, "\n### axum end to end: the same app with and without the tower layer (SQLite, loopback HTTP/1.1, keep-alive)\n");
-    let _ = writeln!(
-        md,
-        "One keep-alive connection per app, requests one after another, each written in one write (head and body together, as HTTP clients send a small request); {rounds} rounds of {per_round} requests per cell, the cells interleaved \
-         (order alternating each round), medians over all rounds. *native protocol*: the same exchange in the core linked natively \
-         (no WebAssembly, no HTTP), the same SQL on its own SQLite file; *AsyncLedger::handle*: the component's exchange on `AsyncSqlite`, \
-         in process, no HTTP. Target: the layer adds at most 1.5x the native protocol's median. *The native protocol in a route*: \
-         the same native exchange written into the bare app's handler (a hand-written check), measured over HTTP like the layer: \
-         what it adds over the bare app is the protocol's cost where the layer runs, on a server thread woken per request.\n"
-    );
-    let _ = writeln!(
-        md,
-        "| path | with `IdempotencyLayer` (us) | without (us) | the layer adds (us) | native protocol (us) | `AsyncLedger::handle` (us) | layer adds / native | previous run | target | the native protocol in a route adds (us) | layer / native in a route |"
-    );
-    let _ = writeln!(md, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |");
+    if placement == Placement::OneCpu {
+        let _ = writeln!(md, "\n### axum on one CPU: the table above again, every thread of the process on one CPU\n");
+        let _ = writeln!(
+            md,
+            "The same cells, requests and rounds in a run of their own, with the process's threads (the client, the runtime's worker, \
+             the SQLite threads) on one CPU (`sched_setaffinity`), so that no request wakes a thread on another CPU: on a virtual \
+             machine a thread woken on an idle CPU starts only once the hypervisor runs that CPU again, and the bare app's request \
+             pays it twice (the server woken, then the client). What the layer adds here is what it costs the CPU. A diagnostic: the \
+             target is read in the table above.\n"
+        );
+        let _ = writeln!(
+            md,
+            "| path | with `IdempotencyLayer` (us) | without (us) | the layer adds (us) | native protocol (us) | `AsyncLedger::handle` (us) | layer adds / native | previous run | the native protocol in a route adds (us) | layer / native in a route |"
+        );
+        let _ = writeln!(md, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    } else {
+        let _ = writeln!(md, "\n### axum end to end: the same app with and without the tower layer (SQLite, loopback HTTP/1.1, keep-alive)\n");
+        let _ = writeln!(
+            md,
+            "One keep-alive connection per app, requests one after another, each written in one write (head and body together, as HTTP clients send a small request); {rounds} rounds of {per_round} requests per cell, the cells interleaved \
+             (order alternating each round), medians over all rounds. *native protocol*: the same exchange in the core linked natively \
+             (no WebAssembly, no HTTP), the same SQL on its own SQLite file; *AsyncLedger::handle*: the component's exchange on `AsyncSqlite`, \
+             in process, no HTTP. Target: the layer adds at most 1.5x the native protocol's median. *The native protocol in a route*: \
+             the same native exchange written into the bare app's handler (a hand-written check), measured over HTTP like the layer: \
+             what it adds over the bare app is the protocol's cost where the layer runs, on a server thread woken per request.\n"
+        );
+        let _ = writeln!(
+            md,
+            "| path | with `IdempotencyLayer` (us) | without (us) | the layer adds (us) | native protocol (us) | `AsyncLedger::handle` (us) | layer adds / native | previous run | target | the native protocol in a route adds (us) | layer / native in a route |"
+        );
+        let _ = writeln!(md, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |");
+    }
     let mut modes = Vec::new();
     for path in ["fresh", "replay"] {
         let mut times: [Vec<Duration>; 8] = Default::default();
@@ -237,14 +307,26 @@ pub fn run(md: &mut String, runtime: &Runtime, dir: &std::path::Path, previous: 
         modes.push((path, layered, layered_unrenewed, in_process, unrenewed, transactional));
         let added = layered - bare;
         let ratio = added / native;
+        let routed_added = native_routed - bare;
+        if placement == Placement::OneCpu {
+            let before = previous.and_then(|p| p.axum_one_cpu_ratio(path)).map_or("-".into(), |r| format!("{r:.2}x"));
+            let _ = writeln!(
+                md,
+                "| {path} | {layered:.1} | {bare:.1} | {added:.1} | {native:.1} | {in_process:.1} | {ratio:.2}x | {before} | {routed_added:.1} | {:.2}x |",
+                added / routed_added
+            );
+            continue;
+        }
         let before = previous.and_then(|p| p.axum_ratio(path)).map_or("-".into(), |r| format!("{r:.2}x"));
         let met = if ratio <= 1.5 { "met (<= 1.5x)" } else { "**not met** (> 1.5x)" };
-        let routed_added = native_routed - bare;
         let _ = writeln!(
             md,
             "| {path} | {layered:.1} | {bare:.1} | {added:.1} | {native:.1} | {in_process:.1} | **{ratio:.2}x** | {before} | {met} | {routed_added:.1} | {:.2}x |",
             added / routed_added
         );
+    }
+    if placement == Placement::OneCpu {
+        return;
     }
     let _ = writeln!(
         md,

@@ -372,7 +372,8 @@ fn main() {
     }
 
     if wants("axum") {
-        axum_bench::run(&mut md, &runtime, dir.path(), previous.as_ref());
+        axum_bench::run(&mut md, &runtime, dir.path(), previous.as_ref(), axum_bench::Placement::Anywhere);
+        axum_bench::run(&mut md, &runtime, dir.path(), previous.as_ref(), axum_bench::Placement::OneCpu);
         if let Ok(url) = std::env::var("IDEMPOTENCY_PG_URL") {
             axum_bench::run_postgres(&mut md, &runtime, &url, previous.as_ref());
         }

@@ -66,6 +66,11 @@ impl Previous {
             .or_else(|| Some(self.value(heading, path, "the layer adds")? / self.native_median(path)?))
     }
 
+    /// The same ratio with every thread on one CPU.
+    pub fn axum_one_cpu_ratio(&self, path: &str) -> Option<f64> {
+        self.value("axum on one CPU", path, "layer adds / native")
+    }
+
     /// What the tower layer added over the bare axum app on PostgreSQL, over
     /// the time of its batches on the request path.
     pub fn axum_postgres_ratio(&self, path: &str) -> Option<f64> {
