@@ -36,6 +36,7 @@ async function start(env) {
     await new Promise((resolve) => setTimeout(resolve, 50));
   }
   assert.match(stderr, /^serve-node: listening on http:\/\/127\.0\.0\.1:\d+; database .*; settings \{/, `first line: ${stderr}`);
+  if (env.IDEMPOTENCY_PREPARED_STATEMENTS === "1") assert.ok(stderr.includes('"preparedStatements":true'), `first line: ${stderr}`);
   return { port, child, exited, stderr: () => stderr, base: `http://127.0.0.1:${port}` };
 }
 
@@ -214,6 +215,11 @@ const pgDatabase = (max) => async () => {
 suite(
   "PostgreSQL",
   async () => ({ ...(await pgDatabase(1)()), IDEMPOTENCY_MAX_BODY_BYTES: "4000" }),
+  SKIP_PG,
+);
+suite(
+  "PostgreSQL, statements prepared by name",
+  async () => ({ ...(await pgDatabase(1)()), IDEMPOTENCY_MAX_BODY_BYTES: "4000", IDEMPOTENCY_PREPARED_STATEMENTS: "1" }),
   SKIP_PG,
 );
 suite("PostgreSQL, transactional", async () => ({ ...(await pgDatabase(1)()), IDEMPOTENCY_MAX_BODY_BYTES: "4000", ORDERS_IN_DATABASE: "1", IDEMPOTENCY_TRANSACTIONAL: "1" }), SKIP_PG);

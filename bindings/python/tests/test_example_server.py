@@ -54,8 +54,11 @@ class Server:
         return code
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.fixture(
+    params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres), pytest.param("postgres-prepared", marks=pytest.mark.postgres)]
+)
 def server(request: Any, tmp_path: Path) -> Iterator[Server]:
+    """The example server on SQLite, on PostgreSQL, and on PostgreSQL with IDEMPOTENCY_PREPARED_STATEMENTS=1."""
     admin = None
     if request.param == "sqlite":
         database = str(tmp_path / "example.sqlite")
@@ -66,7 +69,10 @@ def server(request: Any, tmp_path: Path) -> Iterator[Server]:
         admin = psycopg.connect(PG_URL, autocommit=True)
         admin.execute(f'CREATE SCHEMA "{schema}"')
         database = pg_schema_url(PG_URL, schema)
-    srv = Server(database, IDEMPOTENCY_MAX_BODY_BYTES="4096")
+    prepared = {"IDEMPOTENCY_PREPARED_STATEMENTS": "1"} if request.param == "postgres-prepared" else {}
+    srv = Server(database, IDEMPOTENCY_MAX_BODY_BYTES="4096", **prepared)
+    if prepared:
+        assert "prepared_statements=True" in srv.first_line, srv.first_line
     try:
         yield srv
     finally:
