@@ -77,9 +77,10 @@ function fnv1a64(text) {
 
 /**
  * What each connection holds, by statement name: `ready` (prepared: Bind
- * alone), `uncertain` (a flight that parsed it failed before the server
- * confirmed the statement: Close, then Parse again; Close of a name the
- * server does not hold is no error). Kept per pg client (one connection for
+ * alone), `parsing` (the flight on the connection sends its Parse: later
+ * statements of that flight Bind it alone), `uncertain` (a flight that
+ * parsed it failed before the server confirmed the statement: Close, then
+ * Parse again; Close of a name the server does not hold is no error). Kept per pg client (one connection for
  * its life); a client discarded by the pool takes its entry with it.
  */
 const preparedOn = new WeakMap();
@@ -182,8 +183,7 @@ class Flight {
     this.prepared = prepared;
     this.names = prepared ? statements.map(statementName) : null;
     // Names this flight parses, by the index of the statement that parses them.
-    this.parsing = new Map();
-    this.parsingNames = new Set();
+    this.parsing = prepared ? new Map() : null;
   }
 
   /** The statement name of text `i` ("": unnamed), and whether this flight must Parse it first. */
@@ -192,8 +192,8 @@ class Flight {
     if (!this.names || k < 0 || k >= this.statements.length) return ["", true];
     const name = this.names[k];
     if (!name) return ["", true];
-    if (this.prepared.get(name) === "ready" || this.parsingNames.has(name)) return [name, false];
-    return [name, true];
+    const state = this.prepared.get(name);
+    return [name, state !== "ready" && state !== "parsing"];
   }
 
   submit(connection) {
@@ -211,7 +211,7 @@ class Flight {
           connection.parse({ text: this.texts[i], name, types: [] });
           if (name) {
             this.parsing.set(i, name);
-            this.parsingNames.add(name);
+            this.prepared.set(name, "parsing");
           }
         }
         connection.bind({ statement: name, portal: "", values });
@@ -246,11 +246,10 @@ class Flight {
     if (i >= this.first && i < this.first + this.statements.length) {
       this.results.push({ rows, changes: changesOf(msg.text, this.texts[i]) });
     }
-    const parsed = this.parsing.get(i);
+    const parsed = this.parsing?.get(i);
     if (parsed !== undefined) {
       this.prepared.set(parsed, "ready"); // its statement ran: the server holds the name
       this.parsing.delete(i);
-      this.parsingNames.delete(parsed);
     }
     if (this.commits && i === this.texts.length - 1) this.committed = true;
   }
@@ -299,7 +298,6 @@ class Flight {
     if (!this.prepared) return;
     for (const name of this.parsing.values()) this.prepared.set(name, "uncertain");
     this.parsing.clear();
-    this.parsingNames.clear();
     if (isDatabaseError(error) && error.code === "26000") {
       for (const name of this.prepared.keys()) this.prepared.set(name, "uncertain");
     }
