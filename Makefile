@@ -125,13 +125,15 @@ pooler-suites:
 # Needs IDEMPOTENCY_PG_URL (test-postgres sets it): the same SPEC, vector,
 # concurrency, failure and hostile tests as over SQLite, in the postgres dialect;
 # the SPEC, vector and concurrency ones again with statements prepared by name
-# (PoolSettings::prepared_statements; a direct connection only).
+# (PoolSettings::prepared_statements; a direct connection only); the Rust
+# example server's HTTP contract, its statements unnamed and prepared.
 postgres-suites:
 	@test -n "$$IDEMPOTENCY_PG_URL" || { echo "error: IDEMPOTENCY_PG_URL is not set (use make test-postgres)" >&2; exit 1; }
 	IDEMPOTENCY_TEST_BACKEND=postgres $(CARGO) test --locked --features $(PG_FEATURES) \
 	  --test spec --test vectors --test concurrency --test failures --test hostile --test postgres
 	IDEMPOTENCY_TEST_BACKEND=postgres IDEMPOTENCY_TEST_PG_PREPARED=1 $(CARGO) test --locked --features $(PG_FEATURES) \
 	  --test spec --test vectors --test concurrency
+	$(CARGO) test --locked --features $(PG_FEATURES) --test layer -- --ignored --exact the_example_server_keeps_its_contract_on_postgres
 	$(MAKE) -C bindings/python test-postgres
 	$(MAKE) -C bindings/js test-postgres
 	bindings/python/.venv/bin/python host-test/pg_race.py --rust-worker target/debug/pg-race-worker --keys $(RACE_KEYS)
