@@ -489,12 +489,13 @@ fn pg_pool(url: &str, schema: &str, extra: &str, prepared_statements: bool) -> P
 fn postgres_vs_sqlite(md: &mut String, runtime: &Runtime, url: &str, dir: &std::path::Path) {
     let _ = writeln!(md, "\n### PostgreSQL vs SQLite: the same component, requests and settings, one process\n");
     let _ = writeln!(md, "PostgreSQL {} on loopback (`scripts/postgres.sh`: Debian's package, default settings), reached through", pg_version(url));
-    let _ = writeln!(md, "`PostgresPool` (tokio-postgres + deadpool, one pipelined round trip per batch). SQLite: a WAL file with");
+    let _ = writeln!(md, "`PostgresPool` (tokio-postgres + deadpool, one round trip per batch). SQLite: a WAL file with");
     let _ = writeln!(md, "synchronous=NORMAL (no fsync per commit). PostgreSQL is measured durable (fsync at every commit, its default)");
     let _ = writeln!(md, "and with `synchronous_commit=off` (like SQLite's NORMAL: a crash may lose the last commits, never corrupt).");
-    let _ = writeln!(md, "Each statement is parsed and planned by the server in every batch (the default, which runs behind a transaction");
-    let _ = writeln!(md, "pooler); *prepared*: the durable server again with `PoolSettings::prepared_statements` (each statement prepared");
-    let _ = writeln!(md, "by name once per connection; a direct connection only).\n");
+    let _ = writeln!(md, "By default a batch is one simple query (`BEGIN`, the statements with their parameters written in, `COMMIT`),");
+    let _ = writeln!(md, "each statement parsed and planned by the server in every batch (what runs behind a transaction pooler);");
+    let _ = writeln!(md, "*prepared*: the durable server again with `PoolSettings::prepared_statements` (each statement prepared by name");
+    let _ = writeln!(md, "once per connection, then a pipelined flight of them with a Sync each; a direct connection only).\n");
     let _ = writeln!(
         md,
         "| path | SQLite median / p99 (us) | PostgreSQL durable median / p99 (us) | PostgreSQL synchronous_commit=off median / p99 (us) | PostgreSQL (off) / SQLite | PostgreSQL durable, prepared median / p99 (us) | prepared / durable |"

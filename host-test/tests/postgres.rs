@@ -55,10 +55,13 @@ fn refused(result: Result<Handled, HandleError<String>>, principal: &str) -> (Ou
 
 /// A TCP proxy in front of the server that counts flights: runs of bytes
 /// from the client with no answer from the server in between. One flight
-/// that the server answers is one network round trip.
+/// that the server answers is one network round trip. It also counts the
+/// pieces the server's answers arrive in (each a read of the proxy: a
+/// server that flushes once per batch answers in one).
 struct FlightCounter {
     port: u16,
     flights: Arc<AtomicUsize>,
+    pieces: Arc<AtomicUsize>,
 }
 
 impl FlightCounter {
@@ -66,14 +69,15 @@ impl FlightCounter {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind proxy");
         let port = listener.local_addr().expect("addr").port();
         let flights = Arc::new(AtomicUsize::new(0));
-        let counter = flights.clone();
+        let pieces = Arc::new(AtomicUsize::new(0));
+        let (counter, piece_counter) = (flights.clone(), pieces.clone());
         thread::spawn(move || {
             for client in listener.incoming() {
                 let Ok(client) = client else { return };
                 let server = TcpStream::connect(&upstream).expect("connect upstream");
                 // 0: nothing yet, 1: the client spoke last, 2: the server did.
                 let last = Arc::new(AtomicU8::new(0));
-                let pipe = |mut from: TcpStream, mut to: TcpStream, me: u8, count: Option<Arc<AtomicUsize>>| {
+                let pipe = |mut from: TcpStream, mut to: TcpStream, me: u8, count: Option<Arc<AtomicUsize>>, reads: Option<Arc<AtomicUsize>>| {
                     let last = last.clone();
                     thread::spawn(move || {
                         let mut buf = vec![0u8; 1 << 16];
@@ -82,6 +86,9 @@ impl FlightCounter {
                                 Ok(0) | Err(_) => break,
                                 Ok(n) => n,
                             };
+                            if let Some(reads) = &reads {
+                                reads.fetch_add(1, Ordering::SeqCst);
+                            }
                             if last.swap(me, Ordering::SeqCst) != me {
                                 if let Some(c) = &count {
                                     c.fetch_add(1, Ordering::SeqCst);
@@ -94,15 +101,19 @@ impl FlightCounter {
                         let _ = to.shutdown(std::net::Shutdown::Both);
                     });
                 };
-                pipe(client.try_clone().expect("clone"), server.try_clone().expect("clone"), 1, Some(counter.clone()));
-                pipe(server, client, 2, None);
+                pipe(client.try_clone().expect("clone"), server.try_clone().expect("clone"), 1, Some(counter.clone()), None);
+                pipe(server, client, 2, None, Some(piece_counter.clone()));
             }
         });
-        FlightCounter { port, flights }
+        FlightCounter { port, flights, pieces }
     }
 
     fn flights(&self) -> usize {
         self.flights.load(Ordering::SeqCst)
+    }
+
+    fn pieces(&self) -> usize {
+        self.pieces.load(Ordering::SeqCst)
     }
 }
 
@@ -186,11 +197,13 @@ fn every_batch_is_one_network_round_trip() {
     ledger.handle("acct", &order("warm-up"), created).expect("warm-up");
     ledger.sweep().expect("warm-up sweep");
     let mut trips = Vec::new();
+    let mut pieces = Vec::new();
     let mut measure = |what: &str, f: &mut dyn FnMut()| {
-        let before = proxy.flights();
+        let before = (proxy.flights(), proxy.pieces());
         f();
         thread::sleep(Duration::from_millis(50)); // let the proxy threads finish counting
-        trips.push((what.to_string(), proxy.flights() - before));
+        trips.push((what.to_string(), proxy.flights() - before.0));
+        pieces.push((what.to_string(), proxy.pieces() - before.1));
     };
     measure("fresh (decision + completion)", &mut || {
         let h = ledger.handle("acct", &order("k-1"), created).expect("fresh");
@@ -204,11 +217,102 @@ fn every_batch_is_one_network_round_trip() {
         clock.advance(Duration::from_millis(86_400_001));
         assert!(ledger.sweep().expect("sweep").deleted >= 1);
     });
-    println!("round trips on PostgreSQL: {trips:?}");
+    println!("round trips on PostgreSQL: {trips:?}; answered in pieces: {pieces:?}");
     assert_eq!(
         trips,
         vec![("fresh (decision + completion)".into(), 2), ("replay (decision)".into(), 1), ("sweep".into(), 1)]
     );
+    // The decision and the sweep are one simple query each, which the server
+    // answers in one piece (a flight of unnamed statements, each with its own
+    // Sync, comes back in four or five); the completion stays a flight.
+    assert_eq!(pieces[1..], trips[1..], "replay and sweep: one answer per round trip");
+}
+
+/// The protocol's batches go as one simple query with their parameters
+/// written in as literals: texts with quotes, backslashes, placeholders,
+/// semicolons and comments reach the table exactly as given, and every value
+/// a lookup reads back has the type and value the same batch has through
+/// statements the server types itself (prepared by name).
+#[test]
+fn hostile_texts_written_into_a_batch_are_stored_and_read_back_exactly() {
+    let db = TestDb::postgres();
+    let schema = &db.pg().expect("postgres").name;
+    let url = url_with_schema(&postgres_url(), schema);
+    let inlined = PostgresPool::connect_with(&url, &PoolSettings { max_size: 1, ..PoolSettings::default() }).expect("pool");
+    let prepared = PostgresPool::connect_with(&url, &PoolSettings { max_size: 1, prepared_statements: true, ..PoolSettings::default() }).expect("pool");
+    let clock = ManualClock::new(T0);
+    let mut ledger = Ledger::new(runtime(), inlined.backend(), Settings::default(), clock.clone()).expect("ledger");
+    let principals = [
+        "o'brien",
+        "back\\slash\\' OR '1'='1",
+        "$1 $2; DROP TABLE idempotency_keys; --",
+        "E'\\x00' /* x */",
+        "\u{1F600} \u{e9}t\u{e9} \u{202e}",
+        "  leading and trailing  ",
+    ];
+    for (i, principal) in principals.iter().enumerate() {
+        let key = format!("k'{i}\\$1");
+        let req = Request::new("POST", "/orders")
+            .header("Idempotency-Key", &key)
+            .header("content-type", "application/json")
+            .body(format!(r#"{{"note":"{}"}}"#, principal.replace('\\', "\\\\")).into_bytes());
+        let (fresh, runs) = handle_counted_as(&mut ledger, principal, &req);
+        let fresh = fresh.expect("fresh");
+        let (replay, again) = handle_counted_as(&mut ledger, principal, &req);
+        let replay = replay.expect("replay");
+        assert_eq!((fresh.outcome, replay.outcome, runs, again), (Outcome::Executed, Outcome::Replayed, 1, 0), "{principal:?}");
+        assert_eq!(replay.response.body, fresh.response.body);
+        let lookup = runtime().queries(idempotency_ledger::Dialect::Postgres).sql(idempotency_ledger::wit::Query::Lookup).clone();
+        let statement = SqlStatement { sql: lookup, params: vec![Value::Text(principal.to_string()), Value::Text(key.clone())] };
+        let read = inlined.backend().execute_batch(std::slice::from_ref(&statement)).expect("lookup");
+        let typed = prepared.backend().execute_batch(std::slice::from_ref(&statement)).expect("lookup, prepared");
+        assert_eq!(format!("{read:?}"), format!("{typed:?}"), "{principal:?}: the same row, values and types");
+        assert_eq!(read[0].rows.len(), 1, "{principal:?}");
+        assert!(matches!(read[0].rows[0][2], Value::Integer(1)), "generation: {:?}", read[0].rows[0][2]);
+    }
+    let stored: Vec<(String, String)> = db.rows().iter().map(|r| (r["principal"].as_str().unwrap().to_string(), r["key"].as_str().unwrap().to_string())).collect();
+    for (i, principal) in principals.iter().enumerate() {
+        assert!(stored.contains(&(principal.to_string(), format!("k'{i}\\$1"))), "{principal:?} in {stored:?}");
+    }
+    assert_eq!(stored.len(), principals.len(), "nothing else was written");
+}
+
+/// A batch the server refuses part-way (the takeover's lock timeout) stopped
+/// inside its transaction: it is rolled back there, and the same pooled
+/// connection serves the next batch (not "current transaction is aborted").
+#[test]
+fn a_refused_batch_is_rolled_back_and_its_connection_serves_the_next() {
+    let db = TestDb::postgres();
+    let schema = db.pg().expect("postgres").name.clone();
+    let url = url_with_schema(&postgres_url(), &schema);
+    let settings = PoolSettings { max_size: 1, lock_timeout: Duration::from_millis(100), ..PoolSettings::default() };
+    let pool = PostgresPool::connect_with(&url, &settings).expect("pool");
+    let mut backend = pool.backend();
+    let mut pid = || match &backend.execute_batch(&[sql("SELECT pg_backend_pid()", vec![])]).expect("pid")[0].rows[0][0] {
+        Value::Integer(pid) => *pid,
+        other => panic!("pid: {other:?}"),
+    };
+    let before = pid();
+    let req = order("held");
+    let fingerprint = runtime().fingerprint(&req).expect("fingerprint");
+    // A stale reservation the takeover must lock; another session holds it.
+    db.insert_rows(&[json!({
+        "principal": "acct", "key": "held", "fingerprint": fingerprint, "status": "pending", "generation": 1,
+        "response_status": null, "response_body": null, "response_headers": null,
+        "created_at": T0 - 60_000, "updated_at": T0 - 60_000,
+    })]);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let (holder, connection) = rt.block_on(tokio_postgres::connect(&url, tokio_postgres::NoTls)).expect("connect");
+    rt.spawn(connection);
+    rt.block_on(holder.batch_execute("BEGIN; SELECT 1 FROM idempotency_keys WHERE key = 'held' FOR UPDATE")).expect("lock");
+    let clock = ManualClock::new(T0);
+    let mut ledger = Ledger::new(runtime(), pool.backend(), Settings::default(), clock.clone()).expect("ledger");
+    let (busy, runs) = handle_counted(&mut ledger, &req);
+    assert_eq!((busy.expect("the core's answer").response.status, runs), (503, 0), "the takeover met the lock");
+    rt.block_on(holder.batch_execute("ROLLBACK")).expect("unlock");
+    let (taken, runs) = handle_counted(&mut ledger, &req);
+    assert_eq!((taken.expect("the next batch runs").outcome, runs), (Outcome::TakenOver, 1));
+    assert_eq!(pid(), before, "the same connection, back in the pool outside any transaction");
 }
 
 #[test]

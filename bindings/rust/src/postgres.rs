@@ -4,18 +4,24 @@
 //! its own (it never calls `block_on`: a blocking caller waits on a channel).
 //!
 //! Each batch is one transaction at READ COMMITTED, sent in one network round
-//! trip: `BEGIN`, the statements and `COMMIT` are pipelined, then all answers
-//! are read. Each statement is parsed as the unnamed statement inside that
-//! flight (Parse, Bind, Execute with its parameters typed by the server, as
-//! node-postgres does): nothing is prepared by name or set for the session,
-//! so nothing has to outlive the transaction on its server connection, and
-//! the same code runs behind a transaction pooler (PgBouncer in
+//! trip. A batch of the protocol's statements (claim, takeover, lookup,
+//! release, sweep, renew, fence) goes as one simple query: `BEGIN`, the
+//! statements with their parameters written in as quoted literals, and
+//! `COMMIT` in one string, which the server answers at once (see `simple`).
+//! Any other batch (the completion, whose stored response stays out of the
+//! statement's text; SQL given to `execute_batch`; a handler's own
+//! statements) is pipelined: `BEGIN`, each statement parsed as the unnamed
+//! statement (Parse, Bind, Execute with its parameters typed by the server,
+//! as node-postgres does) and `COMMIT` in one flight, then all answers are
+//! read. Either way nothing is prepared by name or set for the session, so
+//! nothing has to outlive the transaction on its server connection, and the
+//! same code runs behind a transaction pooler (PgBouncer in
 //! `pool_mode = transaction`, which hands each transaction whichever server
 //! connection is free). On a direct connection (or a pooler that keeps
 //! prepared statements, as PgBouncer 1.21+ with `max_prepared_statements`),
 //! [`PoolSettings::prepared_statements`] prepares each statement by name once
-//! per connection instead, which spares the server parsing and planning it in
-//! every batch. The protocol is safe at
+//! per connection instead (a pipelined flight of named statements), which
+//! spares the server parsing and planning it in every batch. The protocol is safe at
 //! READ COMMITTED because the takeover and the completion are conditional
 //! UPDATEs: PostgreSQL locks the row and re-checks the WHERE clause against
 //! the newest committed version, so of two racing takeovers one matches and
@@ -46,6 +52,8 @@ use crate::BoxFuture;
 use crate::transaction::AsyncTransaction;
 use crate::wit::{BatchError, DatabaseError, StatementResult, Value};
 use crate::{Dialect, Error, SqlBackend, SqlStatement};
+
+mod simple;
 
 /// How a pool connects and how long things may wait.
 #[derive(Clone, Debug)]
@@ -89,18 +97,30 @@ struct Preamble {
     /// With [`PoolSettings::prepared_statements`]: the statements prepared
     /// by name (see [`Named`]).
     named: Option<Named>,
+    /// Without: the protocol's statements, sent as one simple query (see
+    /// `simple`).
+    inlined: Option<Arc<simple::Inlined>>,
 }
+
+/// How many statements `Preamble::begin` holds (each answers once).
+const BEGIN_STATEMENTS: usize = 2;
 
 impl Preamble {
     fn new(settings: &PoolSettings) -> Result<Preamble, Error> {
-        let named = if settings.prepared_statements { Some(Named::protocol()?) } else { None };
-        Ok(Preamble { named, ..Preamble::unnamed(settings.lock_timeout) })
+        if settings.prepared_statements {
+            return Ok(Preamble { named: Some(Named::protocol()?), inlined: None, ..Preamble::unnamed(settings.lock_timeout) });
+        }
+        Ok(Preamble::unnamed(settings.lock_timeout))
     }
 
-    /// Every statement unnamed (the default, and a pool the caller built).
+    /// Nothing prepared by name (the default, and a pool the caller built).
     fn unnamed(lock_timeout: Duration) -> Preamble {
         let ms = lock_timeout.as_millis().max(1);
-        Preamble { begin: format!("BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = '{ms}ms'").into(), named: None }
+        Preamble {
+            begin: format!("BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = '{ms}ms'").into(),
+            named: None,
+            inlined: simple::Inlined::protocol(),
+        }
     }
 }
 
@@ -587,11 +607,32 @@ async fn run_statement(client: &Object, statement: &SqlStatement, named: Option<
 
 async fn run_batch(pool: &Pool, preamble: &Preamble, statements: &[SqlStatement]) -> Result<Vec<StatementResult>, BatchError> {
     let client = open_client(pool).await?;
-    let outcome = run_flight(&client, preamble, statements).await;
-    if outcome.as_ref().is_err_and(discards) {
+    let query = preamble.inlined.as_ref().and_then(|inlined| inlined.query(&preamble.begin, statements));
+    let (outcome, broken) = match query {
+        Some(query) => run_simple(&client, &query, statements).await,
+        None => (run_flight(&client, preamble, statements).await, false),
+    };
+    if broken || outcome.as_ref().is_err_and(discards) {
         let _ = Object::take(client);
     }
     outcome
+}
+
+/// The batch as one simple query (`simple::Inlined::query`), and whether the
+/// connection must leave the pool. A statement the server refused stopped
+/// the string there, inside its transaction: it is rolled back at once (a
+/// connection that cannot is dropped), so the connection goes back to the
+/// pool outside any transaction, as after a flight.
+async fn run_simple(client: &Object, query: &str, statements: &[SqlStatement]) -> (Result<Vec<StatementResult>, BatchError>, bool) {
+    match client.simple_query(query).await {
+        Ok(messages) => (simple::results(messages, BEGIN_STATEMENTS, statements), false),
+        Err(e) if e.as_db_error().is_some() => {
+            let rolled_back = client.batch_execute("ROLLBACK").await.is_ok();
+            (Err(failure(&e, true)), !rolled_back)
+        }
+        // Sent: a connection lost now leaves the commit's outcome unknown.
+        Err(e) => (Err(failure(&e, true)), false),
+    }
 }
 
 async fn run_flight(client: &Object, preamble: &Preamble, statements: &[SqlStatement]) -> Result<Vec<StatementResult>, BatchError> {
@@ -626,13 +667,20 @@ async fn run_flight(client: &Object, preamble: &Preamble, statements: &[SqlState
     Ok(results)
 }
 
+fn statement_result(statement: &SqlStatement, rows: Vec<Row>, affected: u64) -> Result<StatementResult, BatchError> {
+    let rows = rows.iter().map(row_values).collect::<Result<Vec<_>, _>>()?;
+    Ok(StatementResult { rows, changes: changes(statement, affected) })
+}
+
 /// `changes` counts rows written (as SQLite's does): the command tag's count
 /// for INSERT/UPDATE/DELETE, 0 for a SELECT.
-fn statement_result(statement: &SqlStatement, rows: Vec<Row>, affected: u64) -> Result<StatementResult, BatchError> {
+fn changes(statement: &SqlStatement, affected: u64) -> u64 {
     let is_select = statement.sql.trim_start().get(..6).is_some_and(|w| w.eq_ignore_ascii_case("select"));
-    let changes = if is_select { 0 } else { affected };
-    let rows = rows.iter().map(row_values).collect::<Result<Vec<_>, _>>()?;
-    Ok(StatementResult { rows, changes })
+    if is_select {
+        0
+    } else {
+        affected
+    }
 }
 
 fn row_values(row: &Row) -> Result<Vec<Value>, BatchError> {
