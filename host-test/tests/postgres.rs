@@ -277,6 +277,16 @@ fn hostile_texts_written_into_a_batch_are_stored_and_read_back_exactly() {
     assert_eq!(stored.len(), principals.len(), "nothing else was written");
 }
 
+/// A pending row for `req` a minute old: past the TTL, so a retry takes it over.
+fn insert_stale_reservation(db: &TestDb, principal: &str, key: &str, req: &Request) {
+    let fingerprint = runtime().fingerprint(req).expect("fingerprint");
+    db.insert_rows(&[json!({
+        "principal": principal, "key": key, "fingerprint": fingerprint, "status": "pending", "generation": 1,
+        "response_status": null, "response_body": null, "response_headers": null,
+        "created_at": T0 - 60_000, "updated_at": T0 - 60_000,
+    })]);
+}
+
 /// A batch the server refuses part-way (the takeover's lock timeout) stopped
 /// inside its transaction: it is rolled back there, and the same pooled
 /// connection serves the next batch (not "current transaction is aborted").
@@ -294,13 +304,8 @@ fn a_refused_batch_is_rolled_back_and_its_connection_serves_the_next() {
     };
     let before = pid();
     let req = order("held");
-    let fingerprint = runtime().fingerprint(&req).expect("fingerprint");
     // A stale reservation the takeover must lock; another session holds it.
-    db.insert_rows(&[json!({
-        "principal": "acct", "key": "held", "fingerprint": fingerprint, "status": "pending", "generation": 1,
-        "response_status": null, "response_body": null, "response_headers": null,
-        "created_at": T0 - 60_000, "updated_at": T0 - 60_000,
-    })]);
+    insert_stale_reservation(&db, "acct", "held", &req);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let (holder, connection) = rt.block_on(tokio_postgres::connect(&url, tokio_postgres::NoTls)).expect("connect");
     rt.spawn(connection);
@@ -322,13 +327,8 @@ fn a_row_locked_by_another_transaction_is_busy_after_the_lock_timeout_and_nothin
     let clock = ManualClock::new(T0);
     let mut ledger = db.ledger(&clock);
     let req = order("locked");
-    let fingerprint = runtime().fingerprint(&req).expect("fingerprint");
     // A stale reservation the takeover must lock; another session holds it.
-    db.insert_rows(&[json!({
-        "principal": "acct-locked", "key": "locked", "fingerprint": fingerprint, "status": "pending", "generation": 1,
-        "response_status": null, "response_body": null, "response_headers": null,
-        "created_at": T0 - 60_000, "updated_at": T0 - 60_000,
-    })]);
+    insert_stale_reservation(&db, "acct-locked", "locked", &req);
     let schema = db.pg().expect("postgres").name.clone();
     let (locked_tx, locked_rx) = std::sync::mpsc::channel();
     let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();

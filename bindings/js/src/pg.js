@@ -5,12 +5,13 @@
 // single pg "submittable" that writes, in one corked write, the extended-
 // protocol messages Parse/Bind/Describe/Execute for
 //   BEGIN ISOLATION LEVEL READ COMMITTED, SET LOCAL lock_timeout, each statement, COMMIT
-// and a single Sync, then reads every answer. (pg's own queries each end with
-// a Sync and wait for the previous one's ReadyForQuery; the simple-query
-// protocol could send `BEGIN; ...; COMMIT` at once but only without
-// parameters.) An error the server answers aborts the transaction: the
-// server skips to the Sync, the adapter sends ROLLBACK (a second round trip,
-// on errors only) before the connection goes back to the pool.
+// and a single Sync, then reads every answer (pg's own queries each end with
+// a Sync and wait for the previous one's ReadyForQuery), or, for the
+// protocol's statements but the completion, the same batch as one simple
+// query (below). An error the server answers aborts the transaction: the
+// server skips to the Sync (or the end of the query string), the adapter
+// sends ROLLBACK (a second round trip, on errors only) before the connection
+// goes back to the pool.
 //
 // Failures are reported as the driver saw them and classified by the core:
 //   database(code, message)  the server answered with an error; nothing committed
@@ -23,6 +24,15 @@
 // With `preparedStatements` the protocol's statements are prepared by name,
 // once per connection, inside the same flight: Parse(name) then Bind(name)
 // where the connection does not hold the name yet, Bind(name) alone after.
+//
+// Without it, a batch of the protocol's statements other than the completion
+// goes as ONE simple query: `BEGIN ...; SET LOCAL ...;` the statements with
+// their parameters written in as literals (pg's `escapeLiteral`, libpq's
+// rules), `COMMIT`. The server parses it at once and skips the Parse, Bind
+// and Describe of every statement (about a fifth of a replay's time on
+// loopback). The completion stays a flight with parameters: a statement's
+// text is what pg_stat_activity shows and what the server logs for a failed
+// statement, and a stored response belongs in neither.
 import { BatchFailure, databaseError } from "./runtime.js";
 
 const BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED";
@@ -41,6 +51,89 @@ const BYTEA = 17;
 // a fixed set, so a connection holds a handful at most. The migration's DDL stays unnamed.
 const NAMED_QUERIES = new Set(["claim", "takeover", "lookup", "complete", "release", "sweep", "renew", "fence"]);
 const statementNames = new Map(); // SQL text -> its statement name, for this process
+
+// The protocol's statements sent as one simple query: every one but the completion.
+const INLINED_QUERIES = new Set(["claim", "takeover", "lookup", "release", "sweep", "renew", "fence"]);
+const templates = new Map(); // SQL text -> its template (or null), for this process
+
+/**
+ * `sql` split at its `$n` placeholders: `{ parts: [[text, index], ...], tail,
+ * params }`; null for anything the split cannot read for certain (a quote
+ * left open, a backslash inside quotes, dollar quoting, a comment, a
+ * semicolon), as in the Rust host.
+ */
+function templateOf(sql) {
+  const parts = [];
+  let text = "";
+  let quote = null;
+  for (let i = 0; i < sql.length; i++) {
+    const c = sql[i];
+    if (quote !== null) {
+      if (c === "\\") return null;
+      if (c === quote) quote = null;
+      text += c;
+      continue;
+    }
+    if (c === "'" || c === '"') {
+      quote = c;
+      text += c;
+    } else if (c === "$") {
+      let j = i + 1;
+      while (j < sql.length && sql[j] >= "0" && sql[j] <= "9") j++;
+      const n = Number(sql.slice(i + 1, j));
+      if (j === i + 1 || !(n > 0)) return null;
+      parts.push([text, n - 1]);
+      text = "";
+      i = j - 1;
+    } else if (c === ";" || (c === "-" && sql[i + 1] === "-") || (c === "/" && sql[i + 1] === "*")) {
+      return null;
+    } else {
+      text += c;
+    }
+  }
+  if (quote !== null) return null;
+  return { parts, tail: text, params: parts.reduce((most, [, index]) => Math.max(most, index + 1), 0) };
+}
+
+/** A parameter as a quoted literal (typed by the server from its context, as an unknown parameter is); null when it cannot be one. */
+function literalOf(value, escapeLiteral) {
+  switch (value.tag) {
+    case "null":
+      return "NULL";
+    case "integer":
+    case "real":
+      return `'${paramOf(value)}'`;
+    case "text":
+      return value.val.includes("\0") ? null : escapeLiteral(value.val);
+    default:
+      return null; // a blob goes as the flight sends it (binary)
+  }
+}
+
+/**
+ * The batch as one simple query, or null: a statement other than the
+ * protocol's (or the completion), a parameter a query string cannot carry
+ * (a blob, a text holding NUL), a client without `escapeLiteral`.
+ */
+function inlinedQuery(statements, lockTimeoutMs, client) {
+  if (typeof client?.escapeLiteral !== "function") return null;
+  const escapeLiteral = (text) => client.escapeLiteral(text);
+  let query = `${BEGIN}; SET LOCAL lock_timeout = '${lockTimeoutMs}ms'`;
+  for (const statement of statements) {
+    if (!INLINED_QUERIES.has(statement.query)) return null;
+    let template = templates.get(statement.sql);
+    if (template === undefined) templates.set(statement.sql, (template = templateOf(statement.sql)));
+    if (template === null || template.params !== statement.params.length) return null;
+    query += "; ";
+    for (const [text, index] of template.parts) {
+      const literal = literalOf(statement.params[index], escapeLiteral);
+      if (literal === null) return null;
+      query += text + literal;
+    }
+    query += template.tail;
+  }
+  return `${query}; COMMIT`;
+}
 
 /**
  * The name a protocol statement is prepared under: its query and a hash of
@@ -166,7 +259,7 @@ class Flight {
    * `prepared`: the connection's statement names (see `preparedOf`) when the
    * protocol's statements run by name, else null (every statement unnamed).
    */
-  constructor(statements, lockTimeoutMs, resolve, reject, { inTransaction = false, prepared = null } = {}) {
+  constructor(statements, lockTimeoutMs, resolve, reject, { inTransaction = false, prepared = null, simple = null } = {}) {
     this.statements = statements;
     this.texts = inTransaction ? statements.map((s) => s.sql) : [BEGIN, `SET LOCAL lock_timeout = '${lockTimeoutMs}ms'`, ...statements.map((s) => s.sql), "COMMIT"];
     this.first = inTransaction ? 0 : 2; // the index of the first statement among the texts
@@ -181,6 +274,8 @@ class Flight {
     this.reject = reject;
     this.params = statements.map((s) => s.params.map(paramOf)); // converted before anything is sent
     this.prepared = prepared;
+    // The whole batch as one simple query (`inlinedQuery`), answered as the flight is: one CommandComplete per text.
+    this.simple = simple;
     this.names = prepared ? statements.map(statementName) : null;
     // Names this flight parses, by the index of the statement that parses them.
     this.parsing = prepared ? new Map() : null;
@@ -197,6 +292,11 @@ class Flight {
   }
 
   submit(connection) {
+    if (this.simple !== null) {
+      this.sent = true;
+      connection.query(this.simple);
+      return;
+    }
     // One write on Node's net.Socket; on Workers (pg over cloudflare:sockets,
     // which cannot cork) several writes, still sent before any answer is read.
     const stream = connection.stream;
@@ -389,7 +489,8 @@ export function pgLedger(pool, { connectTimeoutMs = 5000, lockTimeoutMs = 5000, 
     try {
       const results = await new Promise((resolve, reject) => {
         try {
-          flight = new Flight(statements, lockTimeoutMs, resolve, reject, { prepared: preparedFor(client) });
+          const simple = preparedStatements ? null : inlinedQuery(statements, lockTimeoutMs, client);
+          flight = new Flight(statements, lockTimeoutMs, resolve, reject, { prepared: preparedFor(client), simple });
         } catch (error) {
           reject(error);
           return;

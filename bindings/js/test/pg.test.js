@@ -297,6 +297,59 @@ describe("PostgreSQL adapter (pg)", { skip: SKIP_PG }, () => {
     }
   });
 
+  test("a decision or a sweep is one simple query with its parameters written in; the completion keeps its response in parameters", async () => {
+    const pool = new pg.Pool({ connectionString: pgs.url, max: 1 });
+    try {
+      const ledger = ledgerFor(pgLedger(pool), { sweepEvery: 1, logger: quiet().logger });
+      // The pool's one connection: what each batch sends on it, message by message.
+      const client = await pool.connect();
+      const sent = [];
+      for (const method of ["query", "parse"]) {
+        const original = client.connection[method].bind(client.connection);
+        client.connection[method] = (arg) => (sent.push([method, typeof arg === "string" ? arg : arg.text]), original(arg));
+      }
+      client.release();
+      const body = '{"card":"4242-secret"}';
+      const run = async () => ({ status: 201, body, headers: { "content-type": "application/json" } });
+      const fresh = await ledger.handle(post("sq-1"), "acct-sq", run);
+      assert.equal(fresh.response.status, 201);
+      await sweepsDone();
+      const decision = sent.filter(([m, text]) => m === "query" && text.includes("ON CONFLICT (principal, key) DO NOTHING"));
+      assert.equal(decision.length, 1, "the decision: one Query message");
+      assert.match(decision[0][1], /^BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = '5000ms'; INSERT .*'acct-sq', 'sq-1'.*; COMMIT$/s);
+      assert.ok(sent.some(([m, text]) => m === "query" && text.includes("DELETE FROM idempotency_keys")), "the sweep: a Query message");
+      const completion = sent.filter(([m, text]) => m === "parse" && text.startsWith("UPDATE idempotency_keys") && text.includes("status = 'completed'"));
+      assert.equal(completion.length, 1, "the completion: parsed with parameters");
+      assert.ok(!sent.some(([, text]) => text.includes("4242-secret")), "the stored response is never in a statement's text");
+      sent.length = 0;
+      const replay = await ledger.handle(post("sq-1"), "acct-sq", run);
+      assert.equal(replay.outcome, "replayed");
+      assert.equal(await replay.response.text(), body);
+      assert.deepEqual(sent.map(([m]) => m), ["query"], "a replay: one Query message, nothing parsed");
+    } finally {
+      await pool.end();
+    }
+  });
+
+  test("principals and keys with quotes, backslashes, placeholders and comments are written in exactly", async () => {
+    const ledger = ledgerFor(pgLedger(pgs.pool), { logger: quiet().logger });
+    const principals = ["o'brien", "back\\slash\\' OR '1'='1", "$1 $2; DROP TABLE idempotency_keys; --", "E'\\x00' /* x */", "\u{1F600} \u{e9}t\u{e9}"];
+    for (const [i, principal] of principals.entries()) {
+      const key = `k'${i}\\$1`;
+      let runs = 0;
+      const run = async () => (runs++, { status: 201, body: `{"n":${i}}`, headers: { "content-type": "application/json" } });
+      const fresh = await ledger.handle(post(key), principal, run);
+      const replay = await ledger.handle(post(key), principal, run);
+      assert.deepEqual([fresh.outcome, replay.outcome, runs], ["executed", "replayed", 1], principal);
+      assert.equal(await replay.response.text(), `{"n":${i}}`);
+    }
+    const stored = (await pgs.pool.query("SELECT principal, key FROM idempotency_keys WHERE key LIKE 'k''%' ORDER BY key")).rows;
+    assert.deepEqual(
+      stored.map((r) => [r.principal, r.key]),
+      principals.map((p, i) => [p, `k'${i}\\$1`]),
+    );
+  });
+
   test("50 concurrent same-key requests on a pool of 4: one mutation, the rest replays or 409", async () => {
     let runs = 0;
     const mutation = async () => {
