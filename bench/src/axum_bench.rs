@@ -388,8 +388,7 @@ async fn native_postgres(session: &core::Session, backend: &TimedBatches, key: &
 
 /// The layer's PostgreSQL backend with the time of its batches summed: what
 /// the round trips the request needs cost, as the layer meets them. A sweep
-/// (the only batch that starts with DELETE here; it runs in the background,
-/// off the request's path) is not counted.
+/// (it runs in the background, off the request's path) is not counted.
 struct TimedBatches {
     inner: AsyncPostgres,
     spent_ns: std::sync::Arc<std::sync::atomic::AtomicU64>,
@@ -397,7 +396,7 @@ struct TimedBatches {
 
 impl AsyncBackend for TimedBatches {
     fn execute_batch(&self, statements: Vec<SqlStatement>) -> BoxFuture<'_, Result<Vec<idempotency_ledger::wit::StatementResult>, idempotency_ledger::wit::BatchError>> {
-        let sweep = statements.first().is_some_and(|s| s.sql.starts_with("DELETE"));
+        let sweep = statements.first().is_some_and(|s| s.sql.contains("DELETE FROM idempotency_keys WHERE (principal, key) IN"));
         Box::pin(async move {
             let start = Instant::now();
             let result = self.inner.execute_batch(statements).await;

@@ -277,6 +277,42 @@ fn hostile_texts_written_into_a_batch_are_stored_and_read_back_exactly() {
     assert_eq!(stored.len(), principals.len(), "nothing else was written");
 }
 
+/// SPEC 8.1 on whatever plan the server picks: with hash joins, sorts and
+/// materialization off (and, prepared, a generic plan) PostgreSQL runs the
+/// sweep's choice of rows as the inner side of a nested-loop semi join; a
+/// subquery rescanned there skips the rows the DELETE already took and picks
+/// others, so the batch bound held only by the planner's choice. The sweep
+/// chooses its batch once (a materialized CTE): two of five aged rows go.
+#[test]
+fn a_sweep_deletes_one_batch_whatever_plan_the_server_picks() {
+    for prepared_statements in [false, true] {
+        let db = TestDb::postgres();
+        let schema = &db.pg().expect("postgres").name;
+        let options = format!(
+            "-c search_path={schema} -c enable_hashjoin=off -c enable_mergejoin=off -c enable_hashagg=off -c enable_sort=off \
+             -c enable_material=off -c enable_memoize=off -c plan_cache_mode=force_generic_plan"
+        );
+        let url = idempotency_ledger::url_with_options(&postgres_url(), &options);
+        let pool = PostgresPool::connect_with(&url, &PoolSettings { max_size: 1, prepared_statements, ..PoolSettings::default() }).expect("pool");
+        let aged: Vec<_> = (0..5)
+            .map(|i| {
+                json!({
+                    "principal": "acct", "key": format!("aged-{i}"), "fingerprint": "f".repeat(64), "status": "completed", "generation": 1,
+                    "response_status": 201, "response_body": "{}", "response_headers": "[]",
+                    "created_at": T0 - 100_000_000, "updated_at": T0 - 100_000_000,
+                })
+            })
+            .collect();
+        db.insert_rows(&aged);
+        let settings = Settings { sweep_batch: Some(2), ..Settings::default() };
+        let mut ledger = Ledger::new(runtime(), pool.backend(), settings, ManualClock::new(T0)).expect("ledger");
+        // Prepared, the same statement runs three times: the generic plan from the first.
+        let deleted: Vec<u64> = (0..3).map(|_| ledger.sweep().expect("sweep").deleted).collect();
+        assert_eq!(deleted, [2, 2, 1], "prepared_statements={prepared_statements}");
+        assert_eq!(db.rows().len(), 0);
+    }
+}
+
 /// A pending row for `req` a minute old: past the TTL, so a retry takes it over.
 fn insert_stale_reservation(db: &TestDb, principal: &str, key: &str, req: &Request) {
     let fingerprint = runtime().fingerprint(req).expect("fingerprint");

@@ -183,8 +183,14 @@ SET status = 'completed', response_status = $1, response_body = $2, response_hea
 WHERE principal = $5 AND key = $6 AND generation = $7 AND created_at = $8 AND fingerprint = $9 AND status = 'pending'",
     release: "DELETE FROM idempotency_keys \
 WHERE principal = $1 AND key = $2 AND generation = $3 AND created_at = $4 AND fingerprint = $5 AND status = 'pending'",
-    sweep: "DELETE FROM idempotency_keys WHERE (principal, key) IN \
-(SELECT principal, key FROM idempotency_keys WHERE updated_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)",
+    // The batch is chosen once, in a materialized CTE: as a plain `IN
+    // (subquery)` the planner may rescan the subquery for every row of a
+    // nested-loop semi join, each scan skipping the rows this statement already
+    // deleted, and the DELETE then takes every aged row instead of a batch
+    // (SPEC 8.1). MATERIALIZED needs PostgreSQL 12 or newer.
+    sweep: "WITH batch AS MATERIALIZED \
+(SELECT principal, key FROM idempotency_keys WHERE updated_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED) \
+DELETE FROM idempotency_keys WHERE (principal, key) IN (SELECT principal, key FROM batch)",
     renew: "UPDATE idempotency_keys SET updated_at = GREATEST(updated_at, $1) \
 WHERE principal = $2 AND key = $3 AND generation = $4 AND created_at = $5 AND fingerprint = $6 AND status = 'pending'",
     // The select list's parameters are cast: PostgreSQL would read them as text.
@@ -239,7 +245,16 @@ mod tests {
         ] {
             assert_eq!(numbered(s), p);
         }
-        assert_eq!(numbered(SQLITE.sweep).replace("LIMIT $2)", "LIMIT $2 FOR UPDATE SKIP LOCKED)"), POSTGRES.sweep);
+        assert_eq!(
+            POSTGRES.sweep,
+            format!(
+                "WITH batch AS MATERIALIZED ({}) DELETE FROM idempotency_keys WHERE (principal, key) IN (SELECT principal, key FROM batch)",
+                numbered(SQLITE.sweep)
+                    .trim_start_matches("DELETE FROM idempotency_keys WHERE (principal, key) IN (")
+                    .trim_end_matches(')')
+                    .replace("LIMIT $2", "LIMIT $2 FOR UPDATE SKIP LOCKED")
+            )
+        );
         assert_eq!(numbered(SQLITE.renew).replace("MAX(updated_at, $1)", "GREATEST(updated_at, $1)"), POSTGRES.renew);
         assert!(SQLITE.renew.contains("MAX(updated_at, ?)"), "a renewal never moves updated_at back");
         assert_eq!(
