@@ -392,11 +392,13 @@ async fn native_postgres(session: &core::Session, backend: &TimedBatches, key: &
 struct TimedBatches {
     inner: AsyncPostgres,
     spent_ns: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// The sweep's SQL, as the component states it.
+    sweep: std::sync::Arc<str>,
 }
 
 impl AsyncBackend for TimedBatches {
     fn execute_batch(&self, statements: Vec<SqlStatement>) -> BoxFuture<'_, Result<Vec<idempotency_ledger::wit::StatementResult>, idempotency_ledger::wit::BatchError>> {
-        let sweep = statements.first().is_some_and(|s| s.sql.contains("DELETE FROM idempotency_keys WHERE (principal, key) IN"));
+        let sweep = statements.first().is_some_and(|s| s.sql == self.sweep);
         Box::pin(async move {
             let start = Instant::now();
             let result = self.inner.execute_batch(statements).await;
@@ -428,13 +430,14 @@ pub fn run_postgres(md: &mut String, runtime: &Runtime, url: &str, previous: Opt
     // The time inside the layer's service (from its call to its response) and
     // inside the hand-written check's handler, per request, beside their batches.
     let layer_call = std::sync::Arc::new(AtomicU64::new(0));
+    let sweep_sql = runtime.queries(Dialect::Postgres).sql(idempotency_ledger::wit::Query::Sweep).clone();
     let check_call = std::sync::Arc::new(AtomicU64::new(0));
     let (with_layer, without, native_route) = rt.block_on(async {
         let handler = post(|body: axum::body::Bytes| async move {
             std::hint::black_box(body);
             (axum::http::StatusCode::CREATED, [("content-type", "application/json")], r#"{"order":"o_1"}"#)
         });
-        let backend = TimedBatches { inner: AsyncPostgres::connect(&url, 4).expect("postgres"), spent_ns: spent.clone() };
+        let backend = TimedBatches { inner: AsyncPostgres::connect(&url, 4).expect("postgres"), spent_ns: spent.clone(), sweep: sweep_sql.clone() };
         let ledger = AsyncLedger::new(runtime.clone(), backend, Settings::default(), SystemClock).await.expect("ledger");
         let layer = IdempotencyLayer::new(ledger, |_: &axum::http::request::Parts| Some("acct".to_string()));
         let timed = layer_call.clone();
@@ -453,7 +456,7 @@ pub fn run_postgres(md: &mut String, runtime: &Runtime, url: &str, previous: Opt
         let without = serve(Router::new().route("/orders", handler)).await;
         // The same exchange written into the bare app's route (a hand-written
         // check): the round trips it needs, timed as the layer's are.
-        let backend = TimedBatches { inner: AsyncPostgres::connect(&url, 4).expect("postgres"), spent_ns: native_spent.clone() };
+        let backend = TimedBatches { inner: AsyncPostgres::connect(&url, 4).expect("postgres"), spent_ns: native_spent.clone(), sweep: sweep_sql.clone() };
         let native = std::sync::Arc::new((core::Session::open(core::Config::default()).expect("valid config"), backend));
         let timed = check_call.clone();
         let native_route = serve(Router::new().route(

@@ -53,7 +53,7 @@ const NAMED_QUERIES = new Set(["claim", "takeover", "lookup", "complete", "relea
 const statementNames = new Map(); // SQL text -> its statement name, for this process
 
 // The protocol's statements sent as one simple query: every one but the completion.
-const INLINED_QUERIES = new Set(["claim", "takeover", "lookup", "release", "sweep", "renew", "fence"]);
+const INLINED_QUERIES = new Set([...NAMED_QUERIES].filter((query) => query !== "complete"));
 const templates = new Map(); // SQL text -> its template (or null), for this process
 
 /**

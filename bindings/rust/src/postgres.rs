@@ -50,7 +50,7 @@ use tokio_postgres::{Row, Statement};
 use crate::nonblocking::AsyncBackend;
 use crate::BoxFuture;
 use crate::transaction::AsyncTransaction;
-use crate::wit::{BatchError, DatabaseError, StatementResult, Value};
+use crate::wit::{BatchError, DatabaseError, Query, StatementResult, Value};
 use crate::{Dialect, Error, SqlBackend, SqlStatement};
 
 mod simple;
@@ -133,13 +133,20 @@ impl Preamble {
 #[derive(Clone)]
 struct Named(Arc<HashSet<Arc<str>>>);
 
+/// The protocol's statements (not the migration's DDL).
+const PROTOCOL: [Query; 8] = [Query::Claim, Query::Takeover, Query::Lookup, Query::Complete, Query::Release, Query::Sweep, Query::Renew, Query::Fence];
+
+/// The postgres-dialect SQL of `queries`, as the component this process
+/// embeds states it (`Runtime::shared`).
+fn postgres_sql(queries: impl IntoIterator<Item = Query>) -> Result<Vec<Arc<str>>, Error> {
+    let runtime = crate::Runtime::shared()?;
+    let sql = runtime.queries(Dialect::Postgres);
+    Ok(queries.into_iter().map(|q| sql.sql(q).clone()).collect())
+}
+
 impl Named {
     fn protocol() -> Result<Named, Error> {
-        use crate::wit::Query;
-        let runtime = crate::Runtime::shared()?;
-        let queries = runtime.queries(Dialect::Postgres);
-        let protocol = [Query::Claim, Query::Takeover, Query::Lookup, Query::Complete, Query::Release, Query::Sweep, Query::Renew, Query::Fence];
-        Ok(Named(Arc::new(protocol.into_iter().map(|q| queries.sql(q).clone()).collect())))
+        Ok(Named(Arc::new(postgres_sql(PROTOCOL)?.into_iter().collect())))
     }
 
     fn covers(&self, statement: &SqlStatement) -> bool {

@@ -26,7 +26,7 @@
 //! as its digits. A batch with anything else (another text, a blob, a text
 //! holding NUL, which a query string cannot carry) goes as the flight.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::{Arc, OnceLock};
 
@@ -34,7 +34,7 @@ use postgres_protocol::escape::escape_literal;
 use tokio_postgres::SimpleQueryMessage;
 
 use crate::wit::{BatchError, StatementResult, Value};
-use crate::{Dialect, SqlStatement};
+use crate::SqlStatement;
 
 /// The ledger table's integer columns: a lookup's value in one of them is
 /// an integer, any other a text (the simple protocol answers in text and
@@ -64,12 +64,8 @@ impl Inlined {
         static PROTOCOL: OnceLock<Option<Arc<Inlined>>> = OnceLock::new();
         PROTOCOL
             .get_or_init(|| {
-                use crate::wit::Query;
-                let runtime = crate::Runtime::shared().ok()?;
-                let queries = runtime.queries(Dialect::Postgres);
-                let protocol = [Query::Claim, Query::Takeover, Query::Lookup, Query::Release, Query::Sweep, Query::Renew, Query::Fence];
-                let sql: HashSet<Arc<str>> = protocol.into_iter().map(|q| queries.sql(q).clone()).collect();
-                Some(Arc::new(Inlined::of(sql)))
+                let inlined = super::PROTOCOL.into_iter().filter(|&q| q != crate::wit::Query::Complete);
+                Some(Arc::new(Inlined::of(super::postgres_sql(inlined).ok()?)))
             })
             .clone()
     }
@@ -252,7 +248,7 @@ mod tests {
         let inlined = Inlined::protocol().expect("the component loads");
         assert_eq!(inlined.0.len(), 7, "claim, takeover, lookup, release, sweep, renew, fence");
         let runtime = crate::Runtime::shared().expect("runtime");
-        let queries = runtime.queries(Dialect::Postgres);
+        let queries = runtime.queries(crate::Dialect::Postgres);
         assert!(!inlined.0.contains_key(queries.sql(Query::Complete)), "a response body is never written into a statement's text");
     }
 }
